@@ -1,0 +1,34 @@
+# Two commands for a fresh machine (see README.md):
+#   make lab    set up .venv once, then open the course in JupyterLab
+#   make test   set up .venv once, then lint and run every test and notebook
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch 2.13.0 on machines without GPUs; pip picks the CUDA build where it is the default.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: setup lab test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+lab: setup
+	$(BIN)/course lab
+
+lint: setup
+	$(BIN)/ruff check course grader tests benchmarks
+
+test: lint
+	$(BIN)/course info
+	$(BIN)/python -m pytest
+
+bench: setup
+	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,88 @@
+"""``course``: the students' command line.
+
+    course info              what hardware was found, what will be emulated, library versions
+    course hello -n 4        the 4-rank hello world of notebook 00, from a terminal
+    course lab               JupyterLab on the course's notebooks/
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from course import world
+
+
+def notebooks_dir() -> Path:
+    """The course's ``notebooks/`` folder: beside the package in a clone, else under the current directory.
+
+    Raises:
+        FileNotFoundError: neither exists.
+    """
+    for candidate in (Path(__file__).resolve().parent.parent / "notebooks", Path.cwd() / "notebooks"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        "no notebooks/ folder found beside the course package or in the current directory; run "
+        "`course lab` from the root of a clone of multigpu-course."
+    )
+
+
+def info_lines(world_size: int = 4) -> list[str]:
+    """The lines ``course info`` prints."""
+    hardware = world.detect_hardware()
+    if hardware.emulated:
+        found = "no GPU found" if os.environ.get(world.EMULATE_ENV) != "1" else f"GPUs hidden by {world.EMULATE_ENV}=1"
+    else:
+        found = f"{hardware.gpu_count} GPU(s): {', '.join(hardware.gpu_names)}"
+    lines = [
+        f"hardware    : {found}; {hardware.cpu_count} CPU core(s)",
+        f"backend     : {hardware.backend}",
+        f"with {world_size} ranks: {hardware.describe(min(world_size, hardware.gpu_count or world_size))}",
+    ]
+    lines += [f"{name:<12}: {version}" for name, version in world.versions().items()]
+    return lines
+
+
+def lab_command(extra: list[str]) -> list[str]:
+    """The command ``course lab`` runs: JupyterLab rooted at the course's notebooks."""
+    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks_dir()}", *extra]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="course", description="Multi-GPU training course.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help="hardware found, what will be emulated, library versions")
+    hello = commands.add_parser("hello", help="each rank reports, then a tensor is all-reduced and checked")
+    hello.add_argument("-n", "--world-size", type=int, default=4, help="number of ranks (default 4)")
+    lab = commands.add_parser("lab", help="open the course in JupyterLab (extra arguments go to jupyter)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    if args.command == "info":
+        print("\n".join(info_lines()))
+        return 0
+    if args.command == "hello":
+        from course.hello import hello as hello_fn
+        from course.launch import RankFailed, RankTimeout, launch
+
+        try:
+            reports = launch(hello_fn, args.world_size, timeout_s=120)
+        except (ValueError, RankFailed, RankTimeout) as error:
+            print(f"course hello: {error}", file=sys.stderr)
+            return 1
+        print(f"all {len(reports)} ranks agree: all_reduce(rank + 1) = {reports[0]['reduced']:g}")
+        return 0
+    try:
+        command = lab_command(args.jupyter_args)
+    except FileNotFoundError as error:
+        print(f"course lab: {error}", file=sys.stderr)
+        return 1
+    os.execv(command[0], command)
+    return 0  # not reached: execv replaces this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Datasets: the embedded handwritten digits by default, your own Fashion-MNIST or CIFAR-10 if you have them.
+
+The default ships inside scikit-learn (1,797 grey 8x8 images of the digits 0-9), so the course runs with
+no download. Splits are deterministic: the same seed gives the same train / validation / test samples on
+every machine and every rank. Taught in ``notebooks/00_start_here.ipynb`` and used everywhere.
+
+    splits = data.load()                         # digits
+    splits = data.load("fashion-mnist", root="~/data/fashion")   # IDX files you downloaded yourself
+    train_loader = data.loader(splits.train, batch_size=64)
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+DATASETS = ("digits", "fashion-mnist", "cifar10")
+
+
+class DatasetError(ValueError):
+    """A dataset path is missing or a file is not in the expected format."""
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Train, validation and test sets of ``(image, label)`` pairs.
+
+    Attributes:
+        train, val, test: datasets of float images ``(C, H, W)`` in [0, 1] and int64 labels.
+        num_classes: number of labels.
+        name: which dataset this is.
+    """
+
+    train: TensorDataset
+    val: TensorDataset
+    test: TensorDataset
+    num_classes: int
+    name: str
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one image, ``(C, H, W)``."""
+        return tuple(self.train.tensors[0].shape[1:])
+
+
+def _split(images: torch.Tensor, labels: torch.Tensor, n_val: int, n_test: int, seed: int
+           ) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    test, val, train = order[:n_test], order[n_test:n_test + n_val], order[n_test + n_val:]
+    return tuple(TensorDataset(images[idx], labels[idx]) for idx in (train, val, test))
+
+
+def load_digits(seed: int = 0, n_val: int = 300, n_test: int = 300) -> Splits:
+    """scikit-learn's 1,797 handwritten digits as ``(1, 8, 8)`` images, split deterministically by ``seed``."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    images = torch.tensor(bunch.images / 16.0, dtype=torch.float32).unsqueeze(1)  # (N, 1, 8, 8)
+    labels = torch.tensor(bunch.target, dtype=torch.int64)
+    train, val, test = _split(images, labels, n_val, n_test, seed)
+    return Splits(train, val, test, num_classes=10, name="digits")
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _find(root: Path, stem: str, expected: str) -> Path:
+    for candidate in (root / stem, root / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise DatasetError(f"{root / stem}(.gz) not found: expected {expected} in {root}.")
+
+
+def read_idx(path: Path, expected_dims: int) -> np.ndarray:
+    """Read an IDX file (the MNIST format: magic, dimension sizes, then unsigned bytes), gzipped or not."""
+    with _open(path) as handle:
+        raw = handle.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DatasetError(f"{path} is not an unsigned-byte IDX file (it should start with 00 00 08).")
+    dims = raw[3]
+    if dims != expected_dims:
+        raise DatasetError(f"{path} has {dims} dimension(s); expected {expected_dims}.")
+    shape = struct.unpack(f">{dims}I", raw[4:4 + 4 * dims])
+    body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims)
+    if body.size != int(np.prod(shape)):
+        raise DatasetError(f"{path} is truncated: header says {shape}, found {body.size} bytes of data.")
+    return body.reshape(shape)
+
+
+def load_fashion_mnist(root: str | Path, seed: int = 0, n_val: int = 5000) -> Splits:
+    """Fashion-MNIST from the four IDX files (``train-images-idx3-ubyte`` etc., optionally ``.gz``) in ``root``."""
+    root = _existing_dir(root, "Fashion-MNIST IDX files")
+    arrays = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        images = read_idx(_find(root, f"{prefix}-images-idx3-ubyte", "an IDX image file"), 3)
+        labels = read_idx(_find(root, f"{prefix}-labels-idx1-ubyte", "an IDX label file"), 1)
+        if len(images) != len(labels):
+            raise DatasetError(f"{root}: {len(images)} {split} images but {len(labels)} labels.")
+        arrays[split] = (torch.tensor(images / 255.0, dtype=torch.float32).unsqueeze(1),
+                         torch.tensor(labels, dtype=torch.int64))
+    train, val, _ = _split(*arrays["train"], n_val=n_val, n_test=0, seed=seed)
+    return Splits(train, val, TensorDataset(*arrays["test"]), num_classes=10, name="fashion-mnist")
+
+
+def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    if not path.is_file():
+        raise DatasetError(f"{path} not found: expected the CIFAR-10 python batches in {path.parent}.")
+    try:
+        with open(path, "rb") as handle:
+            # The CIFAR-10 python format is a pickle; this reads the user's own local copy, nothing remote.
+            batch = pickle.load(handle, encoding="bytes")
+        images = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = np.asarray(batch[b"labels"], dtype=np.int64)
+    except (pickle.UnpicklingError, KeyError, ValueError, EOFError, TypeError) as error:
+        raise DatasetError(
+            f"{path} is not a CIFAR-10 python batch (a pickled dict with b'data' of shape (N, 3072) and "
+            f"b'labels'): {error}"
+        ) from None
+    return images, labels
+
+
+def load_cifar10(root: str | Path, seed: int = 0, n_val: int = 5000) -> Splits:
+    """CIFAR-10 from ``data_batch_1``..``data_batch_5`` and ``test_batch`` (the python version) in ``root``."""
+    root = _existing_dir(root, "the CIFAR-10 python batches (cifar-10-batches-py)")
+    parts = [_cifar_batch(root / f"data_batch_{i}") for i in range(1, 6)]
+    images = torch.tensor(np.concatenate([p[0] for p in parts]) / 255.0, dtype=torch.float32)
+    labels = torch.tensor(np.concatenate([p[1] for p in parts]))
+    test_images, test_labels = _cifar_batch(root / "test_batch")
+    train, val, _ = _split(images, labels, n_val=n_val, n_test=0, seed=seed)
+    test = TensorDataset(torch.tensor(test_images / 255.0, dtype=torch.float32), torch.tensor(test_labels))
+    return Splits(train, val, test, num_classes=10, name="cifar10")
+
+
+def _existing_dir(root: str | Path | None, what: str) -> Path:
+    if root is None:
+        raise DatasetError(f"this dataset needs root=<directory holding {what}>; nothing is downloaded.")
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise DatasetError(f"{path} is not a directory: expected a directory holding {what}.")
+    return path
+
+
+def load(name: str = "digits", root: str | Path | None = None, seed: int = 0) -> Splits:
+    """Load a dataset by name: ``digits`` (embedded), ``fashion-mnist`` or ``cifar10`` (from ``root``).
+
+    Raises:
+        DatasetError: unknown name, missing directory or file, or a file in the wrong format.
+    """
+    if name == "digits":
+        return load_digits(seed=seed)
+    if name == "fashion-mnist":
+        return load_fashion_mnist(root, seed=seed)
+    if name == "cifar10":
+        return load_cifar10(root, seed=seed)
+    raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}.")
+
+
+def loader(dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs) -> DataLoader:
+    """A DataLoader whose shuffling order is fixed by ``seed``.
+
+    Args:
+        batch_size: samples per batch, per rank when the loader feeds one rank.
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive integer.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, **kwargs)

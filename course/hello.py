@@ -1,0 +1,34 @@
+"""Hello, world on N ranks: each rank reports who it is, then all-reduces a tensor and checks the sum.
+
+Taught in ``notebooks/00_start_here.ipynb``; run it with ``launch(hello, world_size=4)``.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+import torch.distributed as dist
+
+from course import world
+
+
+def hello() -> dict[str, object]:
+    """Run on every rank: all-reduce ``[rank + 1]`` and check it equals ``1 + 2 + ... + world_size``.
+
+    Returns:
+        This rank's report: rank, world size, backend, device, host, the reduced value and the expected one.
+
+    Raises:
+        RuntimeError: the all-reduced value is wrong (the collective is broken).
+    """
+    me = world.current()
+    value = torch.tensor([float(me.rank + 1)], device=me.device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    expected = me.world_size * (me.world_size + 1) / 2
+    print(f"hello from rank {me.rank} of {me.world_size} on {me.device} ({me.backend}); "
+          f"all_reduce gave {value.item():g}, expected {expected:g}")
+    if value.item() != expected:
+        raise RuntimeError(f"rank {me.rank}: all_reduce returned {value.item()}, expected {expected}.")
+    return {"rank": me.rank, "world_size": me.world_size, "backend": me.backend, "device": str(me.device),
+            "host": socket.gethostname(), "reduced": value.item(), "expected": expected}

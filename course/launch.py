@@ -1,0 +1,207 @@
+"""Run a library function on N ranks from a notebook, the way torchrun runs a script.
+
+``launch(fn, world_size=4)`` starts one process per rank, joins them into a process group (gloo on
+emulated GPUs, nccl on real ones), calls ``fn`` on every rank and returns the per-rank results in rank
+order. Output printed by a rank appears in the notebook prefixed with ``[rank k]``. If any rank raises,
+every other rank is stopped and :class:`RankFailed` names the rank and shows its traceback; if ranks do not
+finish in time, :class:`RankTimeout` names them. No process is left behind either way. Taught in
+``notebooks/00_start_here.ipynb``.
+
+``fn`` must be importable (defined in a module, not in a notebook cell): each rank is a fresh process.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch.multiprocessing as mp
+
+from course import world
+
+
+class RankFailed(RuntimeError):
+    """A rank raised an exception or died; ``rank`` says which, ``remote_traceback`` says why."""
+
+    def __init__(self, rank: int, remote_traceback: str) -> None:
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"rank {rank} failed; the other ranks were stopped.\n--- traceback on rank {rank} ---\n"
+            f"{remote_traceback.rstrip()}"
+        )
+
+
+class RankTimeout(TimeoutError):
+    """Some ranks did not finish within the time limit; ``ranks`` lists them."""
+
+    def __init__(self, ranks: list[int], timeout_s: float) -> None:
+        self.ranks = ranks
+        names = ", ".join(str(r) for r in ranks)
+        super().__init__(
+            f"rank(s) {names} did not finish within {timeout_s:g} s and were stopped. A rank that waits "
+            "in a collective (all_reduce, barrier, broadcast) that another rank never calls hangs like this."
+        )
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _RankOutput(io.TextIOBase):
+    """Stands in for a rank's stdout: sends each completed line to the launcher, prefixed by rank."""
+
+    def __init__(self, rank: int, channel: Any) -> None:
+        self._prefix = f"[rank {rank}] "
+        self._channel = channel
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._channel.put(("out", self._prefix + line + "\n"))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._channel.put(("out", self._prefix + self._partial + "\n"))
+            self._partial = ""
+
+
+def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout_s: float,
+              args: tuple, kwargs: dict, channel: Any) -> None:
+    """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+    )
+    sys.stdout = _RankOutput(rank, channel)
+    try:
+        world.init_from_env(timeout_s=timeout_s)
+        result = fn(*args, **kwargs)
+        sys.stdout.flush()
+        channel.put(("ok", rank, result))
+    except BaseException:  # noqa: B036 - the launcher must hear about every way a rank can end
+        sys.stdout.flush()
+        channel.put(("error", rank, traceback.format_exc()))
+    finally:
+        world.shutdown()
+
+
+def _stop(processes: list[Any]) -> None:
+    """Kill every rank and everything it started (DataLoader workers included), then reap them."""
+    for process in processes:
+        if process.pid is None:
+            continue
+        try:
+            victims = psutil.Process(process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            victims = []
+        for victim in victims:
+            try:
+                victim.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=10)
+
+
+def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: float = 120.0,
+           **kwargs: Any) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results in rank order.
+
+    Args:
+        fn: an importable function; inside it, ``course.world.current()`` says which rank it runs on.
+        world_size: number of ranks (GPUs, or CPU processes emulating them).
+        timeout_s: wall-clock limit for the whole job, in seconds.
+
+    Returns:
+        ``[result_of_rank_0, result_of_rank_1, ...]``; results must be picklable.
+
+    Raises:
+        ValueError: bad ``world_size`` (see :func:`course.world.check_world_size`).
+        RankFailed: a rank raised or died; the others were stopped.
+        RankTimeout: ranks still running after ``timeout_s``; all were stopped.
+    """
+    world.check_world_size(world_size)
+    if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
+        raise ValueError(
+            f"launch() needs an importable function, but {getattr(fn, '__qualname__', fn)!r} is defined in a "
+            "notebook cell or inside another function. Put it in a .py module and import it."
+        )
+    context = mp.get_context("spawn")
+    channel = context.Queue()
+    port = free_port()
+    processes = [
+        context.Process(target=_run_rank, args=(fn, rank, world_size, port, timeout_s, args, kwargs, channel),
+                        name=f"course-rank-{rank}")
+        for rank in range(world_size)
+    ]
+    results: dict[int, Any] = {}
+    silent_since: dict[int, float] = {}
+    try:
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + timeout_s
+        while len(results) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RankTimeout(sorted(set(range(world_size)) - set(results)), timeout_s)
+            try:
+                message = channel.get(timeout=min(0.2, remaining))
+            except queue.Empty:
+                _check_silent_deaths(processes, results, silent_since)
+                continue
+            if message[0] == "out":
+                sys.stdout.write(message[1])
+            elif message[0] == "ok":
+                results[message[1]] = message[2]
+            else:
+                raise _root_cause(message[1], message[2], processes)
+        return [results[rank] for rank in range(world_size)]
+    finally:
+        sys.stdout.flush()
+        _stop(processes)
+
+
+def _root_cause(rank: int, remote_traceback: str, processes: list[Any], wait_s: float = 1.0) -> RankFailed:
+    """The failure to report: a rank that died silently first makes its peers fail in collectives, so blame it."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        for other, process in enumerate(processes):
+            if other != rank and process.exitcode not in (None, 0):
+                last_line = remote_traceback.strip().splitlines()[-1]
+                return RankFailed(other, f"process exited with code {process.exitcode} without reporting a result; "
+                                         f"rank {rank} then failed with: {last_line}")
+        time.sleep(0.05)
+    return RankFailed(rank, remote_traceback)
+
+
+def _check_silent_deaths(processes: list[Any], results: dict[int, Any], silent_since: dict[int, float],
+                         grace_s: float = 2.0) -> None:
+    """Raise for a rank whose process ended without reporting (killed, segfault, ``os._exit``).
+
+    A rank that exits normally has already queued its report; the grace period lets it arrive.
+    """
+    now = time.monotonic()
+    for rank, process in enumerate(processes):
+        if rank in results or process.exitcode is None:
+            continue
+        if now - silent_since.setdefault(rank, now) > grace_s:
+            raise RankFailed(rank, f"process exited with code {process.exitcode} without reporting a result.")

@@ -1,0 +1,215 @@
+"""Devices and ranks: find the GPUs, or emulate N of them as N CPU processes.
+
+Everything in the course that asks "which device?", "which backend?" or "which rank am I?" asks this
+module, so the same code picks ``nccl`` + ``cuda:<local_rank>`` on a GPU node and ``gloo`` + ``cpu`` on a
+laptop. Taught in ``notebooks/00_start_here.ipynb``.
+
+Inside a torchrun script::
+
+    rank = world.init_from_env()      # process group from torchrun's environment
+    model.to(rank.device)
+    world.print0("only rank 0 prints this")
+    world.shutdown()
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+#: Each emulated GPU is a whole process; past this many, a 2-core laptop only thrashes.
+MAX_EMULATED_WORLD_SIZE = 64
+#: Set to 1 to emulate GPUs with CPU processes even on a machine that has GPUs.
+EMULATE_ENV = "COURSE_EMULATE"
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What this machine offers for distributed training.
+
+    Attributes:
+        gpu_names: one name per visible CUDA device (empty when there are none or emulation is forced).
+        cpu_count: logical CPU cores.
+    """
+
+    gpu_names: tuple[str, ...]
+    cpu_count: int
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_names)
+
+    @property
+    def emulated(self) -> bool:
+        """True when ranks run as CPU processes rather than on real GPUs."""
+        return self.gpu_count == 0
+
+    @property
+    def backend(self) -> str:
+        """``nccl`` for real GPUs, ``gloo`` for emulated ones."""
+        return "gloo" if self.emulated else "nccl"
+
+    def describe(self, world_size: int) -> str:
+        """One sentence saying what running on ``world_size`` ranks means on this machine."""
+        if self.emulated:
+            return (
+                f"{world_size} emulated GPUs: {world_size} CPU processes on the gloo backend, "
+                f"sharing {self.cpu_count} CPU core(s). Timings here are CPU timings, not GPU timings."
+            )
+        return f"{world_size} real GPUs on the nccl backend ({', '.join(self.gpu_names[:world_size])})."
+
+
+def detect_hardware() -> Hardware:
+    """Find the CUDA devices, unless ``COURSE_EMULATE=1`` asks to emulate them.
+
+    Returns:
+        A :class:`Hardware` describing GPUs (by name) and CPU cores.
+    """
+    cpu_count = os.cpu_count() or 1
+    if os.environ.get(EMULATE_ENV) == "1" or not torch.cuda.is_available():
+        return Hardware(gpu_names=(), cpu_count=cpu_count)
+    names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return Hardware(gpu_names=names, cpu_count=cpu_count)
+
+
+def check_world_size(world_size: object, hardware: Hardware | None = None) -> int:
+    """Validate a requested number of ranks against this machine.
+
+    Raises:
+        ValueError: ``world_size`` is not a positive integer, exceeds the GPUs present, or is more
+            processes than emulation can sensibly run.
+    """
+    hardware = hardware or detect_hardware()
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive whole number of ranks, got {world_size!r}.")
+    if not hardware.emulated and world_size > hardware.gpu_count:
+        raise ValueError(
+            f"world_size={world_size} but this machine has {hardware.gpu_count} GPU(s). Use "
+            f"world_size <= {hardware.gpu_count}, or set {EMULATE_ENV}=1 to emulate GPUs with CPU processes."
+        )
+    if hardware.emulated and world_size > MAX_EMULATED_WORLD_SIZE:
+        raise ValueError(
+            f"world_size={world_size} emulated GPUs would start {world_size} processes on "
+            f"{hardware.cpu_count} core(s); use at most {MAX_EMULATED_WORLD_SIZE}."
+        )
+    return world_size
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Who this process is in a distributed job.
+
+    Attributes:
+        rank: global index of this process, 0..world_size-1.
+        local_rank: index of this process on its node; picks its GPU.
+        world_size: number of processes in the job.
+        device: ``cuda:<local_rank>`` on GPUs, ``cpu`` when emulated.
+        backend: ``nccl`` or ``gloo``.
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the one rank that logs and checkpoints."""
+        return self.rank == 0
+
+
+def device_for(local_rank: int, hardware: Hardware | None = None) -> torch.device:
+    """The device a rank should use: ``cuda:<local_rank>`` with GPUs, else ``cpu``."""
+    hardware = hardware or detect_hardware()
+    return torch.device("cpu") if hardware.emulated else torch.device("cuda", local_rank)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"environment variable {name}={value!r} must be an integer.") from None
+
+
+def init_from_env(timeout_s: float = 300.0) -> Rank:
+    """Join the process group that torchrun (or :func:`course.launch.launch`) set up.
+
+    Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; picks the backend
+    and device; on emulated GPUs splits the CPU cores between the ranks so they do not oversubscribe.
+
+    Args:
+        timeout_s: how long a collective may wait for the other ranks before failing.
+
+    Returns:
+        This process's :class:`Rank`.
+
+    Raises:
+        RuntimeError: the torchrun variables are missing (the script was run with plain ``python``).
+    """
+    missing = [name for name in TORCHRUN_ENV if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"missing environment variables {', '.join(missing)}: this script must be started by torchrun, "
+            "e.g. `torchrun --nproc_per_node=4 train.py`, or by course.launch.launch(fn, world_size=4)."
+        )
+    hardware = detect_hardware()
+    local_rank = _env_int("LOCAL_RANK")
+    world_size = _env_int("WORLD_SIZE")
+    device = device_for(local_rank, hardware)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        torch.set_num_threads(max(1, hardware.cpu_count // max(1, local_world)))
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=hardware.backend, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    return current()
+
+
+def current() -> Rank:
+    """This process's :class:`Rank`; rank 0 of 1 on the default device if no process group exists."""
+    hardware = detect_hardware()
+    if not dist.is_initialized():
+        return Rank(0, 0, 1, device_for(0, hardware), hardware.backend)
+    rank = dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    return Rank(rank, local_rank, dist.get_world_size(), device_for(local_rank, hardware), dist.get_backend())
+
+
+def print0(*args: object, **kwargs: object) -> None:
+    """``print`` on rank 0 only, so N ranks do not print N copies of every log line."""
+    if current().is_main:
+        print(*args, **kwargs)
+
+
+def shutdown() -> None:
+    """Leave the process group cleanly (a no-op if none was joined)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def versions() -> dict[str, str]:
+    """Library versions that matter to the course, by name."""
+    import numpy
+    import sklearn
+
+    cuda = torch.version.cuda or "none (CPU build)"
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "numpy": numpy.__version__,
+        "scikit-learn": sklearn.__version__,
+        "gloo": str(dist.is_gloo_available()),
+        "nccl": str(dist.is_nccl_available()),
+    }

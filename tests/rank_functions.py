@@ -1,0 +1,54 @@
+"""Functions the launcher tests run on several ranks (importable, as launch() requires)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from course import world
+
+
+def identity(value: object) -> tuple[int, object]:
+    return world.current().rank, value
+
+
+def crash_on(bad_rank: int) -> int:
+    me = world.current()
+    if me.rank == bad_rank:
+        raise ZeroDivisionError(f"deliberate failure on rank {me.rank}")
+    dist.barrier()  # the healthy ranks wait here for the crashed one: the launcher must stop them
+    return me.rank
+
+
+def hang_on(bad_rank: int) -> int:
+    me = world.current()
+    if me.rank == bad_rank:
+        time.sleep(3600)
+    return me.rank
+
+
+def vanish_on(bad_rank: int) -> int:
+    me = world.current()
+    if me.rank == bad_rank:
+        os._exit(3)
+    dist.barrier()
+    return me.rank
+
+
+def spawn_worker_then_hang() -> int:
+    """Start a DataLoader worker process (a grandchild of the launcher), then hang."""
+    loader = torch.utils.data.DataLoader(range(1000), batch_size=1, num_workers=1)
+    iterator = iter(loader)
+    next(iterator)
+    print(f"worker pids {[w.pid for w in iterator._workers]}", flush=True)
+    time.sleep(3600)
+    return 0
+
+
+def print_lines() -> int:
+    print("first line")
+    print("second", end="")
+    return world.current().rank

@@ -1,0 +1,76 @@
+"""course.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
+
+import os
+
+import psutil
+import pytest
+import rank_functions as rf
+
+from course.launch import RankFailed, RankTimeout, launch
+
+pytestmark = [pytest.mark.unit0, pytest.mark.slow]
+
+
+def live_children() -> list[psutil.Process]:
+    """Processes started under this test, less multiprocessing's own long-lived resource tracker."""
+    return [p for p in psutil.Process(os.getpid()).children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def test_results_come_back_in_rank_order():
+    assert launch(rf.identity, 3, "x", timeout_s=60) == [(0, "x"), (1, "x"), (2, "x")]
+    assert live_children() == []
+
+
+def test_output_is_prefixed_by_rank(capsys):
+    launch(rf.print_lines, 2, timeout_s=60)
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(out) == ["[rank 0] first line", "[rank 0] second", "[rank 1] first line", "[rank 1] second"]
+
+
+def test_a_crashing_rank_is_named_and_the_others_are_stopped():
+    with pytest.raises(RankFailed) as caught:
+        launch(rf.crash_on, 4, 2, timeout_s=60)
+    assert caught.value.rank == 2
+    assert "ZeroDivisionError: deliberate failure on rank 2" in str(caught.value)
+    assert live_children() == []
+
+
+def test_a_hanging_rank_times_out_by_name():
+    with pytest.raises(RankTimeout) as caught:
+        launch(rf.hang_on, 3, 1, timeout_s=15)
+    assert caught.value.ranks == [1]
+    assert "rank(s) 1 did not finish within 15 s" in str(caught.value)
+    assert live_children() == []
+
+
+def test_a_rank_that_dies_without_reporting_is_named():
+    with pytest.raises(RankFailed) as caught:
+        launch(rf.vanish_on, 2, 1, timeout_s=60)
+    assert caught.value.rank == 1
+    assert "exited with code 3" in str(caught.value)
+    assert live_children() == []
+
+
+def test_dataloader_workers_of_a_hung_rank_are_killed_too(capsys):
+    with pytest.raises(RankTimeout):
+        launch(rf.spawn_worker_then_hang, 1, timeout_s=15)
+    assert live_children() == []
+    pids = [int(p) for p in capsys.readouterr().out.split("[")[-1].strip(" ]\n").split(",")]
+    assert pids and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                            for pid in pids)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True])
+def test_bad_world_sizes_are_refused_before_anything_starts(bad):
+    with pytest.raises(ValueError, match="world_size must be a positive whole number"):
+        launch(rf.identity, bad, None)
+    assert live_children() == []
+
+
+def test_a_function_from_a_notebook_cell_is_refused_with_the_fix():
+    def local():
+        return 1
+
+    with pytest.raises(ValueError, match="Put it in a .py module"):
+        launch(local, 2)
