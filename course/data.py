@@ -52,6 +52,11 @@ class Splits:
 
 def _split(images: torch.Tensor, labels: torch.Tensor, n_val: int, n_test: int, seed: int
            ) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
+    if n_val + n_test >= len(labels):
+        raise DatasetError(
+            f"only {len(labels)} samples, but {n_val} are asked for validation and {n_test} for test; "
+            "leave some for training (pass a smaller n_val / n_test)."
+        )
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     test, val, train = order[:n_test], order[n_test:n_test + n_val], order[n_test + n_val:]
     return tuple(TensorDataset(images[idx], labels[idx]) for idx in (train, val, test))

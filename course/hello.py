@@ -32,3 +32,16 @@ def hello() -> dict[str, object]:
         raise RuntimeError(f"rank {me.rank}: all_reduce returned {value.item()}, expected {expected}.")
     return {"rank": me.rank, "world_size": me.world_size, "backend": me.backend, "device": str(me.device),
             "host": socket.gethostname(), "reduced": value.item(), "expected": expected}
+
+
+def fail_on(bad_rank: int) -> int:
+    """Run on every rank: rank ``bad_rank`` raises, the others wait in a barrier that can never complete.
+
+    Shows what :func:`course.launch.launch` does when one rank fails: it names the rank, shows its traceback and
+    stops the ranks left waiting for it.
+    """
+    me = world.current()
+    if me.rank == bad_rank:
+        raise RuntimeError(f"rank {me.rank} ran out of patience (a deliberate failure for notebook 00)")
+    dist.barrier()
+    return me.rank

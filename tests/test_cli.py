@@ -1,0 +1,41 @@
+"""course.cli and course.hello: `course info`, `course hello`, `course lab`."""
+
+import subprocess
+import sys
+
+import pytest
+
+from course import cli
+from course.hello import hello
+from course.launch import launch
+
+pytestmark = pytest.mark.unit0
+
+
+def test_info_names_the_hardware_backend_and_versions():
+    text = "\n".join(cli.info_lines())
+    assert "backend" in text and "torch" in text and "CPU core" in text
+
+
+def test_info_runs_as_a_console_command():
+    result = subprocess.run([sys.executable, "-m", "course.cli", "info"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "backend" in result.stdout
+
+
+@pytest.mark.slow
+def test_hello_world_on_four_ranks_all_reduces_correctly(capsys):
+    reports = launch(hello, 4, timeout_s=120)
+    assert [r["rank"] for r in reports] == [0, 1, 2, 3]
+    assert all(r["reduced"] == r["expected"] == 10 for r in reports)
+    assert sum("[rank " in line for line in capsys.readouterr().out.splitlines()) == 4
+
+
+def test_hello_with_a_bad_world_size_fails_cleanly(capsys):
+    assert cli.main(["hello", "-n", "0"]) == 1
+    assert "world_size must be a positive whole number of ranks, got 0" in capsys.readouterr().err
+
+
+def test_lab_opens_jupyterlab_on_the_notebooks():
+    command = cli.lab_command(["--no-browser"])
+    assert command[1:3] == ["-m", "jupyterlab"] and command[-1] == "--no-browser"
+    assert command[3].endswith("notebooks")

@@ -1,0 +1,131 @@
+"""course.data: the embedded digits, and the user's own Fashion-MNIST / CIFAR-10 with clear errors."""
+
+import gzip
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course import data
+
+pytestmark = pytest.mark.unit0
+
+
+def _indices(dataset) -> set[bytes]:
+    return {image.numpy().tobytes() + bytes([label]) for image, label in zip(*dataset.tensors, strict=True)}
+
+
+def test_digits_are_split_1197_300_300_with_images_in_unit_range():
+    splits = data.load()
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (1197, 300, 300)
+    assert splits.input_shape == (1, 8, 8) and splits.num_classes == 10
+    images = splits.train.tensors[0]
+    assert images.dtype == torch.float32 and images.min() >= 0 and images.max() <= 1
+    assert set(splits.train.tensors[1].tolist()) == set(range(10))
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_splits_are_deterministic_disjoint_and_cover_every_digit(seed):
+    first, again = data.load(seed=seed), data.load(seed=seed)
+    assert torch.equal(first.test.tensors[0], again.test.tensors[0])
+    train, val, test = (_indices(s) for s in (first.train, first.val, first.test))
+    assert not (train & val) and not (train & test) and not (val & test)
+    everything = data.load_digits(seed=seed, n_val=0, n_test=0).train
+    assert train | val | test == _indices(everything)
+
+
+def test_different_seeds_give_different_splits():
+    assert not torch.equal(data.load(seed=0).test.tensors[1], data.load(seed=1).test.tensors[1])
+
+
+def _write_idx(path, array: np.ndarray, compress: bool) -> None:
+    header = bytes([0, 0, 8, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    opener = gzip.open if compress else open
+    with opener(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_fashion_mnist_reads_idx_files(tmp_path, compress):
+    suffix = ".gz" if compress else ""
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 60), ("t10k", 20)):
+        _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n, 28, 28)), compress)
+        _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte{suffix}", np.arange(n) % 10, compress)
+    splits = data.load_fashion_mnist(tmp_path, n_val=10)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (50, 10, 20)
+    assert splits.input_shape == (1, 28, 28)
+    assert splits.test.tensors[1].tolist() == [i % 10 for i in range(20)]
+
+
+def test_fashion_mnist_errors_name_the_file_and_the_format(tmp_path):
+    with pytest.raises(data.DatasetError, match="train-images-idx3-ubyte.*not found"):
+        data.load("fashion-mnist", root=tmp_path)
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"not an idx file")
+    with pytest.raises(data.DatasetError, match="train-images-idx3-ubyte is not an unsigned-byte IDX file"):
+        data.load("fashion-mnist", root=tmp_path)
+    _write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((5, 28, 28)), False)
+    with open(tmp_path / "train-images-idx3-ubyte", "r+b") as handle:
+        handle.truncate(100)
+    with pytest.raises(data.DatasetError, match="truncated"):
+        data.load("fashion-mnist", root=tmp_path)
+    with pytest.raises(data.DatasetError, match="is not a directory"):
+        data.load("fashion-mnist", root=tmp_path / "nowhere")
+    with pytest.raises(data.DatasetError, match="needs root="):
+        data.load("fashion-mnist")
+
+
+def _write_cifar(path, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), b"labels": list(range(n))}
+    path.write_bytes(pickle.dumps(batch))
+
+
+def test_cifar10_reads_python_batches(tmp_path):
+    for i in range(1, 6):
+        _write_cifar(tmp_path / f"data_batch_{i}", 4, i)
+    _write_cifar(tmp_path / "test_batch", 3, 0)
+    splits = data.load_cifar10(tmp_path, n_val=5)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (15, 5, 3)
+    assert splits.test.tensors[1].tolist() == [0, 1, 2]
+    assert splits.test.tensors[0].shape == (3, 3, 32, 32)
+
+
+def test_cifar10_errors_name_the_file(tmp_path):
+    with pytest.raises(data.DatasetError, match="data_batch_1 not found"):
+        data.load("cifar10", root=tmp_path)
+    (tmp_path / "data_batch_1").write_bytes(pickle.dumps({"wrong": 1}))
+    with pytest.raises(data.DatasetError, match="data_batch_1 is not a CIFAR-10 python batch"):
+        data.load("cifar10", root=tmp_path)
+
+
+def test_a_split_larger_than_the_data_is_refused(tmp_path):
+    for i in range(1, 6):
+        _write_cifar(tmp_path / f"data_batch_{i}", 4, i)
+    _write_cifar(tmp_path / "test_batch", 3, 0)
+    with pytest.raises(data.DatasetError, match="only 20 samples"):
+        data.load("cifar10", root=tmp_path)
+
+
+def test_unknown_dataset_lists_the_choices():
+    with pytest.raises(data.DatasetError, match="choose one of digits, fashion-mnist, cifar10"):
+        data.load("imagenet")
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, None, True])
+def test_loader_refuses_bad_batch_sizes(bad):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        data.loader(data.load().val, batch_size=bad)
+
+
+def test_loader_order_is_fixed_by_seed():
+    val = data.load().val
+    first = [labels.tolist() for _, labels in data.loader(val, 32, seed=3)]
+    again = [labels.tolist() for _, labels in data.loader(val, 32, seed=3)]
+    other = [labels.tolist() for _, labels in data.loader(val, 32, seed=4)]
+    assert first == again and first != other

@@ -1,0 +1,61 @@
+"""Notebooks are committed clean: no outputs except the expected output of cells marked NBVAL_CHECK_OUTPUT.
+
+A contributor refreshes them with::
+
+    .venv/bin/python tests/test_notebooks_clean.py notebooks/NN_name.ipynb   # execute, then keep only checked outputs
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
+
+pytestmark = pytest.mark.unit0
+
+
+def is_checked(cell: nbformat.NotebookNode) -> bool:
+    return cell.cell_type == "code" and cell.source.lstrip().startswith(CHECK_MARK)
+
+
+def clean(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Drop outputs and execution counts, except the expected output of checked cells."""
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.execution_count = None
+        cell.metadata.pop("execution", None)
+        if not is_checked(cell):
+            cell.outputs = []
+    return notebook
+
+
+def refresh(path: Path) -> None:
+    """Execute a notebook top to bottom, then save it clean."""
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+                   ).execute()
+    nbformat.write(clean(notebook), path)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_clean(path):
+    notebook = nbformat.read(path, as_version=4)
+    dirty = [i for i, cell in enumerate(notebook.cells)
+             if cell.cell_type == "code" and (cell.outputs and not is_checked(cell))]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs; run `python tests/{Path(__file__).name} {path}`"
+    unfilled = [i for i, cell in enumerate(notebook.cells) if is_checked(cell) and not cell.outputs]
+    assert not unfilled, f"{path.name}: checked cells {unfilled} have no expected output; refresh the notebook"
+
+
+if __name__ == "__main__":
+    for argument in sys.argv[1:]:
+        refresh(Path(argument))
+        print(f"refreshed {argument}")

@@ -1,0 +1,76 @@
+"""course.world: GPUs found or emulated, world sizes checked, torchrun's environment read."""
+
+import pytest
+import torch
+
+from course import world
+
+pytestmark = pytest.mark.unit0
+
+EMULATED = world.Hardware(gpu_names=(), cpu_count=2)
+TWO_GPUS = world.Hardware(gpu_names=("A100", "A100"), cpu_count=32)
+
+
+def test_emulated_hardware_uses_gloo_and_cpu():
+    assert EMULATED.emulated and EMULATED.backend == "gloo"
+    assert world.device_for(3, EMULATED) == torch.device("cpu")
+    assert "4 emulated GPUs: 4 CPU processes on the gloo backend" in EMULATED.describe(4)
+
+
+def test_real_gpus_use_nccl_and_the_local_rank_device():
+    assert not TWO_GPUS.emulated and TWO_GPUS.backend == "nccl"
+    assert world.device_for(1, TWO_GPUS) == torch.device("cuda", 1)
+    assert "2 real GPUs on the nccl backend" in TWO_GPUS.describe(2)
+
+
+def test_course_emulate_hides_gpus(monkeypatch):
+    monkeypatch.setenv(world.EMULATE_ENV, "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert world.detect_hardware().emulated
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "4", None, True])
+def test_bad_world_sizes_say_what_was_wrong(bad):
+    with pytest.raises(ValueError, match=r"positive whole number of ranks, got"):
+        world.check_world_size(bad, EMULATED)
+
+
+def test_more_ranks_than_gpus_suggests_the_fix():
+    with pytest.raises(ValueError, match="world_size=4 but this machine has 2 GPU.*COURSE_EMULATE=1"):
+        world.check_world_size(4, TWO_GPUS)
+    assert world.check_world_size(2, TWO_GPUS) == 2
+
+
+def test_too_many_emulated_ranks_are_refused():
+    assert world.check_world_size(world.MAX_EMULATED_WORLD_SIZE, EMULATED) == world.MAX_EMULATED_WORLD_SIZE
+    with pytest.raises(ValueError, match="use at most"):
+        world.check_world_size(world.MAX_EMULATED_WORLD_SIZE + 1, EMULATED)
+
+
+def test_init_from_env_without_torchrun_explains_how_to_launch(monkeypatch):
+    for name in world.TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun --nproc_per_node=4"):
+        world.init_from_env()
+
+
+def test_init_from_env_joins_a_one_rank_group(monkeypatch):
+    from course.launch import free_port
+
+    monkeypatch.setenv(world.EMULATE_ENV, "1")
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    try:
+        me = world.init_from_env(timeout_s=30)
+        assert (me.rank, me.world_size, me.backend, me.device, me.is_main) == (0, 1, "gloo", torch.device("cpu"), True)
+        assert world.current() == me
+    finally:
+        world.shutdown()
+        torch.set_num_threads(threads)
+    assert world.current().world_size == 1  # outside a group: rank 0 of 1
+
+
+def test_versions_name_torch():
+    assert world.versions()["torch"] == torch.__version__
