@@ -48,7 +48,9 @@ def info_lines(world_size: int = 4) -> list[str]:
 
 def lab_command(extra: list[str]) -> list[str]:
     """The command ``course lab`` runs: JupyterLab rooted at the course's notebooks."""
-    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks_dir()}", *extra]
+    # Jupyter refuses to start as root (containers, cloud VMs) unless told it is deliberate.
+    as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks_dir()}", *as_root, *extra]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("info", help="hardware found, what will be emulated, library versions")
     hello = commands.add_parser("hello", help="each rank reports, then a tensor is all-reduced and checked")
     hello.add_argument("-n", "--world-size", type=int, default=4, help="number of ranks (default 4)")
-    lab = commands.add_parser("lab", help="open the course in JupyterLab (extra arguments go to jupyter)")
-    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    commands.add_parser("lab", help="open the course in JupyterLab (extra arguments go to jupyter)")
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
 
     if args.command == "info":
         print("\n".join(info_lines()))
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"all {len(reports)} ranks agree: all_reduce(rank + 1) = {reports[0]['reduced']:g}")
         return 0
     try:
-        command = lab_command(args.jupyter_args)
+        command = lab_command(extra)
     except FileNotFoundError as error:
         print(f"course lab: {error}", file=sys.stderr)
         return 1
