@@ -74,3 +74,18 @@ def test_init_from_env_joins_a_one_rank_group(monkeypatch):
 
 def test_versions_name_torch():
     assert world.versions()["torch"] == torch.__version__
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_torchrun_script_joins_the_group_and_prints_once(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("torchrun_hello.py")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3", str(script)],
+        capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines().count("world_size=3 backend=gloo sum=3") == 1
