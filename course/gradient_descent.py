@@ -159,7 +159,7 @@ class Recorder:
             self.params.append(vector.detach().cpu().double().numpy())
 
     def trajectory(self) -> Trajectory:
-        updates, samples, seconds, loss = (np.array(column) for column in zip(*self.rows))
+        updates, samples, seconds, loss = (np.array(column) for column in zip(*self.rows, strict=True))
         params = np.stack(self.params) if self.record_params else None
         return Trajectory(self.batch_size, len(self.x), updates.astype(int), samples.astype(int),
                           seconds, loss, params)
@@ -238,9 +238,9 @@ def plot_loss_curves(trajectories: Sequence[Trajectory], optimum: float | None =
         _, axes = plt.subplots(1, 3, figsize=(14, 3.8), sharey=True)
     for traj in trajectories:
         gap = traj.loss if optimum is None else np.maximum(traj.loss - optimum, 1e-16)
-        for ax, xs in zip(axes, (traj.epochs, traj.updates, traj.wall_time)):
+        for ax, xs in zip(axes, (traj.epochs, traj.updates, traj.wall_time), strict=True):
             ax.plot(xs, gap, label=traj.label, lw=1.2)
-    for ax, name in zip(axes, ("epochs", "updates", "wall time (s, training only)")):
+    for ax, name in zip(axes, ("epochs", "updates", "wall time (s, training only)"), strict=True):
         ax.set_xlabel(name)
         if name == "updates":
             ax.set_xscale("symlog", linthresh=1)

@@ -24,7 +24,7 @@ def test_gradient_descent_converges_to_least_squares():
     x, y = line()
     w_opt, b_opt = ln.least_squares(x, y)
     model = ln.neuron(-3.0, 4.0)
-    traj = gradient_descent(model, mse_loss, x, y, lr=0.8 * ln.max_stable_lr(x), epochs=3000)
+    traj = gradient_descent(model, mse_loss, x, y, lr=0.8 * ln.max_stable_lr(x), epochs=500)
     np.testing.assert_allclose(traj.params[-1], [w_opt, b_opt], rtol=0, atol=1e-9)
     assert traj.loss[-1] == pytest.approx(float(ln.mse(w_opt, b_opt, x, y)), abs=1e-12)
     assert np.all(np.diff(traj.loss) <= 1e-15)  # below the stability limit GD never goes uphill
