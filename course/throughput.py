@@ -27,7 +27,7 @@ class Sweep:
 
     Attributes:
         batch_sizes: ``(S,)`` per-device batch sizes, ascending.
-        seconds_per_step: ``(S,)`` median seconds of one forward + backward pass.
+        seconds_per_step: ``(S,)`` seconds of one forward + backward pass (the fastest timed step).
         samples_per_s: ``(S,)`` ``batch_size / seconds_per_step``.
         device: where it was measured, e.g. ``cpu`` or ``cuda:0``.
     """
@@ -54,9 +54,11 @@ def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
 
 def seconds_per_step(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
                      device: torch.device | str, min_seconds: float = 0.15, min_steps: int = 3) -> float:
-    """Median wall time of one training forward + backward pass (cross-entropy, no optimizer step).
+    """Wall time of one training forward + backward pass (cross-entropy, no optimizer step).
 
-    Random inputs cost the same compute as real ones. One warm-up step is not timed.
+    Random inputs cost the same compute as real ones. One warm-up step is not timed. Returns the fastest
+    timed step, as ``timeit`` advises: other processes on a shared machine can only slow a step down, so the
+    minimum is the best estimate of what the device itself can do.
 
     Args:
         model: on ``device``. input_shape: one sample, e.g. ``(1, 8, 8)``.
@@ -81,7 +83,7 @@ def seconds_per_step(model: nn.Module, input_shape: tuple[int, ...], num_classes
         tic = time.perf_counter()
         one_step()
         times.append(time.perf_counter() - tic)
-    return float(np.median(times))
+    return float(min(times))
 
 
 def sweep(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_sizes: Sequence[int],
