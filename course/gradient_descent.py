@@ -17,10 +17,14 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -222,7 +226,8 @@ def sgd(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor, *, 
     return recorder.trajectory()
 
 
-def plot_loss_curves(trajectories: Sequence[Trajectory], optimum: float | None = None, axes=None):
+def plot_loss_curves(trajectories: Sequence[Trajectory], optimum: float | None = None,
+                     axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
     """Loss against epochs, against updates and against wall time, one line per trajectory (3 panels).
 
     Args:

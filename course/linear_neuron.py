@@ -12,6 +12,7 @@ watched update by update. Taught in ``notebooks/01_gd_vs_sgd.ipynb``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,8 +20,12 @@ from torch import nn
 
 from course.gradient_descent import Trajectory
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
-def noisy_line(n: int = 64, w: float = 2.0, b: float = -1.0, noise: float = 0.5, x_range: tuple = (0.0, 2.0),
+
+def noisy_line(n: int = 64, w: float = 2.0, b: float = -1.0, noise: float = 0.5,
+               x_range: tuple[float, float] = (0.0, 2.0),
                seed: int = 0, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` points ``y = w x + b + noise * N(0, 1)`` with ``x`` uniform in ``x_range``, in float64.
 
@@ -97,7 +102,7 @@ def neuron(w: float = 0.0, b: float = 0.0, device: torch.device | str = "cpu") -
 
 
 def plot_loss_surface(x: torch.Tensor, y: torch.Tensor, trajectories: Sequence[Trajectory] = (),
-                      ax=None, margin: float = 0.5):
+                      ax: Axes | None = None, margin: float = 0.5) -> Axes:
     """Contours of the MSE over ``(w, b)``, the least-squares optimum, and each trajectory's path.
 
     Args:

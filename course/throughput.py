@@ -15,10 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ def sweep(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batc
     return Sweep(batch, seconds, batch / seconds, str(device))
 
 
-def plot_sweep(result: Sweep, axes=None):
+def plot_sweep(result: Sweep, axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
     """Samples/s and milliseconds per step against batch size (log axes), side by side.
 
     Returns:
