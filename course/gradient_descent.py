@@ -125,8 +125,20 @@ def step(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor, lr
 
 @torch.no_grad()
 def full_loss(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor) -> float:
-    """The loss over the whole dataset ``(x, y)``: the objective both optimizers minimise."""
-    return float(loss_fn(model(x), y))
+    """The loss over the whole dataset ``(x, y)``: the objective both optimizers minimise.
+
+    Raises:
+        ValueError: real-valued targets ``y`` whose shape differs from the model's output, which a loss
+            such as ``mse_loss`` would silently broadcast into an ``(N, N)`` loss with the wrong gradient.
+    """
+    output = model(x)
+    if y.is_floating_point() and output.shape != y.shape:
+        shape = ", ".join(map(str, output.shape))
+        raise ValueError(
+            f"the model outputs {tuple(output.shape)} but y is {tuple(y.shape)}: expected targets of the "
+            f"output's shape (for a neuron, y of shape (N, 1)); y.reshape({shape}) fixes it."
+        )
+    return float(loss_fn(output, y))
 
 
 class Recorder:

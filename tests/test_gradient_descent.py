@@ -151,6 +151,24 @@ def test_mismatched_x_and_y_are_refused_by_both_optimizers():
         gradient_descent(ln.neuron(), mse_loss, x, y, lr=-1, epochs=1)
 
 
+def test_regression_targets_that_would_broadcast_are_refused():
+    x, y = line(10)
+    with pytest.raises(ValueError, match=r"the model outputs \(10, 1\) but y is \(10,\): expected targets"):
+        sgd(ln.neuron(), mse_loss, x, y.ravel(), lr=0.1, epochs=1, batch_size=2)
+
+
+def test_sgd_with_a_full_batch_is_gradient_descent_bit_for_bit_on_the_cnn(one_thread):
+    images, labels = torch.rand(24, 1, 8, 8, generator=torch.Generator().manual_seed(0)), torch.arange(24) % 10
+    runs = []
+    for optimize in (gradient_descent, lambda *a, **k: sgd(*a, **k, batch_size=24, seed=7)):
+        torch.manual_seed(0)
+        model = DigitsCNN(width=4)
+        runs.append((optimize(model, cross_entropy, images, labels, lr=0.5, epochs=3), model))
+    (gd_run, gd_model), (sgd_run, sgd_model) = runs
+    assert np.array_equal(gd_run.params, sgd_run.params) and np.array_equal(gd_run.loss, sgd_run.loss)
+    assert gd_run.loss[-1] < gd_run.loss[0]
+
+
 def test_plot_loss_curves_draws_one_line_per_run_on_each_panel():
     import matplotlib
 
