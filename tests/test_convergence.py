@@ -1,0 +1,124 @@
+"""course.convergence: the reference criterion, and a checker that passes right answers and catches wrong ones."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course.convergence import CASES, _reference, check_updates_to_converge
+
+pytestmark = pytest.mark.unit1
+
+
+def windowed(loss, optimum, eps, k):
+    """An independent answer: slide a window of k over the within-eps flags."""
+    inside = np.abs(np.asarray(loss) - optimum) <= eps
+    for start in range(len(inside) - k + 1):
+        if inside[start:start + k].all():
+            return start
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(loss=st.lists(st.sampled_from([0.5, 0.9, 1.0, 1.1, 1.25, 1.5, 3.0]), max_size=12),
+       eps=st.sampled_from([0.1, 0.25, 0.5]), k=st.integers(1, 4))
+def test_reference_matches_a_sliding_window(loss, eps, k):
+    assert _reference(loss, 1.0, eps, k) == windowed(loss, 1.0, eps, k)
+
+
+def test_cases_cover_both_answers_and_every_k_they_claim():
+    expected = [case.expected for case in CASES]
+    assert None in expected and 0 in expected and len({case.name for case in CASES}) == len(CASES)
+
+
+def correct(loss, optimum, eps, k):
+    run = 0
+    for i, value in enumerate(loss):
+        run = run + 1 if abs(value - optimum) <= eps else 0
+        if run == k:
+            return i - k + 1
+    return None
+
+
+def returns_last_of_run(loss, optimum, eps, k):
+    start = correct(loss, optimum, eps, k)
+    return None if start is None else start + k - 1
+
+
+def counts_without_resetting(loss, optimum, eps, k):
+    seen = 0
+    for i, value in enumerate(loss):
+        seen += abs(value - optimum) <= eps
+        if seen == k:
+            return i - k + 1
+    return None
+
+
+def strict_inequality(loss, optimum, eps, k):
+    run = 0
+    for i, value in enumerate(loss):
+        run = run + 1 if abs(value - optimum) < eps else 0
+        if run == k:
+            return i - k + 1
+    return None
+
+
+def signed_gap(loss, optimum, eps, k):
+    run = 0
+    for i, value in enumerate(loss):
+        run = run + 1 if value - optimum <= eps else 0
+        if run == k:
+            return i - k + 1
+    return None
+
+
+def minus_one_when_never(loss, optimum, eps, k):
+    answer = correct(loss, optimum, eps, k)
+    return -1 if answer is None else answer
+
+
+def skips_the_initial_loss(loss, optimum, eps, k):
+    answer = correct(loss[1:], optimum, eps, k)
+    return None if answer is None else answer + 1
+
+
+def crashes(loss, optimum, eps, k):
+    return loss[k * 10]
+
+
+def returns_a_float(loss, optimum, eps, k):
+    answer = correct(loss, optimum, eps, k)
+    return None if answer is None else float(answer)
+
+
+def test_the_shipped_answer_passes(capsys):
+    result = check_updates_to_converge(correct)
+    assert result.passed
+    assert capsys.readouterr().out.startswith(f"All {len(CASES)} of {len(CASES)} cases pass.")
+
+
+def test_numpy_integers_are_accepted():
+    assert check_updates_to_converge(lambda *a: None if correct(*a) is None else np.int64(correct(*a)),
+                                     verbose=False).passed
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (returns_last_of_run, "FIRST of the k records"),
+    (counts_without_resetting, "must be consecutive"),
+    (strict_inequality, "(inclusive)"),
+    (signed_gap, "|loss - optimum|"),
+    (minus_one_when_never, "return None"),
+    (skips_the_initial_loss, "record 0"),
+    (crashes, "raised IndexError"),
+    (returns_a_float, "of type float"),
+])
+def test_each_wrong_answer_is_caught_with_a_useful_hint(wrong, hint):
+    result = check_updates_to_converge(wrong, verbose=False)
+    assert not result.passed
+    assert str(result).startswith("Only ")
+    assert hint in str(result)
+
+
+def test_checker_refuses_something_that_is_not_a_function():
+    with pytest.raises(ValueError, match="expected a function criterion.*got int"):
+        check_updates_to_converge(3)
