@@ -17,6 +17,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -143,7 +144,9 @@ class StepResult:
 
     Attributes:
         rank: which rank this is.
-        parameters: the rank's parameters after the step (CPU copies).
+        parameters: the rank's parameters after the step, as NumPy arrays: a tensor returned from a rank
+            travels as a handle to the rank's shared memory, which is gone once the rank exits; arrays are
+            copied by value.
         per_rank_batch_size: b, samples in this rank's shard.
         global_batch_size: k*b, samples over all ranks.
         local_grad_norm_sq: |g|^2 of this rank's own gradient, before the all-reduce (a batch-b gradient).
@@ -151,7 +154,7 @@ class StepResult:
     """
 
     rank: int
-    parameters: Parameters
+    parameters: dict[str, np.ndarray]
     per_rank_batch_size: int
     global_batch_size: int
     local_grad_norm_sq: float
@@ -188,15 +191,18 @@ def data_parallel_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         grad /= me.world_size
     sgd_update(model, grads, lr)
-    return StepResult(me.rank, parameters(model), len(y), len(targets), local_norm_sq, _norm_sq(grads))
+    arrays = {name: p.numpy() for name, p in parameters(model).items()}
+    return StepResult(me.rank, arrays, len(y), len(targets), local_norm_sq, _norm_sq(grads))
 
 
-def max_difference(a: Parameters, b: Parameters) -> float:
-    """Largest absolute difference between two sets of parameters with the same names and shapes.
+def max_difference(a: Parameters | dict[str, np.ndarray], b: Parameters | dict[str, np.ndarray]) -> float:
+    """Largest absolute difference between two sets of parameters (tensors or arrays) with the same names and shapes.
 
     Raises:
         ValueError: the names or shapes differ.
     """
+    a = {name: torch.as_tensor(value) for name, value in a.items()}
+    b = {name: torch.as_tensor(value) for name, value in b.items()}
     if a.keys() != b.keys():
         raise ValueError(f"parameter names differ: {sorted(a)} vs {sorted(b)}.")
     for name in a:

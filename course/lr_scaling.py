@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -295,3 +295,14 @@ def check_warmup_exercise(fn: Callable[[int, float, int, int, int], float]) -> b
             return False
     print(f"Correct on all {len(cases)} cases.")
     return True
+
+
+def same_epochs(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
+                batch_sizes: Iterable[int], epochs: int, rule: str = "sqrt", warmup_steps: int = 10,
+                config: SweepConfig = SweepConfig()) -> list[RunResult]:
+    """Train at each global batch size for the same number of ``epochs`` (so a bigger batch takes fewer steps)
+    and keep the final accuracies: the setting in which the large-batch generalization gap is measured."""
+    n = check_batch(*train)
+    return [train_run(train, val, batch_size, rule, warmup_steps,
+                      replace(config, max_steps=epochs * max(1, n // batch_size), stop_at_target=False))
+            for batch_size in batch_sizes]
