@@ -139,7 +139,7 @@ class LARS(torch.optim.Optimizer):
 class SweepConfig:
     """What :func:`sweep` trains. Defaults: softmax regression on the digits, a fraction of a second per run."""
 
-    batch_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
+    batch_sizes: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
     rules: tuple[str, ...] = RULES
     warmup_steps: tuple[int, ...] = (0, 10)  # each rule is run with each of these warmups
     base_lr: float = 0.1  # a rate tuned at base_batch_size
@@ -306,3 +306,18 @@ def same_epochs(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tenso
     return [train_run(train, val, batch_size, rule, warmup_steps,
                       replace(config, max_steps=epochs * max(1, n // batch_size), stop_at_target=False))
             for batch_size in batch_sizes]
+
+
+def scaling_efficiency(results: Iterable[RunResult], rule: str, warmup_steps: int) -> dict[int, float]:
+    """For each global batch size that reached the target: steps saved relative to perfect scaling.
+
+    ``efficiency(B) = steps(B0) * B0 / (steps(B) * B)`` with B0 the smallest batch size that reached the
+    target: 1 means doubling the batch halved the steps (perfect scaling), 0.5 means half of the extra
+    samples were wasted. Batch sizes that never reached the target are left out.
+    """
+    runs = sorted((r for r in results if r.rule == rule and r.warmup_steps == warmup_steps
+                   and r.steps_to_target is not None), key=lambda r: r.batch_size)
+    if not runs:
+        return {}
+    samples = runs[0].steps_to_target * runs[0].batch_size
+    return {r.batch_size: samples / (r.steps_to_target * r.batch_size) for r in runs}

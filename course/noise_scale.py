@@ -86,11 +86,16 @@ def per_sample_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
     return torch.cat([g.reshape(len(inputs), -1) for g in grads.values()], dim=1)
 
 
-def from_per_sample(grads: torch.Tensor) -> NoiseScale:
-    """Unbiased tr(Sigma) and |G|^2 from B per-sample gradients ``(B, P)``.
+def from_per_sample(grads: torch.Tensor, whole_dataset: bool = False) -> NoiseScale:
+    """tr(Sigma) and |G|^2 from per-sample gradients ``(B, P)``.
 
-    tr(Sigma) is the sum of the per-coordinate sample variances (divided by B - 1); |G|^2 is the squared norm
-    of the mean gradient minus its expected noise tr(Sigma) / B.
+    Args:
+        grads: one flattened gradient per sample.
+        whole_dataset: False (default) when the B samples are a sample of a larger population: tr(Sigma) is
+            the sum of the per-coordinate sample variances (divided by B - 1) and |G|^2 the squared norm of
+            the mean gradient minus its expected noise tr(Sigma) / B, both unbiased. True when the B samples
+            *are* the dataset that training batches are drawn from: then G is exactly their mean gradient and
+            Sigma their covariance (divided by B), with nothing left to estimate.
 
     Raises:
         ValueError: fewer than 2 samples, or not a 2-D tensor.
@@ -98,8 +103,10 @@ def from_per_sample(grads: torch.Tensor) -> NoiseScale:
     if grads.dim() != 2 or len(grads) < 2:
         raise ValueError(f"need per-sample gradients of shape (B, P) with B >= 2, got {tuple(grads.shape)}.")
     grads = grads.double()
-    trace_sigma = float(grads.var(dim=0, unbiased=True).sum())
-    grad_norm_sq = float(grads.mean(dim=0).pow(2).sum()) - trace_sigma / len(grads)
+    trace_sigma = float(grads.var(dim=0, unbiased=not whole_dataset).sum())
+    grad_norm_sq = float(grads.mean(dim=0).pow(2).sum())
+    if not whole_dataset:
+        grad_norm_sq -= trace_sigma / len(grads)
     return NoiseScale(trace_sigma, grad_norm_sq)
 
 
@@ -211,7 +218,8 @@ class TrackPoint:
     Attributes:
         step: SGD steps taken so far.
         loss: mean loss over the probe samples (the training set) at this step.
-        per_sample: the estimate from per-sample gradients of the probe samples at this step.
+        per_sample: tr(Sigma) and |G|^2 of the training set itself at this step, from its per-sample
+            gradients (``whole_dataset=True``: batches are drawn from exactly these samples).
         two_batch: the two-batch estimates of the steps since the previous point, averaged (tr(Sigma) and
             |G|^2 separately, as McCandlish et al. do, because one step's ratio is very noisy).
     """
@@ -259,7 +267,8 @@ def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch
         if step % every == 0:
             with torch.no_grad():
                 loss = float(loss_fn(model(inputs), targets))
-            per_sample = from_per_sample(per_sample_gradients(model, inputs, targets, loss_fn))
+            per_sample = from_per_sample(per_sample_gradients(model, inputs, targets, loss_fn),
+                                         whole_dataset=True)
             two_batch = NoiseScale(sum(e.trace_sigma for e in window) / len(window),
                                    sum(e.grad_norm_sq for e in window) / len(window))
             points.append(TrackPoint(step, loss, per_sample, two_batch))

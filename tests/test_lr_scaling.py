@@ -162,3 +162,13 @@ def test_checker_accepts_the_answer_and_rejects_a_wrong_one(capsys):
     assert "Correct" in capsys.readouterr().out
     assert not ls.check_warmup_exercise(lambda step, base_lr, base_b, b, warm: base_lr * b / base_b)
     assert "expected" in capsys.readouterr().out
+
+
+def test_scaling_efficiency_is_one_for_perfect_scaling_and_drops_after():
+    def run(batch_size, steps):
+        return ls.RunResult(batch_size, "linear", 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])
+
+    results = [run(8, 100), run(16, 50), run(32, 50), run(64, None), run(128, 10)]
+    assert ls.scaling_efficiency(results, "linear", 0) == pytest.approx({8: 1.0, 16: 1.0, 32: 0.5,
+                                                                         128: 800 / 1280})
+    assert ls.scaling_efficiency(results, "sqrt", 0) == {}

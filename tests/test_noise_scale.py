@@ -129,3 +129,11 @@ def test_checker_accepts_the_answer_and_rejects_a_wrong_one(capsys):
     assert "Correct" in capsys.readouterr().out
     assert not ns.check_two_batch_exercise(lambda small, big, b_small, b_big: (small - big, big))
     assert "expected" in capsys.readouterr().out
+
+
+def test_whole_dataset_mode_uses_the_exact_mean_and_covariance():
+    grads = torch.tensor([[1.0, 0.0], [3.0, 2.0]], dtype=torch.float64)  # mean (2, 1), deviations (+-1, +-1)
+    whole = ns.from_per_sample(grads, whole_dataset=True)
+    assert (whole.trace_sigma, whole.grad_norm_sq) == (2.0, 5.0)
+    sample = ns.from_per_sample(grads)
+    assert (sample.trace_sigma, sample.grad_norm_sq) == (4.0, 3.0)  # unbiased: variance / (B - 1), minus tr/B
