@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from course.lr_scaling import RunResult
@@ -87,12 +86,8 @@ def optimizers_against_lr(results: dict[str, Sequence[RunResult]], max_steps: in
     for name, runs in results.items():
         ax.plot([r.lr for r in runs], [r.steps_to_target or max_steps for r in runs], marker="o", label=name)
     ax.axhline(max_steps, color="grey", linestyle=":", label="budget (target not reached)")
-    _finish(ax, xlabel="learning rate", ylabel="steps to target")
-    ax.set(xscale="log")
+    ax.set(xscale="log", xlabel="learning rate", ylabel="steps to target")
+    ax.legend()
     fig.tight_layout()
     return fig
 
-
-def _finish(ax: Axes, **labels: str) -> None:
-    ax.set(**labels)
-    ax.legend()

@@ -13,7 +13,7 @@ epochs-to-target: perfect scaling first, diminishing returns past the critical b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -201,7 +201,7 @@ def _optimizer(model: nn.Module, lr: float, config: SweepConfig) -> torch.optim.
     raise ValueError(f"unknown optimizer {config.optimizer!r}; choose 'sgd' or 'lars'.")
 
 
-def _batches(n: int, batch_size: int, steps: int, generator: torch.Generator):
+def _batches(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Indices of ``steps`` full batches: each epoch a fresh shuffle, the remainder dropped."""
     per_epoch = n // batch_size
     for step in range(steps):
