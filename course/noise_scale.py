@@ -257,7 +257,7 @@ def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch
         raise ValueError(f"batch_size must be an integer in 1..{n} (the number of samples), got {batch_size!r}.")
     if not 1 <= every <= steps:
         raise ValueError(f"every must be in 1..steps={steps}, got {every}.")
-    model = copy.deepcopy(model)
+    model = copy.deepcopy(model).to(inputs.device)
     generator = torch.Generator().manual_seed(seed)
     points: list[TrackPoint] = []
     window: list[NoiseScale] = []

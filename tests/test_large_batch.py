@@ -38,6 +38,15 @@ def test_split_batch_gives_equal_shards_in_rank_order():
     assert torch.equal(torch.cat([s[0] for s in shards]), x) and torch.equal(shards[2][1], y[6:9])
 
 
+@settings(max_examples=40, deadline=None)
+@given(world_size=st.integers(1, 16), per_rank=st.integers(1, 8))
+def test_shards_are_equal_ordered_and_cover_the_batch(world_size, per_rank):
+    x, y = batch(world_size * per_rank)
+    shards = lb.split_batch(x, y, world_size)
+    assert len(shards) == world_size and all(len(sx) == len(sy) == per_rank for sx, sy in shards)
+    assert torch.equal(torch.cat([sx for sx, _ in shards]), x) and torch.equal(torch.cat([sy for _, sy in shards]), y)
+
+
 @pytest.mark.parametrize("world_size, n, message", [
     (5, 12, "does not split evenly over 5 ranks"),
     (0, 12, "world_size must be a positive integer"),
