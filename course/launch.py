@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import queue
 import socket
 import sys
@@ -93,7 +94,9 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, tim
     sys.stdout = _RankOutput(rank, channel)
     try:
         world.init_from_env(timeout_s=timeout_s)
-        result = fn(*args, **kwargs)
+        # Plain pickle copies tensors by value: the queue's own pickler would share their memory, which
+        # vanishes when this process exits before the launcher reads it.
+        result = pickle.dumps(fn(*args, **kwargs))
         sys.stdout.flush()
         channel.put(("ok", rank, result))
     except BaseException:  # noqa: B036 - the launcher must hear about every way a rank can end
@@ -171,7 +174,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
             if message[0] == "out":
                 sys.stdout.write(message[1])
             elif message[0] == "ok":
-                results[message[1]] = message[2]
+                results[message[1]] = pickle.loads(message[2])
             else:
                 raise _root_cause(message[1], message[2], processes)
         return [results[rank] for rank in range(world_size)]

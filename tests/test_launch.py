@@ -22,6 +22,11 @@ def test_results_come_back_in_rank_order():
     assert live_children() == []
 
 
+def test_tensor_results_arrive_by_value():
+    results = launch(rf.rank_tensor, 2, 100_000, timeout_s=60)
+    assert [r.sum().item() for r in results] == [0.0, 100_000.0]
+
+
 def test_output_is_prefixed_by_rank(capsys):
     launch(rf.print_lines, 2, timeout_s=60)
     out = capsys.readouterr().out.splitlines()

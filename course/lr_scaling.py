@@ -1,0 +1,323 @@
+"""Learning rates for large batches: scaling rules, warmup, LARS, and a sweep that shows where they stop working.
+
+A k-times bigger global batch averages k times more per-sample gradients, so its gradient is less noisy and
+a bigger step is safe. The rules: keep the rate (``none``), scale it by k (``linear``, Goyal et al. 2017,
+"Accurate, Large Minibatch SGD") or by sqrt(k) (``sqrt``, the variance-preserving choice). Early in
+training a large rate diverges, so it is reached by a linear warmup. LARS (You et al. 2017, "Large Batch
+Training of Convolutional Networks") gives each layer its own rate from the ratio of its weight norm to its
+gradient norm. :func:`sweep` trains over global batch sizes x rules x warmup and reports steps- and
+epochs-to-target: perfect scaling first, diminishing returns past the critical batch size. Taught in
+``notebooks/02_large_batch.ipynb``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from course import models, world
+from course.large_batch import check_batch, check_lr
+
+RULES = ("none", "linear", "sqrt")
+
+
+def _check_batch_size(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer number of samples, got {value!r}.")
+    return value
+
+
+def scaled_lr(base_lr: float, base_batch_size: int, batch_size: int, rule: str = "linear") -> float:
+    """The learning rate for global ``batch_size``, given one that works at ``base_batch_size``.
+
+    ``none``: ``base_lr``; ``linear``: ``base_lr * k``; ``sqrt``: ``base_lr * sqrt(k)``, with
+    ``k = batch_size / base_batch_size``.
+
+    Raises:
+        ValueError: negative ``base_lr``, a batch size that is not a positive integer, or an unknown rule.
+    """
+    base_lr = check_lr(base_lr)
+    k = _check_batch_size("batch_size", batch_size) / _check_batch_size("base_batch_size", base_batch_size)
+    if rule == "none":
+        return base_lr
+    if rule == "linear":
+        return base_lr * k
+    if rule == "sqrt":
+        return base_lr * math.sqrt(k)
+    raise ValueError(f"unknown rule {rule!r}; choose one of {', '.join(RULES)}.")
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Fraction of the full rate used at ``step`` (0-based): ``min(1, (step + 1) / warmup_steps)``; 1 without warmup.
+
+    Raises:
+        ValueError: negative ``step`` or ``warmup_steps``.
+    """
+    if step < 0 or warmup_steps < 0:
+        raise ValueError(f"step and warmup_steps must be >= 0, got step={step}, warmup_steps={warmup_steps}.")
+    return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
+
+
+def lr_at(step: int, base_lr: float, base_batch_size: int, batch_size: int, rule: str = "linear",
+          warmup_steps: int = 0) -> float:
+    """The learning rate at ``step``: the scaled rate of :func:`scaled_lr`, ramped up linearly over ``warmup_steps``."""
+    return scaled_lr(base_lr, base_batch_size, batch_size, rule) * warmup_factor(step, warmup_steps)
+
+
+def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A scheduler that multiplies each group's rate by :func:`warmup_factor`; call ``.step()`` after each
+    ``optimizer.step()``."""
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_factor(step, warmup_steps))
+
+
+def trust_ratio(weight_norm: float, grad_norm: float, trust_coefficient: float, weight_decay: float,
+                eps: float = 1e-9) -> float:
+    """LARS's layer-wise factor ``eta |w| / (|g| + wd |w| + eps)``; 1 when either norm is 0 (nothing to compare)."""
+    if weight_norm == 0 or grad_norm == 0:
+        return 1.0
+    return trust_coefficient * weight_norm / (grad_norm + weight_decay * weight_norm + eps)
+
+
+class LARS(torch.optim.Optimizer):
+    """Layer-wise Adaptive Rate Scaling (You et al. 2017): SGD with momentum where each parameter tensor's step
+    is scaled by its trust ratio, so no layer moves by more than about ``trust_coefficient`` of its own norm
+    per unit of ``lr``.
+
+    Per tensor ``w`` with gradient ``g``::
+
+        d = g + weight_decay * w
+        v <- momentum * v + lr * trust_ratio(|w|, |g|) * d
+        w <- w - v
+
+    Args:
+        params: parameters or parameter groups; a group with ``trust_coefficient=None`` is plain SGD (often
+            used for biases).
+        lr: the global rate (LARS typically takes a much larger one than SGD).
+        momentum, weight_decay: as in SGD.
+        trust_coefficient: eta, how far (relative to ``|w|``) a tensor may move per step at ``lr = 1``.
+    """
+
+    def __init__(self, params: Iterable, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
+                 trust_coefficient: float | None = 0.001, eps: float = 1e-9) -> None:
+        check_lr(lr)
+        if not 0 <= momentum < 1 or weight_decay < 0 or (trust_coefficient is not None and trust_coefficient <= 0):
+            raise ValueError(f"need 0 <= momentum < 1, weight_decay >= 0, trust_coefficient > 0 or None; got "
+                             f"{momentum}, {weight_decay}, {trust_coefficient}.")
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      trust_coefficient=trust_coefficient, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                update = param.grad.add(param, alpha=group["weight_decay"])
+                ratio = 1.0
+                if group["trust_coefficient"] is not None:
+                    ratio = trust_ratio(float(param.norm()), float(param.grad.norm()), group["trust_coefficient"],
+                                        group["weight_decay"], group["eps"])
+                state = self.state[param]
+                velocity = state.setdefault("velocity", torch.zeros_like(param))
+                velocity.mul_(group["momentum"]).add_(update, alpha=group["lr"] * ratio)
+                param.sub_(velocity)
+        return loss
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What :func:`sweep` trains. Defaults: softmax regression on the digits, a fraction of a second per run."""
+
+    batch_sizes: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
+    rules: tuple[str, ...] = RULES
+    warmup_steps: tuple[int, ...] = (0, 10)  # each rule is run with each of these warmups
+    base_lr: float = 0.1  # a rate tuned at base_batch_size
+    base_batch_size: int = 8
+    optimizer: str = "sgd"  # "sgd" (with momentum) or "lars"
+    momentum: float = 0.9
+    trust_coefficient: float = 0.001  # LARS only (eta; 0.001 as in You et al.)
+    max_steps: int = 200  # step budget per run
+    target_accuracy: float = 0.95  # validation accuracy that counts as "trained"
+    stop_at_target: bool = True  # False: always train max_steps (to compare final accuracies)
+    diverged_loss: float = 1e4  # a training loss above this (or not finite) counts as diverged; training stops
+    model: str = "linear"  # course.models.build name
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One training run of the sweep.
+
+    Attributes:
+        batch_size: global batch size. rule, warmup_steps, lr: the rule, warmup and the peak rate it gave.
+        steps_to_target, epochs_to_target: first step (and epoch, = steps * batch_size / N) at which the
+            validation accuracy reached the target; None if it never did.
+        diverged: the training loss blew up; training stopped there.
+        train_accuracy, val_accuracy, train_loss, val_loss: at the end of training.
+        losses: the training loss (on each step's batch) at every step.
+    """
+
+    batch_size: int
+    rule: str
+    warmup_steps: int
+    lr: float
+    steps_to_target: int | None
+    epochs_to_target: float | None
+    diverged: bool
+    train_accuracy: float
+    val_accuracy: float
+    train_loss: float
+    val_loss: float
+    losses: list[float]
+
+    @property
+    def generalization_gap(self) -> float:
+        """Training accuracy minus validation accuracy at the end of training."""
+        return self.train_accuracy - self.val_accuracy
+
+
+def _accuracy_and_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
+    with torch.no_grad():
+        logits = model(inputs)
+        return float((logits.argmax(dim=1) == targets).float().mean()), float(F.cross_entropy(logits, targets))
+
+
+def _optimizer(model: nn.Module, lr: float, config: SweepConfig) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum)
+    if config.optimizer == "lars":
+        return LARS(model.parameters(), lr=lr, momentum=config.momentum, trust_coefficient=config.trust_coefficient)
+    raise ValueError(f"unknown optimizer {config.optimizer!r}; choose 'sgd' or 'lars'.")
+
+
+def _batches(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Indices of ``steps`` full batches: each epoch a fresh shuffle, the remainder dropped."""
+    per_epoch = n // batch_size
+    for step in range(steps):
+        if step % per_epoch == 0:
+            order = torch.randperm(n, generator=generator)
+        yield order[(step % per_epoch) * batch_size:(step % per_epoch + 1) * batch_size]
+
+
+def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], batch_size: int,
+              rule: str, warmup_steps: int, config: SweepConfig = SweepConfig()) -> RunResult:
+    """Train one model at global ``batch_size`` with a scaled rate and a linear warmup.
+
+    Each epoch is a fresh shuffle cut into ``N // batch_size`` full batches (the remainder is dropped, so
+    every step sees exactly ``batch_size`` samples). Validation accuracy is checked after every step until
+    it reaches the target; training stops there (``config.stop_at_target``), at ``config.max_steps``, or
+    when the loss blows up.
+
+    Args:
+        train, val: ``(inputs, targets)`` tensors, on the device to train on.
+        batch_size: global batch size, 1..N.
+        warmup_steps: length of the linear warmup, in steps.
+
+    Raises:
+        ValueError: ``batch_size`` 0 or larger than the training set, or a bad rule, rate or optimizer.
+    """
+    n = check_batch(*train)
+    check_batch(*val)
+    if _check_batch_size("batch_size", batch_size) > n:
+        raise ValueError(f"batch_size={batch_size} is larger than the {n} training samples; use at most {n}.")
+    lr = scaled_lr(config.base_lr, config.base_batch_size, batch_size, rule)
+    torch.manual_seed(config.seed)
+    model = models.build(config.model, tuple(train[0].shape[1:])).to(train[0].device)
+    optimizer = _optimizer(model, lr, config)
+    scheduler = warmup_scheduler(optimizer, warmup_steps)
+    losses: list[float] = []
+    steps_to_target, diverged = None, False
+    for batch in _batches(n, batch_size, config.max_steps, torch.Generator().manual_seed(config.seed)):
+        batch = batch.to(train[0].device)
+        loss = F.cross_entropy(model(train[0][batch]), train[1][batch])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]) or losses[-1] > config.diverged_loss:
+            diverged = True
+            break
+        if steps_to_target is None and _accuracy_and_loss(model, *val)[0] >= config.target_accuracy:
+            steps_to_target = len(losses)
+            if config.stop_at_target:
+                break
+    train_acc, train_loss = _accuracy_and_loss(model, *train)
+    val_acc, val_loss = _accuracy_and_loss(model, *val)
+    epochs = None if steps_to_target is None else steps_to_target * batch_size / n
+    return RunResult(batch_size, rule, warmup_steps, lr, steps_to_target, epochs, diverged,
+                     train_acc, val_acc, train_loss, val_loss, losses)
+
+
+def sweep(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
+          config: SweepConfig = SweepConfig()) -> list[RunResult]:
+    """:func:`train_run` for every global batch size x rule x warmup in ``config``, in that nesting order."""
+    return [train_run(train, val, batch_size, rule, warmup, config)
+            for batch_size in config.batch_sizes for rule in config.rules for warmup in config.warmup_steps]
+
+
+def tensors(dataset: torch.utils.data.TensorDataset, device: torch.device | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A TensorDataset's ``(inputs, targets)`` on ``device`` (rank 0's device by default)."""
+    device = device or world.device_for(0)
+    inputs, targets = dataset.tensors
+    return inputs.to(device), targets.to(device)
+
+
+def check_warmup_exercise(fn: Callable[[int, float, int, int, int], float]) -> bool:
+    """Check a student's ``fn(step, base_lr, base_batch_size, batch_size, warmup_steps)``: the linear scaling
+    rule with linear warmup. Prints feedback on the first case that differs; returns True if all agree."""
+    cases = [(step, base_lr, base_b, b, warm) for step in (0, 1, 4, 9, 10, 50) for base_lr in (0.1, 0.05)
+             for base_b, b in ((32, 32), (32, 256), (64, 512)) for warm in (0, 10)]
+    for step, base_lr, base_b, b, warm in cases:
+        expected = lr_at(step, base_lr, base_b, b, "linear", warm)
+        try:
+            got = fn(step, base_lr, base_b, b, warm)
+        except Exception as error:  # noqa: BLE001 - the student's error is the feedback
+            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, batch_size={b}, "
+                  f"warmup_steps={warm}) raised {type(error).__name__}: {error}")
+            return False
+        if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12):
+            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, batch_size={b}, "
+                  f"warmup_steps={warm}) returned {got!r}, expected {expected!r}. Hint: the full rate is "
+                  "base_lr * batch_size / base_batch_size, reached after warmup_steps steps.")
+            return False
+    print(f"Correct on all {len(cases)} cases.")
+    return True
+
+
+def same_epochs(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
+                batch_sizes: Iterable[int], epochs: int, rule: str = "sqrt", warmup_steps: int = 10,
+                config: SweepConfig = SweepConfig()) -> list[RunResult]:
+    """Train at each global batch size for the same number of ``epochs`` (so a bigger batch takes fewer steps)
+    and keep the final accuracies: the setting in which the large-batch generalization gap is measured."""
+    n = check_batch(*train)
+    return [train_run(train, val, batch_size, rule, warmup_steps,
+                      replace(config, max_steps=epochs * max(1, n // batch_size), stop_at_target=False))
+            for batch_size in batch_sizes]
+
+
+def scaling_efficiency(results: Iterable[RunResult], rule: str, warmup_steps: int) -> dict[int, float]:
+    """For each global batch size that reached the target: steps saved relative to perfect scaling.
+
+    ``efficiency(B) = steps(B0) * B0 / (steps(B) * B)`` with B0 the smallest batch size that reached the
+    target: 1 means doubling the batch halved the steps (perfect scaling), 0.5 means half of the extra
+    samples were wasted. Batch sizes that never reached the target are left out.
+    """
+    runs = sorted((r for r in results if r.rule == rule and r.warmup_steps == warmup_steps
+                   and r.steps_to_target is not None), key=lambda r: r.batch_size)
+    if not runs:
+        return {}
+    samples = runs[0].steps_to_target * runs[0].batch_size
+    return {r.batch_size: samples / (r.steps_to_target * r.batch_size) for r in runs}

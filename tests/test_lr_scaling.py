@@ -1,0 +1,174 @@
+"""course.lr_scaling: scaling rules and warmup (exact), LARS against a hand computation, the sweep."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from course import data
+from course import lr_scaling as ls
+
+pytestmark = pytest.mark.unit2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_rules_on_known_values():
+    assert ls.scaled_lr(0.1, 32, 256, "none") == 0.1
+    assert ls.scaled_lr(0.1, 32, 256, "linear") == pytest.approx(0.8)
+    assert ls.scaled_lr(0.1, 32, 128, "sqrt") == pytest.approx(0.2)
+    assert ls.scaled_lr(0.1, 256, 32, "linear") == pytest.approx(0.0125)  # scaling down works too
+
+
+@settings(max_examples=100, deadline=None)
+@given(base_lr=st.floats(0, 10), base=st.integers(1, 4096), k=st.integers(1, 64))
+def test_rules_scale_by_k_sqrt_k_and_1(base_lr, base, k):
+    assert ls.scaled_lr(base_lr, base, base * k, "linear") == pytest.approx(base_lr * k)
+    assert ls.scaled_lr(base_lr, base, base * k, "sqrt") == pytest.approx(base_lr * math.sqrt(k))
+    assert ls.scaled_lr(base_lr, base, base * k, "none") == base_lr
+
+
+@settings(max_examples=100, deadline=None)
+@given(step=st.integers(0, 1000), warmup=st.integers(0, 200))
+def test_warmup_ramps_linearly_then_holds(step, warmup):
+    factor = ls.warmup_factor(step, warmup)
+    assert 0 < factor <= 1
+    assert factor == (1.0 if step + 1 >= warmup else (step + 1) / warmup)
+    assert ls.warmup_factor(step + 1, warmup) >= factor  # never decreases
+
+
+def test_scheduler_follows_the_pure_function_exactly():
+    param = nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=ls.scaled_lr(0.1, 32, 256, "linear"))
+    scheduler = ls.warmup_scheduler(optimizer, warmup_steps=5)
+    seen = []
+    for _ in range(8):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([ls.lr_at(s, 0.1, 32, 256, "linear", 5) for s in range(8)], rel=1e-12)
+    assert seen[0] == pytest.approx(0.8 / 5) and seen[4:] == pytest.approx([0.8] * 4)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ls.scaled_lr(-0.1, 32, 64), "lr must be a finite number >= 0"),
+    (lambda: ls.scaled_lr(0.1, 32, 0), "batch_size must be a positive integer"),
+    (lambda: ls.scaled_lr(0.1, 0, 32), "base_batch_size must be a positive integer"),
+    (lambda: ls.scaled_lr(0.1, 32, 64, "cubic"), "unknown rule 'cubic'"),
+    (lambda: ls.warmup_factor(-1, 5), ">= 0"),
+    (lambda: ls.LARS([nn.Parameter(torch.ones(1))], lr=-1.0), "lr must be"),
+    (lambda: ls.LARS([nn.Parameter(torch.ones(1))], lr=1.0, momentum=1.5), "momentum"),
+])
+def test_bad_input_raises_a_clear_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_lars_step_matches_a_hand_computation_of_the_trust_ratio():
+    w = nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))  # |w| = 5
+    optimizer = ls.LARS([w], lr=2.0, momentum=0.9, weight_decay=0.1, trust_coefficient=0.01, eps=0.0)
+    w.grad = torch.tensor([0.6, 0.8], dtype=torch.float64)  # |g| = 1
+    optimizer.step()
+    # trust = 0.01 * 5 / (1 + 0.1 * 5) = 1/30; d = g + 0.1 w = (0.9, 1.2); v = 2 * (1/30) * d = (0.06, 0.08)
+    assert w.detach().tolist() == pytest.approx([2.94, 3.92], rel=1e-12)
+    w.grad = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    optimizer.step()
+    norm = math.hypot(2.94, 3.92)  # 4.9
+    trust = 0.01 * norm / (1.0 + 0.1 * norm)
+    velocity = [0.9 * 0.06 + 2 * trust * (0.1 * 2.94), 0.9 * 0.08 + 2 * trust * (1.0 + 0.1 * 3.92)]
+    assert w.detach().tolist() == pytest.approx([2.94 - velocity[0], 3.92 - velocity[1]], rel=1e-12)
+
+
+def test_trust_ratio_is_one_when_a_norm_is_zero():
+    assert ls.trust_ratio(0.0, 1.0, 0.001, 0.0) == 1.0 and ls.trust_ratio(1.0, 0.0, 0.001, 0.0) == 1.0
+    assert ls.trust_ratio(5.0, 1.0, 0.01, 0.1, eps=0.0) == pytest.approx(1 / 30)
+
+
+def test_lars_without_trust_ratio_is_torch_sgd_with_momentum():
+    torch.manual_seed(0)
+    a, b = nn.Linear(4, 3), nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    ours = ls.LARS(a.parameters(), lr=0.3, momentum=0.9, trust_coefficient=None)
+    reference = torch.optim.SGD(b.parameters(), lr=0.3, momentum=0.9)
+    x = torch.randn(8, 4)
+    for _ in range(5):
+        for model, optimizer in ((a, ours), (b, reference)):
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+    assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def digits_like(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A separable toy problem shaped like the digits: the label is written into pixel (0, label)."""
+    generator = torch.Generator().manual_seed(seed)
+    y = torch.randint(10, (n,), generator=generator)
+    x = 0.1 * torch.rand(n, 1, 8, 8, generator=generator)
+    x[torch.arange(n), 0, y // 8, y % 8] += 1.0
+    return x, y
+
+
+def test_train_run_reaches_the_target_and_reports_epochs():
+    train, val = digits_like(256), digits_like(64, seed=1)
+    config = ls.SweepConfig(base_lr=0.5, base_batch_size=32, max_steps=100, target_accuracy=0.9)
+    result = ls.train_run(train, val, 32, "linear", 0, config)
+    assert result.steps_to_target is not None and not result.diverged
+    assert result.epochs_to_target == pytest.approx(result.steps_to_target * 32 / 256)
+    assert len(result.losses) == result.steps_to_target  # stopped at the target
+
+
+def test_sweep_covers_the_grid_in_order_and_warmup_tames_a_huge_rate():
+    splits = data.load()
+    train, val = ls.tensors(splits.train, torch.device("cpu")), ls.tensors(splits.val, torch.device("cpu"))
+    config = ls.SweepConfig(batch_sizes=(8, 512), rules=("none", "linear"), warmup_steps=(0, 10), base_lr=0.1,
+                            base_batch_size=8, max_steps=20, stop_at_target=False)
+    results = ls.sweep(train, val, config)
+    assert [(r.batch_size, r.rule, r.warmup_steps) for r in results] == [
+        (b, rule, w) for b in (8, 512) for rule in ("none", "linear") for w in (0, 10)]
+    cold, warm = results[6], results[7]  # batch 512, linear rule: lr 6.4, without and with warmup
+    assert cold.lr == warm.lr == pytest.approx(6.4)
+    assert max(cold.losses) > 2 * math.log(10) > max(warm.losses)  # the cold start blows up, the warm one never
+
+
+def test_train_run_rejects_a_batch_larger_than_the_data_or_zero():
+    train, val = digits_like(64), digits_like(16)
+    with pytest.raises(ValueError, match="larger than the 64 training samples"):
+        ls.train_run(train, val, 65, "linear", 0)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        ls.train_run(train, val, 0, "linear", 0)
+
+
+def test_same_epochs_gives_bigger_batches_fewer_steps():
+    train, val = digits_like(256), digits_like(64, seed=1)
+    small, big = ls.same_epochs(train, val, (16, 128), epochs=2, config=ls.SweepConfig(base_batch_size=16))
+    assert (len(small.losses), len(big.losses)) == (32, 4)
+
+
+def test_checker_accepts_the_answer_and_rejects_a_wrong_one(capsys):
+    def answer(step, base_lr, base_batch_size, batch_size, warmup_steps):
+        lr = base_lr * batch_size / base_batch_size
+        return lr if warmup_steps == 0 else lr * min(1.0, (step + 1) / warmup_steps)
+
+    assert ls.check_warmup_exercise(answer)
+    assert "Correct" in capsys.readouterr().out
+    assert not ls.check_warmup_exercise(lambda step, base_lr, base_b, b, warm: base_lr * b / base_b)
+    assert "expected" in capsys.readouterr().out
+
+
+def test_scaling_efficiency_is_one_for_perfect_scaling_and_drops_after():
+    def run(batch_size, steps):
+        return ls.RunResult(batch_size, "linear", 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])
+
+    results = [run(8, 100), run(16, 50), run(32, 50), run(64, None), run(128, 10)]
+    assert ls.scaling_efficiency(results, "linear", 0) == pytest.approx({8: 1.0, 16: 1.0, 32: 0.5,
+                                                                         128: 800 / 1280})
+    assert ls.scaling_efficiency(results, "sqrt", 0) == {}
