@@ -21,6 +21,7 @@ same steps in one process and draws them; ``course.cost_model`` says what each o
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,10 +32,12 @@ OPS = ("sum", "avg")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
 _CHECKED_DIMS = 6
-#: The ring splits each chunk into pieces of at least this many bytes, so adding piece k overlaps
-#: receiving piece k+1 (pipelining) without drowning small messages in per-message latency.
-RING_PIECE_BYTES = 1 << 20
+#: The ring passes each chunk on in pieces of at least this many bytes, so a piece travels on while the
+#: next one arrives (pipelining). On emulated GPUs (CPU-bound) smaller pieces only add per-message cost,
+#: hence the large default; on GPUs ~1 MB pieces pay off.
+RING_PIECE_BYTES = 16 << 20
 MAX_RING_PIECES = 16
+_scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ def ring_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGro
         chunks = [flat[start:stop] for start, stop in chunk_bounds(flat.numel(), n)]  # views, no copies
         right, left = (rank + 1) % n, (rank - 1) % n
         steps = 2 * (n - 1)
-        buffers = (torch.empty_like(chunks[0]), torch.empty_like(chunks[0]))  # double-buffered arrivals
+        buffers = _buffers(chunks[0])  # two, so step t+1 can arrive while step t is being added
 
         def post_receives(step: int) -> list[tuple[torch.Tensor, torch.Tensor, dist.Work]]:
             chunk = chunks[(rank - step - 1) % n]
@@ -195,6 +198,16 @@ ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = {
     "ring": ring_allreduce,
     "tree": tree_allreduce,
 }
+
+
+def _buffers(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two scratch vectors with room for ``like``, kept per thread (so a communication thread and the main
+    thread never share one) and reused while the dtype, device and size allow."""
+    cached = getattr(_scratch, "buffers", None)
+    if cached is None or cached[0].dtype != like.dtype or cached[0].device != like.device \
+            or cached[0].numel() < like.numel():
+        cached = _scratch.buffers = (torch.empty_like(like), torch.empty_like(like))
+    return cached[0][:like.numel()], cached[1][:like.numel()]
 
 
 def _pieces(chunk: torch.Tensor) -> list[tuple[int, int]]:
