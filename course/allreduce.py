@@ -210,6 +210,19 @@ def _buffers(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return cached[0][:like.numel()], cached[1][:like.numel()]
 
 
+def compare_with_reference(numel: int = 100_003, seed: int = 0) -> dict[str, float]:
+    """Run on every rank (via ``course.launch.launch``): each algorithm and ``dist.all_reduce`` on the same
+    random float64 tensor; the largest difference from ``dist.all_reduce`` per algorithm, for notebook 04."""
+    me = _Comm(dist.get_rank(), dist.get_world_size(), None)
+    mine = torch.randn(numel, generator=torch.Generator().manual_seed(seed * 1000 + me.rank), dtype=torch.float64)
+    reference = mine.clone()
+    dist.all_reduce(reference)
+    differences = {}
+    for name, allreduce in ALGORITHMS.items():
+        differences[name] = (allreduce(mine.clone()) - reference).abs().max().item()
+    return differences
+
+
 def _pieces(chunk: torch.Tensor) -> list[tuple[int, int]]:
     """Where the ring cuts a chunk into pieces; sender and receiver of a chunk agree (same numel)."""
     if chunk.numel() == 0:  # fewer elements than ranks: nothing to send for this chunk

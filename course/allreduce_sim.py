@@ -16,7 +16,7 @@ real ring additionally cuts chunks into pieces to pipeline them; the steps are t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,6 +125,10 @@ def simulate(algorithm: str, inputs: Sequence[np.ndarray]) -> Simulation:
     """
     if algorithm not in SCHEDULES:
         raise ValueError(f"algorithm must be one of {sorted(SCHEDULES)}, got {algorithm!r}.")
+    return _play(algorithm, SCHEDULES[algorithm], inputs)
+
+
+def _play(algorithm: str, schedule: Callable[[int], list[Step]], inputs: Sequence[np.ndarray]) -> Simulation:
     vectors = [np.asarray(v, dtype=np.float64).ravel() for v in inputs]
     lengths = sorted({v.size for v in vectors})
     if len(lengths) != 1:
@@ -137,7 +141,7 @@ def simulate(algorithm: str, inputs: Sequence[np.ndarray]) -> Simulation:
         holds[r, :, r] = True
     sent = np.zeros(n, dtype=np.int64)
     snapshots = [Snapshot(None, values.copy(), holds.copy())]
-    for step in SCHEDULES[algorithm](n):
+    for step in schedule(n):
         before_values, before_holds = values.copy(), holds.copy()
         for m in step.messages:
             chunks = range(n) if m.chunk == WHOLE else [m.chunk]
@@ -152,6 +156,34 @@ def simulate(algorithm: str, inputs: Sequence[np.ndarray]) -> Simulation:
                 sent[m.source] += b - a
         snapshots.append(Snapshot(step, values.copy(), holds.copy()))
     return Simulation(algorithm, tuple(snapshots), sent)
+
+
+def check_ring_send_chunk(send_chunk: Callable[[int, int, int], int], max_world_size: int = 8) -> bool:
+    """Exercise checker: does ``send_chunk(rank, step, world_size)`` make a correct ring allreduce?
+
+    Builds the ring from the student's function (rank r sends that chunk to rank r+1 at each of the
+    2(n-1) steps, adding for the first n-1), simulates it on 2..``max_world_size`` ranks and prints
+    feedback: which world size fails first, and what the ranks hold at the end. Used in notebook 04.
+
+    Returns:
+        True if every world size ends with the sum on every rank.
+    """
+    for n in range(2, max_world_size + 1):
+        def schedule(world_size: int) -> list[Step]:
+            return [Step("reduce-scatter" if t < world_size - 1 else "all-gather",
+                         tuple(Message(r, (r + 1) % world_size, int(send_chunk(r, t, world_size)) % world_size)
+                               for r in range(world_size)), add=t < world_size - 1)
+                    for t in range(2 * (world_size - 1))]
+
+        sim = _play("your ring", schedule, example_inputs(n, 2 * n))
+        if not sim.snapshots[-1].holds.all():
+            rank, chunk = np.argwhere(~sim.snapshots[-1].holds.all(axis=2))[0]
+            print(f"Not yet: on {n} ranks, rank {rank} ends with chunk {chunk} holding only the inputs of ranks "
+                  f"{_label(sim.snapshots[-1].holds[rank, chunk])}. Hint: at step 0 rank r sends its own chunk r, "
+                  f"and what it sends at step t+1 is what it received at step t.")
+            return False
+    print(f"Correct: your ring leaves the full sum on every rank, for 2 to {max_world_size} ranks.")
+    return True
 
 
 def _label(held: np.ndarray) -> str:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from course import world
-from course.allreduce import ALGORITHMS
+from course.allreduce import ALGORITHMS, compare_with_reference
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 # For random normal values: how far the sum may drift from gloo's, which adds in another order.
@@ -185,5 +185,6 @@ def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
         "sizes": every_algorithm_and_size(),
         "mismatches": mismatches(bad_rank),
         "thread": from_a_thread(),
+        "reference": compare_with_reference(1001),
         "hypothesis": hypothesis_cases(max_examples),
     }

@@ -60,6 +60,14 @@ def test_safe_from_a_communication_thread(report):
     assert [rank["thread"] for rank in report] == [[True] * len(ALGORITHMS)] * WORLD_SIZE
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_compare_with_reference_reports_float64_rounding_only(report):
+    for rank in report:
+        assert set(rank["reference"]) == set(ALGORITHMS)
+        assert all(0 <= difference < 1e-12 for difference in rank["reference"].values())
+
+
 @given(numel=st.integers(0, 10_000), world_size=st.integers(1, 64))
 def test_chunk_bounds_cover_the_tensor_in_near_equal_contiguous_chunks(numel, world_size):
     bounds = chunk_bounds(numel, world_size)

@@ -76,3 +76,12 @@ def test_draw_makes_one_panel_per_snapshot(algorithm, world_size):
     fig = draw(sim)
     assert sum(ax.has_data() for ax in fig.axes) == len(sim.snapshots)
     plt.close(fig)
+
+
+def test_the_exercise_checker_accepts_the_ring_and_explains_a_wrong_one(capsys):
+    from course.allreduce_sim import check_ring_send_chunk
+
+    assert check_ring_send_chunk(lambda rank, step, world_size: (rank - step) % world_size)
+    assert "Correct" in capsys.readouterr().out
+    assert not check_ring_send_chunk(lambda rank, step, world_size: rank)
+    assert "Not yet: on 2 ranks" in capsys.readouterr().out
