@@ -232,11 +232,65 @@ def ping_pong(nbytes: Sequence[int], repeats: int = 5) -> dict[int, float]:
     return box[0]
 
 
-def measure(nbytes: Sequence[int], repeats: int = 5) -> dict:
-    """Everything the notebook fits and plots, in one launch: ping-pong and every allreduce.
+def measure(nbytes: Sequence[int], repeats: int = 5, compare_numel: int = 0) -> dict:
+    """Everything notebook 04 runs on several ranks, in one launch (starting ranks is the slow part).
+
+    Args:
+        nbytes: sizes for the ping-pong and allreduce timings. repeats: timings per size (median kept).
+        compare_numel: if positive, also check every algorithm against ``dist.all_reduce`` on a tensor of
+            this many elements (:func:`course.allreduce.compare_with_reference`).
 
     Returns:
-        ``{"world_size": n, "ping_pong": {nbytes: s}, "allreduce": {algorithm: {nbytes: s}}}``.
+        ``{"world_size": n, "ping_pong": {nbytes: s}, "allreduce": {algorithm: {nbytes: s}},
+        "differences": {algorithm: largest difference from dist.all_reduce on this rank}}``.
     """
-    return {"world_size": world.current().world_size, "ping_pong": ping_pong(nbytes, repeats),
-            "allreduce": time_allreduce(nbytes, repeats=repeats)}
+    from course.allreduce import compare_with_reference
+
+    return {"world_size": world.current().world_size,
+            "differences": compare_with_reference(compare_numel) if compare_numel > 0 else {},
+            "ping_pong": ping_pong(nbytes, repeats), "allreduce": time_allreduce(nbytes, repeats=repeats)}
+
+
+def measured_crossover(nbytes: Sequence[float], small: Sequence[float], large: Sequence[float]) -> float | None:
+    """Where measured times of ``large`` first drop below those of ``small``, interpolated on log axes.
+
+    Args:
+        nbytes: increasing sizes; ``small``/``large``: the two algorithms' times at those sizes.
+
+    Returns:
+        The size in bytes, or None if ``large`` is never faster, or is faster already at the smallest size.
+    """
+    sizes, gap = np.log(np.asarray(nbytes, dtype=float)), np.log(np.asarray(large) / np.asarray(small))
+    for i in range(1, len(sizes)):
+        if gap[i - 1] > 0 >= gap[i]:
+            return float(np.exp(sizes[i - 1] + (sizes[i] - sizes[i - 1]) * gap[i - 1] / (gap[i - 1] - gap[i])))
+    return None
+
+
+def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]] | None = None,
+         nbytes: Sequence[float] | None = None, title: str = ""):  # -> matplotlib.figure.Figure
+    """Predicted time per algorithm against size (lines), and measured times (dots) when given.
+
+    Args:
+        world_size: ranks in the model. link: α, β to predict with.
+        measured: ``{algorithm: {nbytes: seconds}}`` as :func:`time_allreduce` returns, or None.
+        nbytes: sizes to draw the lines over (default: the measured sizes, else 1 KB to 1 GB).
+    """
+    import matplotlib.pyplot as plt
+
+    if nbytes is None:
+        nbytes = sorted(next(iter(measured.values()))) if measured else np.logspace(3, 9, 50)
+    sizes = np.logspace(np.log10(min(nbytes)), np.log10(max(nbytes)), 50)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for color, name in zip(("tab:red", "tab:blue", "tab:green"), ("naive", "ring", "tree"), strict=True):
+        ax.plot(sizes, predict(name, sizes, world_size, link), color=color, label=f"{name} (model)")
+        if measured and name in measured:
+            points = sorted(measured[name].items())
+            ax.plot(*zip(*points, strict=True), "o", color=color, label=f"{name} (measured)")
+    if measured and REFERENCE in measured:
+        ax.plot(*zip(*sorted(measured[REFERENCE].items()), strict=True), "k^", label=f"{REFERENCE} (measured)")
+    ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes)", ylabel="seconds per allreduce",
+           title=title or f"allreduce on {world_size} ranks; model: {link}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
