@@ -4,7 +4,7 @@ Every rank holds a tensor; afterwards every rank holds the element-wise sum (or 
 exactly what ``dist.all_reduce(tensor)`` does. The three algorithms share one signature and one shape::
 
     flat, comm = _begin(tensor, op, group, check)     # validate, agree on shapes, view as 1-D
-    ... the algorithm, on comm.send / comm.recv / comm.exchange ...
+    ... the algorithm, on comm.send / recv / isend / irecv ...
     return _finish(tensor, op, comm)                  # divide by world_size for "avg"
 
 so a student can diff them. Taught in ``notebooks/04_allreduce.ipynb``; ``course.allreduce_sim`` replays the
@@ -28,13 +28,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course import world
+
 OPS = ("sum", "avg")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
 _CHECKED_DIMS = 6
 #: The ring passes each chunk on in pieces of at least this many bytes, so a piece travels on while the
-#: next one arrives (pipelining). On emulated GPUs (CPU-bound) smaller pieces only add per-message cost,
-#: hence the large default; on GPUs ~1 MB pieces pay off.
+#: next one arrives (pipelining). On emulated GPUs (CPU-bound, measured in benchmarks/allreduce.py) smaller
+#: pieces only added per-message cost, hence the large default; where copying and adding run on separate
+#: engines (GPUs) smaller pieces can pay off.
 RING_PIECE_BYTES = 16 << 20
 MAX_RING_PIECES = 16
 _scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
@@ -62,7 +65,6 @@ class _Comm:
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> dist.Work:
         return dist.irecv(tensor, self._global(peer), group=self.group)
-
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -213,8 +215,8 @@ def _buffers(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def compare_with_reference(numel: int = 100_003, seed: int = 0) -> dict[str, float]:
     """Run on every rank (via ``course.launch.launch``): each algorithm and ``dist.all_reduce`` on the same
     random float64 tensor; the largest difference from ``dist.all_reduce`` per algorithm, for notebook 04."""
-    me = _Comm(dist.get_rank(), dist.get_world_size(), None)
-    mine = torch.randn(numel, generator=torch.Generator().manual_seed(seed * 1000 + me.rank), dtype=torch.float64)
+    generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
+    mine = torch.randn(numel, generator=generator, dtype=torch.float64).to(world.current().device)
     reference = mine.clone()
     dist.all_reduce(reference)
     differences = {}

@@ -167,7 +167,7 @@ def _time_once(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor) -> fl
     dist.barrier()
     start = time.perf_counter()
     fn(tensor)
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=tensor.device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return elapsed.item()
 
