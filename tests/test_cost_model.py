@@ -104,3 +104,19 @@ def test_measure_on_two_ranks_gives_positive_times_for_everything():
     assert set(report["ping_pong"]) == set(sizes) and all(t > 0 for t in report["ping_pong"].values())
     assert set(report["allreduce"]) == {"naive", "ring", "tree", cm.REFERENCE}
     assert all(t > 0 for times in report["allreduce"].values() for t in times.values())
+
+
+def test_measured_crossover_interpolates_where_the_curves_cross():
+    sizes = [1e3, 1e4, 1e5]
+    assert cm.measured_crossover(sizes, [1, 1, 1], [2, 1.0000001, 0.5]) == pytest.approx(1e4, rel=1e-3)
+    assert cm.measured_crossover(sizes, [1, 1, 1], [2, 2, 2]) is None
+    assert cm.measured_crossover(sizes, [1, 1, 1], [0.5, 0.5, 0.5]) is None
+
+
+def test_plot_draws_the_model_and_the_measurements():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    measured = {name: {1000: 1e-3, 10000: 2e-3} for name in ("naive", "ring", "tree", cm.REFERENCE)}
+    fig = cm.plot(4, cm.AlphaBeta(1e-4, 1e-9), measured)
+    assert len(fig.axes[0].lines) == 7
