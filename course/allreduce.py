@@ -34,7 +34,6 @@ OPS = ("sum", "avg")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
 _CHECKED_DIMS = 6
-_CHECK_TAG = 1  # the agreement check's messages never match the algorithms' (tag 0)
 #: The ring passes each chunk on in pieces of at least this many bytes, so a piece travels on while the
 #: next one arrives (pipelining). On emulated GPUs (CPU-bound, measured in benchmarks/allreduce.py) smaller
 #: pieces only added per-message cost, hence the large default; where copying and adding run on separate
@@ -61,11 +60,11 @@ class _Comm:
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         dist.recv(tensor, self._global(peer), group=self.group)
 
-    def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
-        return dist.isend(tensor, self._global(peer), group=self.group, tag=tag)
+    def isend(self, tensor: torch.Tensor, peer: int) -> dist.Work:
+        return dist.isend(tensor, self._global(peer), group=self.group)
 
-    def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
-        return dist.irecv(tensor, self._global(peer), group=self.group, tag=tag)
+    def irecv(self, tensor: torch.Tensor, peer: int) -> dist.Work:
+        return dist.irecv(tensor, self._global(peer), group=self.group)
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -97,8 +96,7 @@ def naive_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGr
         group: process group to reduce over; ``None`` for the default group (or, outside any process
             group, a world of one: a no-op).
         check: first exchange numel/shape/dtype/op with every rank and raise if any rank disagrees
-            (a few bytes to every rank, ~one message latency; without it a mismatch can hang or crash).
-            Must be the same on every rank.
+            (one small collective; without it a mismatch can hang or corrupt memory).
 
     Returns:
         ``tensor`` itself, now holding the reduction on every rank.
@@ -277,21 +275,15 @@ def _describe(metadata: list[int]) -> str:
 
 
 def _check_agreement(tensor: torch.Tensor, op: str, comm: _Comm) -> None:
-    """Send every rank my (numel, dtype, op, shape) and raise, on every rank alike, if any differ.
+    """All-gather every rank's (numel, dtype, op, shape) and raise on every rank if any differ.
 
     Without this, a rank with a shorter tensor would wait forever for bytes nobody sends (or receive more
-    than it has room for): this turns a silent hang into an error that names the rank. Point-to-point
-    messages all posted at once cost about one latency; a gloo ``all_gather`` of the same few bytes took
-    ~10x longer here (every check=True call on every rank pays it, so it matters).
+    than it has room for): this turns a silent hang into an error that names the rank.
     """
     mine = torch.tensor(_metadata(tensor, op), dtype=torch.int64, device=tensor.device)
-    gathered = mine.repeat(comm.world_size, 1)  # (world_size, fields): row r is rank r's metadata
-    peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
-    works = [comm.irecv(gathered[peer], peer, _CHECK_TAG) for peer in peers]
-    works += [comm.isend(mine, peer, _CHECK_TAG) for peer in peers]
-    for work in works:
-        work.wait()
-    everyone = gathered.tolist()
+    gathered = [torch.empty_like(mine) for _ in range(comm.world_size)]
+    dist.all_gather(gathered, mine, group=comm.group)
+    everyone = [g.tolist() for g in gathered]
     odd = [r for r, meta in enumerate(everyone) if meta != everyone[0]]
     if odd:
         raise ValueError(
