@@ -1,0 +1,296 @@
+"""What an allreduce costs: the alpha-beta model, fitted on this machine, checked against measurements.
+
+Sending one message of ``N`` bytes over one link costs ``T = α + N·β``: ``α`` (seconds) is the latency
+every message pays, ``β`` (seconds per byte) is one over the link's bandwidth. An allreduce of ``N``
+bytes over ``n`` ranks is a sequence of steps; each step costs ``α`` plus the bytes its busiest link
+carries times ``β``, so every algorithm costs ``T = a·α + b·N·β`` with its own ``a`` and ``b``
+(:func:`coefficients`):
+
+=========  ==================  ======================  =============================================
+algorithm  a (steps)           b (bytes per N, busiest  why
+                               link)
+=========  ==================  ======================  =============================================
+naive      2(n-1)              2(n-1)                  rank 0 receives n-1 tensors, then sends n-1
+ring       2(n-1)              2(n-1)/n                2(n-1) steps, each moving one 1/n chunk
+tree       2⌈log2 n⌉           2⌈log2 n⌉               ⌈log2 n⌉ rounds up, as many down, whole tensors
+=========  ==================  ======================  =============================================
+
+The ring's bandwidth term, ``2(n-1)/n·N·β``, is the lower bound for any allreduce, which is why nccl-tests
+reports **bus bandwidth** ``busbw = algbw · 2(n-1)/n`` (``algbw = N / T``): it is the bandwidth each link
+actually sustained, comparable across world sizes and with the hardware's link speed. The model leaves
+out the time to add the numbers (a third term, γ per byte, small on GPUs) and contention between links
+that share hardware (large for CPU processes sharing two cores). Taught in ``notebooks/04_allreduce.ipynb``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from course import world
+from course.allreduce import ALGORITHMS
+
+#: Name under which measurements list the backend's own ``dist.all_reduce`` (gloo here, nccl on GPUs).
+REFERENCE = "dist.all_reduce"
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """A link in the alpha-beta model.
+
+    Attributes:
+        alpha_s: latency per message, in seconds.
+        beta_s_per_byte: time per byte, in seconds (1 / bandwidth).
+    """
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    @property
+    def bandwidth(self) -> float:
+        """Link bandwidth in bytes per second."""
+        return 1.0 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
+
+    def __str__(self) -> str:
+        return f"α = {self.alpha_s * 1e6:.1f} µs, 1/β = {self.bandwidth / 1e9:.2f} GB/s"
+
+
+#: ASSUMED links for GPUs this machine does not have: round published figures, inputs to the model, NOT
+#: measurements. NVLink 3 (A100): ~300 GB/s per direction per GPU, of which NCCL sustains ~200; PCIe 4.0 x16:
+#: ~32 GB/s raw, ~20 sustained. Latencies are a few microseconds per NCCL step.
+ASSUMED_LINKS = {
+    "NVLink 3 (assumed)": AlphaBeta(alpha_s=5e-6, beta_s_per_byte=1 / 200e9),
+    "PCIe 4.0 x16 (assumed)": AlphaBeta(alpha_s=10e-6, beta_s_per_byte=1 / 20e9),
+}
+
+
+def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
+    """``(a, b)`` such that the algorithm costs ``a·α + b·N·β`` on ``world_size`` ranks (module table).
+
+    Raises:
+        ValueError: unknown algorithm or world size below 1.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}.")
+    n = world_size
+    depth = math.ceil(math.log2(n)) if n > 1 else 0
+    table = {"naive": (2 * (n - 1), 2 * (n - 1)), "ring": (2 * (n - 1), 2 * (n - 1) / n),
+             "tree": (2 * depth, 2 * depth)}
+    if algorithm not in table:
+        raise ValueError(f"algorithm must be one of {sorted(table)}, got {algorithm!r}.")
+    a, b = table[algorithm]
+    return float(a), float(b)
+
+
+def predict(algorithm: str, nbytes: float | np.ndarray, world_size: int, link: AlphaBeta) -> float | np.ndarray:
+    """Modelled seconds for one allreduce of ``nbytes`` bytes: ``a·α + b·nbytes·β``."""
+    a, b = coefficients(algorithm, world_size)
+    return a * link.alpha_s + b * np.asarray(nbytes, dtype=float) * link.beta_s_per_byte
+
+
+def algbw(nbytes: float | np.ndarray, seconds: float | np.ndarray) -> float | np.ndarray:
+    """Algorithm bandwidth as nccl-tests defines it: bytes reduced per second, ``N / T``."""
+    return np.asarray(nbytes, dtype=float) / np.asarray(seconds, dtype=float)
+
+
+def busbw(nbytes: float | np.ndarray, seconds: float | np.ndarray, world_size: int) -> float | np.ndarray:
+    """Bus bandwidth as nccl-tests defines it for allreduce: ``algbw · 2(n-1)/n``, the per-link rate."""
+    return algbw(nbytes, seconds) * 2 * (world_size - 1) / world_size
+
+
+def fit(nbytes: Sequence[float], seconds: Sequence[float], a: float = 1.0, b: float = 1.0) -> AlphaBeta:
+    """Least-squares α and β from measured times, for ``T = a·α + b·N·β`` (a = b = 1: one message).
+
+    Minimises *relative* error, so 1 KB and 64 MB messages count alike (plain least squares would let
+    the largest sizes decide α too). Neither may go negative: if one would, it is 0 and the other refit.
+
+    Args:
+        nbytes: message sizes in bytes, at least two distinct.
+        seconds: measured time for each size.
+        a, b: the algorithm's coefficients (see :func:`coefficients`); ``fit_allreduce`` fills them in.
+
+    Raises:
+        ValueError: mismatched lengths, fewer than two distinct sizes, or non-positive times.
+    """
+    sizes, times = np.asarray(nbytes, dtype=float), np.asarray(seconds, dtype=float)
+    if sizes.shape != times.shape or len(np.unique(sizes)) < 2:
+        raise ValueError(f"need times for at least two distinct sizes, same count of each; got {len(sizes)} "
+                         f"sizes ({len(np.unique(sizes))} distinct) and {len(times)} times.")
+    if np.any(times <= 0) or a <= 0 or b <= 0:
+        raise ValueError("times and the coefficients a, b must all be positive.")
+    design = np.column_stack([np.full_like(sizes, a), b * sizes]) / times[:, None]
+    target = np.ones_like(times)
+    (alpha, beta), *_ = np.linalg.lstsq(design, target, rcond=None)
+    if alpha < 0:
+        alpha, beta = 0.0, float(design[:, 1] @ target / (design[:, 1] @ design[:, 1]))
+    elif beta < 0:
+        alpha, beta = float(design[:, 0] @ target / (design[:, 0] @ design[:, 0])), 0.0
+    return AlphaBeta(float(alpha), float(beta))
+
+
+def fit_allreduce(algorithm: str, world_size: int, nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """The link α, β that best explain one algorithm's measured allreduce times (see :func:`fit`)."""
+    a, b = coefficients(algorithm, world_size)
+    if a == 0:
+        raise ValueError("a world of one rank sends no messages: there is nothing to fit.")
+    return fit(nbytes, seconds, a, b)
+
+
+def crossover(small: str, large: str, world_size: int, link: AlphaBeta) -> float | None:
+    """Message size (bytes) above which ``large`` is faster than ``small``: where their costs are equal.
+
+    ``a₁α + b₁Nβ = a₂α + b₂Nβ``  gives  ``N* = (a₂ - a₁)·α / ((b₁ - b₂)·β)``.
+
+    Returns:
+        ``N*``, or None if the two never swap places at a positive size (one is faster everywhere).
+    """
+    a1, b1 = coefficients(small, world_size)
+    a2, b2 = coefficients(large, world_size)
+    latency_gap, bandwidth_gap = (a2 - a1) * link.alpha_s, (b1 - b2) * link.beta_s_per_byte
+    if latency_gap <= 0 or bandwidth_gap <= 0:
+        return None
+    return latency_gap / bandwidth_gap
+
+
+# --- measuring, on every rank (run with course.launch.launch) -------------------------------------------
+
+
+def _time_once(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor) -> float:
+    """The slowest rank's time for ``fn(tensor)``, all ranks starting together."""
+    tensor.fill_(world.current().rank)  # fresh values each time: repeated sums would overflow float16
+    dist.barrier()
+    start = time.perf_counter()
+    fn(tensor)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=tensor.device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.item()
+
+
+def time_allreduce(nbytes: Sequence[int],
+                   algorithms: Sequence[str] | Mapping[str, Callable] = (*ALGORITHMS, REFERENCE),
+                   repeats: int = 5) -> dict[str, dict[int, float]]:
+    """Median seconds per allreduce of float32 tensors of each size, for each algorithm (on every rank).
+
+    Algorithms take turns within each repeat, so a noisy neighbour slows them all alike (ratios between
+    them are fairer than absolute times).
+
+    Args:
+        nbytes: tensor sizes in bytes.
+        algorithms: names from ``ALGORITHMS`` or ``REFERENCE`` (the backend's ``dist.all_reduce``), or a
+            ``{label: fn(tensor)}`` mapping of picklable functions, e.g. ``functools.partial(ring_allreduce,
+            check=False)``.
+        repeats: timings per size and algorithm; the median is kept.
+
+    Returns:
+        ``{label: {nbytes: seconds}}``, the same on every rank.
+    """
+    if not isinstance(algorithms, Mapping):
+        algorithms = {name: dist.all_reduce if name == REFERENCE else ALGORITHMS[name] for name in algorithms}
+    results: dict[str, dict[int, float]] = {name: {} for name in algorithms}
+    for size in nbytes:
+        tensor = torch.empty(size // 4, dtype=torch.float32, device=world.current().device)
+        samples: dict[str, list[float]] = {name: [] for name in algorithms}
+        for _ in range(repeats):
+            for name, fn in algorithms.items():
+                samples[name].append(_time_once(fn, tensor))
+        for name in algorithms:
+            results[name][size] = float(np.median(samples[name]))
+    return results
+
+
+def ping_pong(nbytes: Sequence[int], repeats: int = 5) -> dict[int, float]:
+    """One-way time of a message between ranks 0 and 1 (half a round trip), median of ``repeats``.
+
+    Other ranks wait at the barrier. This is the ``α + N·β`` of one link, the input :func:`fit` expects.
+    """
+    me = world.current()
+    if me.world_size < 2:
+        raise ValueError(f"ping_pong needs at least 2 ranks, got world_size={me.world_size}.")
+    results = {}
+    for size in nbytes:
+        tensor = torch.zeros(size // 4, dtype=torch.float32, device=me.device)
+        times = []
+        for _ in range(repeats + 1):  # the first round trip also sets up the connection: not timed
+            dist.barrier()
+            start = time.perf_counter()
+            if me.rank == 0:
+                dist.send(tensor, 1)
+                dist.recv(tensor, 1)
+            elif me.rank == 1:
+                dist.recv(tensor, 0)
+                dist.send(tensor, 0)
+            times.append((time.perf_counter() - start) / 2)
+        results[size] = float(np.median(times[1:]))
+    box = [results]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def measure(nbytes: Sequence[int], repeats: int = 5, compare_numel: int = 0) -> dict:
+    """Everything notebook 04 runs on several ranks, in one launch (starting ranks is the slow part).
+
+    Args:
+        nbytes: sizes for the ping-pong and allreduce timings. repeats: timings per size (median kept).
+        compare_numel: if positive, also check every algorithm against ``dist.all_reduce`` on a tensor of
+            this many elements (:func:`course.allreduce.compare_with_reference`).
+
+    Returns:
+        ``{"world_size": n, "ping_pong": {nbytes: s}, "allreduce": {algorithm: {nbytes: s}},
+        "differences": {algorithm: largest difference from dist.all_reduce on this rank}}``.
+    """
+    from course.allreduce import compare_with_reference
+
+    return {"world_size": world.current().world_size,
+            "differences": compare_with_reference(compare_numel) if compare_numel > 0 else {},
+            "ping_pong": ping_pong(nbytes, repeats), "allreduce": time_allreduce(nbytes, repeats=repeats)}
+
+
+def measured_crossover(nbytes: Sequence[float], small: Sequence[float], large: Sequence[float]) -> float | None:
+    """Where measured times of ``large`` first drop below those of ``small``, interpolated on log axes.
+
+    Args:
+        nbytes: increasing sizes; ``small``/``large``: the two algorithms' times at those sizes.
+
+    Returns:
+        The size in bytes, or None if ``large`` is never faster, or is faster already at the smallest size.
+    """
+    sizes, gap = np.log(np.asarray(nbytes, dtype=float)), np.log(np.asarray(large) / np.asarray(small))
+    for i in range(1, len(sizes)):
+        if gap[i - 1] > 0 >= gap[i]:
+            return float(np.exp(sizes[i - 1] + (sizes[i] - sizes[i - 1]) * gap[i - 1] / (gap[i - 1] - gap[i])))
+    return None
+
+
+def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]] | None = None,
+         nbytes: Sequence[float] | None = None, title: str = ""):  # -> matplotlib.figure.Figure
+    """Predicted time per algorithm against size (lines), and measured times (dots) when given.
+
+    Args:
+        world_size: ranks in the model. link: α, β to predict with.
+        measured: ``{algorithm: {nbytes: seconds}}`` as :func:`time_allreduce` returns, or None.
+        nbytes: sizes to draw the lines over (default: the measured sizes, else 1 KB to 1 GB).
+    """
+    import matplotlib.pyplot as plt
+
+    if nbytes is None:
+        nbytes = sorted(next(iter(measured.values()))) if measured else np.logspace(3, 9, 50)
+    sizes = np.logspace(np.log10(min(nbytes)), np.log10(max(nbytes)), 50)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for color, name in zip(("tab:red", "tab:blue", "tab:green"), ("naive", "ring", "tree"), strict=True):
+        ax.plot(sizes, predict(name, sizes, world_size, link), color=color, label=f"{name} (model)")
+        if measured and name in measured:
+            points = sorted(measured[name].items())
+            ax.plot(*zip(*points, strict=True), "o", color=color, label=f"{name} (measured)")
+    if measured and REFERENCE in measured:
+        ax.plot(*zip(*sorted(measured[REFERENCE].items()), strict=True), "k^", label=f"{REFERENCE} (measured)")
+    ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes)", ylabel="seconds per allreduce",
+           title=title or f"allreduce on {world_size} ranks; model: {link}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

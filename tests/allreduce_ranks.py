@@ -1,0 +1,190 @@
+"""Rank functions for tests/test_allreduce.py: many checks inside ONE launch, since starting ranks is slow.
+
+Every subset size k = 1..world_size is a process group of ranks 0..k-1 (``dist.new_group``), so one
+8-rank launch tests every world size from 1 to 8, and the ``group`` argument with it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
+
+from course import world
+from course.allreduce import ALGORITHMS, compare_with_reference
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+# For random normal values: how far the sum may drift from gloo's, which adds in another order.
+TOLERANCE = {"float16": 2e-2, "bfloat16": 1e-1, "float32": 1e-5, "float64": 1e-12}
+
+
+@st.composite
+def cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
+    """One allreduce to check: algorithm, group size, shape, dtype, op, values."""
+    k = draw(st.integers(1, world_size))
+    numel = draw(st.one_of(
+        st.integers(0, 2 * k + 1),                       # fewer elements than ranks, one, zero
+        st.integers(0, 5000),
+        st.tuples(st.integers(1, 40), st.integers(-1, 1)).map(lambda mj: mj[0] * k + mj[1]),  # near chunk edges
+    ))
+    shape = draw(st.sampled_from([(numel,), (1, numel), (numel, 1)] + ([(2, numel // 2)] if numel % 2 == 0 else [])))
+    return {
+        "algorithm": draw(st.sampled_from(sorted(ALGORITHMS))),
+        "k": k,
+        "shape": shape,
+        "dtype": draw(st.sampled_from(sorted(DTYPES))),
+        "op": draw(st.sampled_from(["sum", "avg"])),
+        "values": draw(st.sampled_from(["integers", "normal"])),  # integers: every order of adding is exact
+        "check": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**31 - 1)),
+    }
+
+
+def _groups(world_size: int) -> dict[int, dist.ProcessGroup | None]:
+    """Process group of ranks 0..k-1 for every k (every rank must create every group, in the same order)."""
+    groups: dict[int, dist.ProcessGroup | None] = {k: dist.new_group(list(range(k))) for k in range(1, world_size)}
+    groups[world_size] = None
+    return groups
+
+
+def _data(case: dict[str, Any], rank: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(case["seed"] * 64 + rank)
+    if case["values"] == "integers":
+        values = torch.randint(-8, 9, case["shape"], generator=generator).double()
+    else:
+        values = torch.randn(case["shape"], generator=generator, dtype=torch.float64)
+    return values.to(DTYPES[case["dtype"]])
+
+
+def one_case(case: dict[str, Any], groups: dict[int, dist.ProcessGroup | None]) -> str | None:
+    """Run ``case`` on ranks 0..k-1; return what went wrong on this rank, or None."""
+    rank, k = world.current().rank, case["k"]
+    if rank >= k:
+        return None
+    group = groups[k]
+    mine = _data(case, rank)
+    expected = mine.clone()
+    dist.all_reduce(expected, group=group)
+    if case["op"] == "avg":
+        expected.div_(k)
+    address = mine.data_ptr()
+    got = ALGORITHMS[case["algorithm"]](mine, op=case["op"], group=group, check=case["check"])
+    if got is not mine or mine.data_ptr() != address or mine.shape != expected.shape:
+        return "not in place: the result is not the same tensor, storage and shape"
+    if case["values"] == "integers":
+        close = torch.equal(mine, expected)
+    else:
+        tol = TOLERANCE[case["dtype"]]
+        close = torch.allclose(mine.double(), expected.double(), rtol=tol, atol=tol * k)
+    if not close:
+        worst = (mine.double() - expected.double()).abs().max().item()
+        return f"differs from dist.all_reduce by up to {worst:g}"
+    return None
+
+
+def hypothesis_cases(max_examples: int) -> dict[str, Any]:
+    """Rank 0 draws cases with hypothesis and broadcasts each one; every rank runs it.
+
+    Returns (on rank 0): ``{"count": cases run, "covered": {(algorithm, k)}, "failures": [(case, {rank: why})]}``.
+    """
+    me = world.current()
+    groups = _groups(me.world_size)
+    if me.rank != 0:
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                return {}
+            dist.gather_object(one_case(box[0], groups), None, dst=0)
+    report: dict[str, Any] = {"count": 0, "covered": set(), "failures": []}
+
+    @settings(max_examples=max_examples, database=None, deadline=None, derandomize=True,
+              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+    @given(case=cases(me.world_size))
+    @example(case={"algorithm": "ring", "k": 8, "shape": (0,), "dtype": "float32", "op": "avg", "values": "normal",
+                   "check": True, "seed": 0})
+    @example(case={"algorithm": "tree", "k": 7, "shape": (1,), "dtype": "bfloat16", "op": "sum",
+                   "values": "integers", "check": False, "seed": 1})
+    def drive(case: dict[str, Any]) -> None:
+        dist.broadcast_object_list([case], src=0)
+        problems: list[str | None] = [None] * me.world_size
+        dist.gather_object(one_case(case, groups), problems, dst=0)
+        report["count"] += 1
+        report["covered"].add((case["algorithm"], case["k"]))
+        found = {rank: why for rank, why in enumerate(problems) if why}
+        if found:
+            report["failures"].append((case, found))
+
+    try:
+        drive()
+    finally:
+        dist.broadcast_object_list([None], src=0)
+    return report
+
+
+def every_algorithm_and_size(numel: int = 1001) -> list[tuple[str, int, bool]]:
+    """Each algorithm on each group size 1..world_size, sum of rank-valued tensors: (name, k, exact) per case."""
+    me = world.current()
+    groups = _groups(me.world_size)
+    results = []
+    for name, allreduce in sorted(ALGORITHMS.items()):
+        for k, group in groups.items():
+            if me.rank < k:
+                tensor = torch.full((numel,), float(me.rank + 1))
+                allreduce(tensor, group=group)
+                results.append((name, k, bool(torch.all(tensor == k * (k + 1) / 2))))
+    return results
+
+
+def mismatches(bad_rank: int) -> dict[str, list[str]]:
+    """Each algorithm with one rank disagreeing (numel, shape, dtype, op); the error each rank raised."""
+    me = world.current()
+    shape, dtype, op = (6, 4), torch.float32, "sum"
+    variants = {
+        "numel": dict(shape=(6, 5)), "shape": dict(shape=(4, 6)), "dtype": dict(dtype=torch.float64),
+        "op": dict(op="avg"),
+    }
+    errors: dict[str, list[str]] = {}
+    for name, allreduce in sorted(ALGORITHMS.items()):
+        for what, change in variants.items():
+            mine = {"shape": shape, "dtype": dtype, "op": op}
+            if me.rank == bad_rank:
+                mine.update(change)
+            try:
+                allreduce(torch.ones(mine["shape"], dtype=mine["dtype"]), op=mine["op"])
+                errors.setdefault(f"{name}/{what}", []).append("no error")
+            except ValueError as error:
+                errors.setdefault(f"{name}/{what}", []).append(str(error))
+    return errors
+
+
+def from_a_thread(numel: int = 4099) -> list[bool]:
+    """Each algorithm called from a dedicated communication thread, as a distributed optimizer would."""
+    me = world.current()
+    outcome: list[bool] = []
+
+    def communicate() -> None:
+        for name in sorted(ALGORITHMS):
+            tensor = torch.full((numel,), float(me.rank))
+            ALGORITHMS[name](tensor, op="avg")
+            outcome.append(bool(torch.allclose(tensor, torch.full_like(tensor, (me.world_size - 1) / 2))))
+
+    thread = threading.Thread(target=communicate)
+    thread.start()
+    thread.join()
+    return outcome
+
+
+def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
+    """All of the above in one launch."""
+    return {
+        "sizes": every_algorithm_and_size(),
+        "mismatches": mismatches(bad_rank),
+        "thread": from_a_thread(),
+        "reference": compare_with_reference(1001),
+        "hypothesis": hypothesis_cases(max_examples),
+    }

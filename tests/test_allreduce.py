@@ -1,0 +1,99 @@
+"""course.allreduce: naive, ring and tree against dist.all_reduce on world sizes 1-8, many sizes and dtypes.
+
+Starting ranks is the slow part, so one 8-rank launch runs every multi-rank check (world sizes 1-7 are
+sub-groups of it); the tests below read its report.
+"""
+
+import allreduce_ranks
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from course.allreduce import ALGORITHMS, chunk_bounds
+from course.launch import launch
+
+pytestmark = pytest.mark.unit4
+
+WORLD_SIZE = 8
+BAD_RANK = 5
+MAX_EXAMPLES = 150
+
+
+@pytest.fixture(scope="module")
+def report():
+    return launch(allreduce_ranks.everything, WORLD_SIZE, MAX_EXAMPLES, BAD_RANK, timeout_s=240)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_algorithm_on_every_world_size_from_1_to_8(report):
+    done = sorted((name, k) for rank in report for name, k, exact in rank["sizes"] if exact)
+    expected = sorted((name, k) for name in ALGORITHMS for k in range(1, WORLD_SIZE + 1) for _ in range(k))
+    assert done == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_hypothesis_cases_match_dist_all_reduce(report):
+    cases = report[0]["hypothesis"]
+    assert cases["failures"] == []
+    assert cases["count"] >= MAX_EXAMPLES // 2
+    assert {name for name, _ in cases["covered"]} == set(ALGORITHMS)
+    assert {k for _, k in cases["covered"]} == set(range(1, WORLD_SIZE + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("what", ["numel", "shape", "dtype", "op"])
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_rank_that_disagrees_is_named_on_every_rank(report, name, what):
+    for rank in report:
+        (message,) = rank["mismatches"][f"{name}/{what}"][:1]
+        assert f"rank {BAD_RANK} has" in message, message
+        assert "same tensor shape, dtype and op on every rank" in message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_safe_from_a_communication_thread(report):
+    assert [rank["thread"] for rank in report] == [[True] * len(ALGORITHMS)] * WORLD_SIZE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_compare_with_reference_reports_float64_rounding_only(report):
+    for rank in report:
+        assert set(rank["reference"]) == set(ALGORITHMS)
+        assert all(0 <= difference < 1e-12 for difference in rank["reference"].values())
+
+
+@given(numel=st.integers(0, 10_000), world_size=st.integers(1, 64))
+def test_chunk_bounds_cover_the_tensor_in_near_equal_contiguous_chunks(numel, world_size):
+    bounds = chunk_bounds(numel, world_size)
+    assert len(bounds) == world_size
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(stop == start for (_, stop), (start, _) in zip(bounds, bounds[1:], strict=False))
+    sizes = [stop - start for start, stop in bounds]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_without_a_process_group_it_is_a_world_of_one(name, op):
+    tensor = torch.arange(5.0)
+    assert ALGORITHMS[name](tensor, op=op) is tensor
+    assert torch.equal(tensor, torch.arange(5.0))
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_bad_arguments_are_refused_with_the_fix(name):
+    allreduce = ALGORITHMS[name]
+    with pytest.raises(ValueError, match="op must be one of"):
+        allreduce(torch.ones(3), op="max")
+    with pytest.raises(ValueError, match="supports dtypes"):
+        allreduce(torch.ones(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"contiguous tensor.*x.contiguous\(\)"):
+        allreduce(torch.ones(4, 4).t())
+    with pytest.raises(TypeError, match="needs a torch.Tensor"):
+        allreduce([1.0, 2.0])

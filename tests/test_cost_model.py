@@ -1,0 +1,122 @@
+"""course.cost_model: the alpha-beta formulas, the fit, bus bandwidth and the crossover, against closed forms."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from course import cost_model as cm
+from course.launch import launch
+
+pytestmark = pytest.mark.unit4
+
+links = st.builds(cm.AlphaBeta, alpha_s=st.floats(1e-7, 1e-2), beta_s_per_byte=st.floats(1e-12, 1e-7))
+
+
+def test_coefficients_match_the_table():
+    assert cm.coefficients("ring", 4) == (6.0, 1.5)
+    assert cm.coefficients("naive", 4) == (6.0, 6.0)
+    assert cm.coefficients("tree", 5) == (6.0, 6.0)  # ceil(log2 5) = 3 rounds each way
+    assert all(cm.coefficients(name, 1) == (0.0, 0.0) for name in ("naive", "ring", "tree"))
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        cm.coefficients("butterfly", 4)
+    with pytest.raises(ValueError, match="world_size must be at least 1"):
+        cm.coefficients("ring", 0)
+
+
+@given(link=links, world_size=st.integers(2, 64), nbytes=st.floats(1, 1e10))
+def test_ring_never_costs_more_than_naive_and_its_bandwidth_term_is_the_lower_bound(link, world_size, nbytes):
+    ring = cm.predict("ring", nbytes, world_size, link)
+    assert ring <= cm.predict("naive", nbytes, world_size, link) * (1 + 1e-12)
+    lower_bound = 2 * (world_size - 1) / world_size * nbytes * link.beta_s_per_byte
+    assert ring == pytest.approx(2 * (world_size - 1) * link.alpha_s + lower_bound)
+
+
+def test_busbw_is_algbw_times_2_n_minus_1_over_n():
+    assert cm.algbw(1e9, 2.0) == 5e8
+    assert cm.busbw(1e9, 2.0, 4) == pytest.approx(5e8 * 1.5)
+    assert cm.busbw(1e9, 2.0, 1) == 0.0
+    # the ring at its own model with alpha = 0 sustains exactly the link bandwidth as busbw
+    link = cm.AlphaBeta(0.0, 1 / 10e9)
+    assert cm.busbw(1e8, cm.predict("ring", 1e8, 8, link), 8) == pytest.approx(10e9)
+
+
+@given(link=links, algorithm=st.sampled_from(["naive", "ring", "tree"]), world_size=st.integers(2, 16),
+       noise_seed=st.integers(0, 1000))
+def test_fit_recovers_alpha_and_beta_from_the_model_s_own_times(link, algorithm, world_size, noise_seed):
+    sizes = np.logspace(2, 8, 12)
+    times = cm.predict(algorithm, sizes, world_size, link)
+    times = times * np.random.default_rng(noise_seed).uniform(0.999, 1.001, size=times.shape)
+    fitted = cm.fit_allreduce(algorithm, world_size, sizes, times)
+    assert np.allclose(cm.predict(algorithm, sizes, world_size, fitted), times, rtol=0.01)
+
+
+def test_fit_on_exact_data_is_exact_and_never_negative():
+    sizes = np.array([1e3, 1e4, 1e5, 1e6, 1e7])
+    fitted = cm.fit(sizes, 20e-6 + sizes / 1e9)
+    assert fitted.alpha_s == pytest.approx(20e-6) and fitted.bandwidth == pytest.approx(1e9)
+    # times that fall with size would need a negative beta: it is clamped to 0 and alpha refit
+    clamped = cm.fit([1e3, 1e6], [2e-3, 1e-3])
+    assert clamped.beta_s_per_byte == 0.0 and clamped.alpha_s > 0
+    with pytest.raises(ValueError, match="at least two distinct sizes"):
+        cm.fit([1e3, 1e3], [1.0, 1.0])
+    with pytest.raises(ValueError, match="nothing to fit"):
+        cm.fit_allreduce("ring", 1, sizes, sizes)
+
+
+@given(link=links, world_size=st.integers(3, 64))
+def test_crossover_is_where_tree_and_ring_cost_the_same(link, world_size):
+    size = cm.crossover("tree", "ring", world_size, link)
+    tree_steps = 2 * math.ceil(math.log2(world_size))
+    if tree_steps >= 2 * (world_size - 1):  # n = 3: as many steps as the ring, so the ring always wins
+        assert size is None
+        return
+    assert size > 0
+    tree, ring = (cm.predict(name, size, world_size, link) for name in ("tree", "ring"))
+    assert tree == pytest.approx(ring, rel=1e-9)
+    assert cm.predict("tree", size / 2, world_size, link) < cm.predict("ring", size / 2, world_size, link)
+    assert cm.predict("tree", size * 2, world_size, link) > cm.predict("ring", size * 2, world_size, link)
+    # and a numerical root finder agrees with the closed form
+    lo, hi = 1e-3, 1e15
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        tree_faster = cm.predict("tree", mid, world_size, link) < cm.predict("ring", mid, world_size, link)
+        lo, hi = (mid, hi) if tree_faster else (lo, mid)
+    assert lo == pytest.approx(size, rel=1e-6)
+
+
+def test_no_crossover_when_one_algorithm_is_faster_everywhere():
+    link = cm.AlphaBeta(1e-5, 1e-9)
+    assert cm.crossover("naive", "ring", 8, link) is None  # same steps, more bytes: ring always wins
+    assert cm.crossover("ring", "naive", 8, link) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_measure_on_two_ranks_gives_positive_times_for_everything():
+    sizes = [4096, 65536]
+    result = launch(cm.measure, 2, sizes, 2, timeout_s=150)
+    assert result[0] == result[1]  # every rank returns the same report
+    report = result[0]
+    assert report["world_size"] == 2
+    assert set(report["ping_pong"]) == set(sizes) and all(t > 0 for t in report["ping_pong"].values())
+    assert set(report["allreduce"]) == {"naive", "ring", "tree", cm.REFERENCE}
+    assert all(t > 0 for times in report["allreduce"].values() for t in times.values())
+
+
+def test_measured_crossover_interpolates_where_the_curves_cross():
+    sizes = [1e3, 1e4, 1e5]
+    assert cm.measured_crossover(sizes, [1, 1, 1], [2, 1.0000001, 0.5]) == pytest.approx(1e4, rel=1e-3)
+    assert cm.measured_crossover(sizes, [1, 1, 1], [2, 2, 2]) is None
+    assert cm.measured_crossover(sizes, [1, 1, 1], [0.5, 0.5, 0.5]) is None
+
+
+def test_plot_draws_the_model_and_the_measurements():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    measured = {name: {1000: 1e-3, 10000: 2e-3} for name in ("naive", "ring", "tree", cm.REFERENCE)}
+    fig = cm.plot(4, cm.AlphaBeta(1e-4, 1e-9), measured)
+    assert len(fig.axes[0].lines) == 7
