@@ -28,7 +28,7 @@ test: lint
 	$(BIN)/python -m pytest
 
 bench: setup
-	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
+	status=0; for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || status=1; done; exit $$status
 
 clean:
 	rm -rf $(VENV) *.egg-info
