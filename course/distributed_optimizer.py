@@ -89,9 +89,9 @@ def assign_buckets(grad_bytes: Sequence[int], bucket_bytes: int) -> list[list[in
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}.")
     buckets: list[list[int]] = []
-    filled = bucket_bytes  # forces a new bucket for the first tensor
+    filled = 0
     for index, size in enumerate(grad_bytes):
-        if filled + size > bucket_bytes:
+        if not buckets or filled + size > bucket_bytes:
             buckets.append([])
             filled = 0
         buckets[-1].append(index)
