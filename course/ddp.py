@@ -25,8 +25,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from course import data, world
-from course.distributed_optimizer import DistributedOptimizer, broadcast_parameters
-from course.models import DigitsCNN
+from course.distributed_optimizer import DistributedOptimizer, assign_buckets, broadcast_parameters
+from course.models import DigitsCNN, gradient_bytes
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "ddp_steps"
 
@@ -93,6 +93,21 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
         raise RuntimeError(f"torchrun {Path(script).name} exited with code {done.returncode}; last output:\n"
                            f"{(done.stdout + done.stderr)[-3000:]}")
     return done
+
+
+def bucket_report(model: nn.Module, bucket_cap_mb: float = 25.0) -> dict[str, float]:
+    """How ``model``'s gradients fill DDP buckets of ``bucket_cap_mb`` MiB (DDP's default is 25).
+
+    Returns:
+        ``gradient_bytes``, ``bucket_cap_bytes``, ``buckets`` (allreduces per step, filling buckets in backward
+        order, as DDP and :class:`~course.distributed_optimizer.DistributedOptimizer` do) and ``fill``
+        (gradient bytes / bucket capacity: below 1, the whole model is one allreduce after backward, no overlap).
+    """
+    cap = int(bucket_cap_mb * 2**20)
+    sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad][::-1]
+    total = gradient_bytes(model)
+    return {"gradient_bytes": total, "bucket_cap_bytes": cap, "buckets": len(assign_buckets(sizes, cap)),
+            "fill": total / cap}
 
 
 # -- rank functions checked against DDP -------------------------------------------------------------------------
