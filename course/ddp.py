@@ -266,3 +266,26 @@ def batchnorm_check(batch_size: int = 16, seed: int = 0) -> dict[str, float]:
         sync_bn(features)
         result["syncbn_error"] = (sync_bn.running_mean - target).abs().max().item()
     return result
+
+
+def internals(accumulation_steps: int = 4) -> dict[str, dict[str, float]]:
+    """Rank function: :func:`no_sync_check` and :func:`batchnorm_check` in one launch (for notebook 05)."""
+    return {"no_sync": no_sync_check(accumulation_steps), "batchnorm": batchnorm_check()}
+
+
+def check_shard(candidate) -> None:
+    """Exercise checker: does ``candidate(n, rank, world_size)`` give the indices ``DistributedSampler`` gives?
+
+    (``shuffle=False``: rank r takes every world_size-th index starting at r, after padding the dataset by
+    wrapping around until its length divides by world_size.) Prints ``correct`` or raises ``AssertionError``.
+    """
+    from torch.utils.data import DistributedSampler
+
+    for n, world_size in ((8, 4), (10, 4), (3, 4), (1197, 4), (5, 1)):
+        for rank in range(world_size):
+            expected = list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False))
+            got = list(candidate(n, rank, world_size))
+            if got != expected:
+                raise AssertionError(f"n={n}, rank={rank}, world_size={world_size}: expected {expected[:12]}"
+                                     f"{'...' if len(expected) > 12 else ''}, got {got[:12]}")
+    print("correct: your shards match torch's DistributedSampler(shuffle=False)")

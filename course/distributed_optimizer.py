@@ -408,3 +408,32 @@ def allreduce_metric(value: float | torch.Tensor, op: str = "avg", algorithm: st
     if dist.is_initialized():
         allreduce.ALGORITHMS[_choice("algorithm", algorithm, allreduce.ALGORITHMS)](tensor, op=op, group=group)
     return tensor if isinstance(value, torch.Tensor) else tensor.item()
+
+
+# -- for notebook 04b -------------------------------------------------------------------------------------------
+def check_assign_buckets(candidate) -> None:
+    """Exercise checker: does ``candidate(grad_bytes, bucket_bytes)`` bucket like :func:`assign_buckets`?
+
+    Prints ``correct`` or raises ``AssertionError`` naming the first case that differs.
+    """
+    cases = [([4, 4, 4], 8), ([10, 1, 1], 4), ([1, 2, 3, 4, 5], 6), ([7], 1), ([0, 0, 3], 3), ([], 5)]
+    for sizes, cap in cases:
+        expected, got = assign_buckets(sizes, cap), candidate(list(sizes), cap)
+        if got != expected:
+            raise AssertionError(f"for grad_bytes={sizes}, bucket_bytes={cap}: expected {expected}, got {got}.")
+    print(f"correct: all {len(cases)} cases bucket like course.distributed_optimizer.assign_buckets")
+
+
+def misuse_message() -> str:
+    """Rank function: the error a rank gets for ``zero_grad()`` between ``backward()`` and ``step()``."""
+    model = torch.nn.Linear(3, 1)
+    optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    model(torch.ones(2, 3)).sum().backward()
+    try:
+        optimizer.zero_grad()
+        return "no error (the guard is missing!)"
+    except RuntimeError as error:
+        return str(error)
+    finally:
+        optimizer.step()
+        optimizer.close()

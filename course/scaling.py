@@ -6,13 +6,15 @@ The model, taught in ``notebooks/05_ddp.ipynb``: one data-parallel step costs
     comm    = 2 (n - 1) alpha + 2 (n - 1) / n x gradient bytes / link bandwidth     (ring allreduce)
     step    = compute + comm,  or  max(compute, comm) when communication overlaps backward perfectly
 
-Every GPU number in :class:`GpuAssumptions` is an *assumption* to be replaced by your hardware's; nothing
-here is measured on a GPU.
+:func:`record_timeline` and :func:`plot_timeline` show, inside one step, how much of the allreduce hides behind
+backward (``notebooks/04b_distributed_optimizer.ipynb``). Every GPU number in :class:`GpuAssumptions` is an
+*assumption* to be replaced by your hardware's; nothing here is measured on a GPU.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from course import data, world
+from course.distributed_optimizer import DistributedOptimizer
 from course.models import DigitsCNN
 
 
@@ -140,5 +143,59 @@ def plot_scaling(measured: dict[int, float], predicted: dict[int, Prediction], t
     right.bar([str(n) for n in sizes], comm, bottom=compute, label="allreduce")
     right.set(xlabel="GPUs", ylabel="µs per step", title=f"modelled for real GPUs {title_model}".strip())
     right.legend()
+    figure.tight_layout()
+    return figure
+
+
+def record_timeline(bucket_sizes: Sequence[int], batch_size: int = 64, steps: int = 3) -> dict[int, dict]:
+    """Rank function: one training step's backward and allreduce times, for each bucket size.
+
+    Trains DigitsCNN with a :class:`DistributedOptimizer` for ``steps`` steps per bucket size and keeps the
+    last step (the first ones warm up). Times are seconds since that step's ``backward()`` started.
+
+    Returns:
+        ``{bucket_bytes: {"backward_end": s, "grads": [s, ...], "allreduces": [(start, end), ...]}}``.
+    """
+    me = world.current()
+    images, labels = data.load().train.tensors
+    rows = slice(me.rank * batch_size, (me.rank + 1) * batch_size)
+    images, labels = images[rows].to(me.device), labels[rows].to(me.device)
+    timelines = {}
+    for bucket_bytes in bucket_sizes:
+        torch.manual_seed(0)
+        model = DigitsCNN().to(me.device)
+        optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(),
+                                         bucket_bytes=bucket_bytes, record_events=True)
+        for _ in range(steps):
+            optimizer.events.clear()
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            start = time.perf_counter()
+            loss.backward()
+            backward_end = time.perf_counter() - start
+            optimizer.step()
+            optimizer.zero_grad()
+        optimizer.close()
+        timelines[bucket_bytes] = {
+            "backward_end": backward_end,
+            "grads": [e.start - start for e in optimizer.events if e.kind == "grad"],
+            "allreduces": [(e.start - start, e.end - start) for e in optimizer.events if e.kind == "allreduce"],
+        }
+    return timelines
+
+
+def plot_timeline(timelines: dict[int, dict]) -> object:
+    """One row per bucket size: backward (grey, with a tick per finished gradient) and each bucket's allreduce."""
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * len(timelines)))
+    for row, (bucket_bytes, timeline) in enumerate(timelines.items()):
+        y = 2 * row
+        ax.broken_barh([(0, timeline["backward_end"] * 1e3)], (y + 0.55, 0.8), color="0.75")
+        ax.vlines([t * 1e3 for t in timeline["grads"]], y + 0.55, y + 1.35, color="k", linewidth=0.8)
+        ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in timeline["allreduces"]], (y - 0.35, 0.8),
+                       facecolors=[f"C{i % 10}" for i in range(len(timeline["allreduces"]))])
+        ax.text(0, y + 1.45, f"{bucket_bytes / 1024:g} KiB buckets: backward (grey), allreduce per bucket (colour)",
+                fontsize=8)
+    ax.set(xlabel="ms since backward() started", yticks=[])
     figure.tight_layout()
     return figure
