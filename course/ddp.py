@@ -90,8 +90,10 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
         raise RuntimeError(f"torchrun {Path(script).name} did not finish in {timeout_s:g} s; last output:\n"
                            f"{tail.decode() if isinstance(tail, bytes) else tail}") from None
     if done.returncode != 0:
+        # A rank's own traceback comes first on stderr; torchrun's summary of the failure comes last.
+        errors = done.stderr if len(done.stderr) < 4000 else done.stderr[:2500] + "\n...\n" + done.stderr[-1500:]
         raise RuntimeError(f"torchrun {Path(script).name} exited with code {done.returncode}; last output:\n"
-                           f"{(done.stdout + done.stderr)[-3000:]}")
+                           f"{done.stdout[-1000:]}\n{errors}")
     return done
 
 

@@ -84,16 +84,12 @@ def test_a_failing_script_reports_its_output(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_no_sync_accumulation_and_synchronised_batchnorm_statistics():
-    def both(world_size):
-        return launch(ddp.no_sync_check, world_size, timeout_s=180), launch(ddp.batchnorm_check, world_size)
-
-    accumulated, batchnorm = both(2)
-    for result in accumulated:
-        assert result["max_grad_diff"] < 1e-6
-        assert result["allreduces_whole"] == result["allreduces_accumulated"] == 1
-    for result in batchnorm:
-        assert result["local_error"] > 1e-4  # each rank's own batch is not the global batch ...
-        assert result["synced_error"] < 1e-6  # ... but the all-reduced statistics are
+    for result in launch(ddp.internals, 2, timeout_s=180):
+        accumulated, batchnorm = result["no_sync"], result["batchnorm"]
+        assert accumulated["max_grad_diff"] < 1e-6
+        assert accumulated["allreduces_whole"] == accumulated["allreduces_accumulated"] == 1
+        assert batchnorm["local_error"] > 1e-4  # each rank's own batch is not the global batch ...
+        assert batchnorm["synced_error"] < 1e-6  # ... but the all-reduced statistics are
 
 
 def test_no_sync_needs_whole_micro_batches():

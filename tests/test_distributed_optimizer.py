@@ -28,7 +28,7 @@ CONFIGS = [
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, 3])  # notebook 04b runs the same comparison on 4
 def test_parameters_match_ddp_after_k_steps(world_size):
     results = launch(ddp.compare_many, world_size, CONFIGS, timeout_s=280)
     for rank_results in results:

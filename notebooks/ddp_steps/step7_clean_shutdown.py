@@ -80,8 +80,9 @@ def main() -> None:
     rank = world.init_from_env()  # reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
     try:
         run(args, rank)
+        dist.barrier()  # leave together: no rank closes its sockets while another still uses them
     finally:
-        world.shutdown()  # destroy_process_group: no hang, no leaked sockets
+        world.shutdown()  # destroy_process_group, even after an error: no hang, no leaked sockets
 
 
 if __name__ == "__main__":
