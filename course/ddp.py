@@ -192,20 +192,21 @@ def compare_many(configs: list[dict], steps: int = 3) -> list[dict[str, float]]:
 def no_sync_check(accumulation_steps: int = 4, batch_size: int = 32, seed: int = 0) -> dict[str, float]:
     """Rank function: gradient accumulation with ``no_sync`` equals one step on the whole per-rank batch.
 
-    Model A sees this rank's ``batch_size`` samples at once; model B sees them as ``accumulation_steps``
-    micro-batches (loss divided by ``accumulation_steps``), allreducing only on the last one.
+    Three DDP copies of one model: ``whole`` sees this rank's ``batch_size`` samples at once; ``no_sync`` sees
+    them as ``accumulation_steps`` micro-batches (loss divided by ``accumulation_steps``), allreducing only on
+    the last; ``every_pass`` accumulates the same micro-batches but allreduces after each of them.
 
     Returns:
-        ``max_grad_diff`` between the two models' averaged gradients, and the number of allreduces each
-        issued (``allreduces_whole``, ``allreduces_accumulated``): one per bucket per synchronised backward.
+        ``max_grad_diff`` (no_sync vs whole) and ``max_grad_diff_every_pass`` (every_pass vs whole), and the
+        allreduces each issued (``allreduces_whole``, ``allreduces_no_sync``, ``allreduces_every_pass``).
     """
     if batch_size % accumulation_steps:
         raise ValueError(f"batch_size={batch_size} must be a multiple of accumulation_steps={accumulation_steps}.")
     me = world.current()
     torch.manual_seed(seed)
-    whole, accumulated = DigitsCNN(width=8).to(me.device), None
-    accumulated = copy.deepcopy(whole)
-    counts = {"whole": 0, "accumulated": 0}
+    whole = DigitsCNN(width=8).to(me.device)
+    copies = {"whole": whole, "no_sync": copy.deepcopy(whole), "every_pass": copy.deepcopy(whole)}
+    counts = dict.fromkeys(copies, 0)
 
     def counting(name: str):
         def hook(state, bucket):
@@ -213,19 +214,24 @@ def no_sync_check(accumulation_steps: int = 4, batch_size: int = 32, seed: int =
             return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
         return hook
 
-    models = {name: _wrap(model, me) for name, model in (("whole", whole), ("accumulated", accumulated))}
+    models = {name: _wrap(model, me) for name, model in copies.items()}
     for name, model in models.items():
         model.register_comm_hook(None, counting(name))
     images, labels = _batch(*data.load().train.tensors, 0, batch_size, me)
     nn.functional.cross_entropy(models["whole"](images), labels).backward()
-    micro_batches = zip(images.chunk(accumulation_steps), labels.chunk(accumulation_steps), strict=True)
-    for micro, (x, y) in enumerate(micro_batches):
+    for micro, (x, y) in enumerate(zip(images.chunk(accumulation_steps), labels.chunk(accumulation_steps),
+                                       strict=True)):
         last = micro == accumulation_steps - 1
-        with contextlib.nullcontext() if last else models["accumulated"].no_sync():
-            (nn.functional.cross_entropy(models["accumulated"](x), y) / accumulation_steps).backward()
-    pairs = zip(whole.parameters(), accumulated.parameters(), strict=True)
-    diff = max((a.grad - b.grad).abs().max().item() for a, b in pairs)
-    return {"max_grad_diff": diff, "allreduces_whole": counts["whole"], "allreduces_accumulated": counts["accumulated"]}
+        with contextlib.nullcontext() if last else models["no_sync"].no_sync():
+            (nn.functional.cross_entropy(models["no_sync"](x), y) / accumulation_steps).backward()
+        (nn.functional.cross_entropy(models["every_pass"](x), y) / accumulation_steps).backward()
+
+    def diff(name: str) -> float:
+        pairs = zip(whole.parameters(), copies[name].parameters(), strict=True)
+        return max((a.grad - b.grad).abs().max().item() for a, b in pairs)
+
+    return {"max_grad_diff": diff("no_sync"), "max_grad_diff_every_pass": diff("every_pass"),
+            **{f"allreduces_{name}": count for name, count in counts.items()}}
 
 
 def global_batch_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

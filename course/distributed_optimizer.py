@@ -232,6 +232,9 @@ class DistributedOptimizer:
 
     # -- the communication thread ---------------------------------------------------------------------------
     def _communicate(self) -> None:
+        devices = {p.device for b in self.buckets for p in b.params if p.device.type == "cuda"}
+        if devices:  # a new thread starts on cuda:0; this rank's GPU is the one its parameters live on
+            torch.cuda.set_device(devices.pop())
         while True:
             with self._cond:
                 while not self._closed and self._next not in self._ready:

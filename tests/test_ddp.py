@@ -86,8 +86,9 @@ def test_a_failing_script_reports_its_output(tmp_path):
 def test_no_sync_accumulation_and_synchronised_batchnorm_statistics():
     for result in launch(ddp.internals, 2, timeout_s=180):
         accumulated, batchnorm = result["no_sync"], result["batchnorm"]
-        assert accumulated["max_grad_diff"] < 1e-6
-        assert accumulated["allreduces_whole"] == accumulated["allreduces_accumulated"] == 1
+        assert accumulated["max_grad_diff"] < 1e-6 and accumulated["max_grad_diff_every_pass"] < 1e-6
+        assert accumulated["allreduces_whole"] == accumulated["allreduces_no_sync"] == 1
+        assert accumulated["allreduces_every_pass"] == 4  # same gradient, 4x the communication
         assert batchnorm["local_error"] > 1e-4  # each rank's own batch is not the global batch ...
         assert batchnorm["synced_error"] < 1e-6  # ... but the all-reduced statistics are
 
