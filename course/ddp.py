@@ -25,7 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from course import data, world
-from course.distributed_optimizer import DistributedOptimizer, assign_buckets, broadcast_parameters
+from course.distributed_optimizer import DistributedOptimizer, broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "ddp_steps"
@@ -100,16 +100,23 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
 def bucket_report(model: nn.Module, bucket_cap_mb: float = 25.0) -> dict[str, float]:
     """How ``model``'s gradients fill DDP buckets of ``bucket_cap_mb`` MiB (DDP's default is 25).
 
+    DDP fills buckets in backward order and closes one as soon as it holds ``bucket_cap_mb`` or more (so a
+    bucket may overshoot by one tensor; :func:`~course.distributed_optimizer.assign_buckets` never overshoots,
+    like Horovod's fusion buffer). That is DDP's plan from the second iteration on; the first uses a 1 MiB
+    first bucket, then DDP rebuilds its buckets in the order gradients actually arrived.
+
     Returns:
-        ``gradient_bytes``, ``bucket_cap_bytes``, ``buckets`` (allreduces per step, filling buckets in backward
-        order, as DDP and :class:`~course.distributed_optimizer.DistributedOptimizer` do) and ``fill``
-        (gradient bytes / bucket capacity: below 1, the whole model is one allreduce after backward, no overlap).
+        ``gradient_bytes``, ``bucket_cap_bytes``, ``buckets`` (allreduces per step) and ``fill`` (gradient bytes
+        / bucket capacity: below 1, the whole model is one allreduce after backward, with no overlap).
     """
     cap = int(bucket_cap_mb * 2**20)
-    sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad][::-1]
+    buckets, filled = 0, cap
+    for p in reversed([p for p in model.parameters() if p.requires_grad]):
+        if filled >= cap:
+            buckets, filled = buckets + 1, 0
+        filled += p.numel() * p.element_size()
     total = gradient_bytes(model)
-    return {"gradient_bytes": total, "bucket_cap_bytes": cap, "buckets": len(assign_buckets(sizes, cap)),
-            "fill": total / cap}
+    return {"gradient_bytes": total, "bucket_cap_bytes": cap, "buckets": buckets, "fill": total / cap}
 
 
 # -- rank functions checked against DDP -------------------------------------------------------------------------

@@ -4,9 +4,12 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 from course import ddp
-from course.launch import launch
+from course.launch import free_port, launch
 from course.models import DigitsCNN
 
 pytestmark = pytest.mark.unit5
@@ -49,12 +52,26 @@ def test_torchrun_commands_for_one_and_several_nodes():
     assert "--rdzv_backend=c10d" in multi and "--standalone" not in multi
 
 
-def test_bucket_report_counts_buckets_like_ddp():
-    model = DigitsCNN()
-    report = ddp.bucket_report(model)
-    assert report["buckets"] == 1 and report["fill"] < 0.1  # this model is far below 25 MB
-    tiny = ddp.bucket_report(model, bucket_cap_mb=0.1)
-    assert tiny["buckets"] >= report["gradient_bytes"] / tiny["bucket_cap_bytes"]
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.1, 0.01])
+def test_bucket_report_counts_the_allreduces_ddp_really_issues(bucket_cap_mb):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(DigitsCNN(), bucket_cap_mb=bucket_cap_mb)
+        calls = []
+
+        def counting_hook(state, bucket):
+            calls.append(bucket.index())
+            return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
+
+        model.register_comm_hook(None, counting_hook)
+        for _ in range(2):  # DDP rebuilds its buckets after the first iteration
+            calls.clear()
+            model(torch.randn(4, 1, 8, 8)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    report = ddp.bucket_report(DigitsCNN(), bucket_cap_mb)
+    assert report["buckets"] == len(calls)
+    assert report["fill"] == pytest.approx(report["gradient_bytes"] / (bucket_cap_mb * 2**20), rel=1e-5)
 
 
 @pytest.mark.slow
