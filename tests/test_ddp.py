@@ -71,7 +71,7 @@ def test_bucket_report_counts_the_allreduces_ddp_really_issues(bucket_cap_mb):
         dist.destroy_process_group()
     report = ddp.bucket_report(DigitsCNN(), bucket_cap_mb)
     assert report["buckets"] == len(calls)
-    assert report["fill"] == pytest.approx(report["gradient_bytes"] / (bucket_cap_mb * 2**20), rel=1e-5)
+    assert report["fill"] == pytest.approx(report["gradient_bytes"] / (bucket_cap_mb * 2**20), rel=1e-3)
 
 
 @pytest.mark.slow
