@@ -88,7 +88,7 @@ def speedup(step_s: dict[int, float]) -> dict[int, float]:
     return {n: n * step_s[1] / seconds for n, seconds in step_s.items()}
 
 
-def measure_step_times(world_sizes: tuple[int, ...] = (1, 2, 4), batch_size: int = 32, steps: int = 8,
+def measure_step_times(world_sizes: tuple[int, ...] = (1, 2, 4), batch_size: int = 32, steps: int = 5,
                        warmup_steps: int = 2) -> dict[int, float]:
     """Rank function: median seconds per DDP training step on the first n ranks, for each n in ``world_sizes``.
 
