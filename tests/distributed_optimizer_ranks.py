@@ -20,7 +20,7 @@ class SlowBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.5)
+        time.sleep(1.0)
         return grad
 
 
