@@ -1,0 +1,89 @@
+"""Step 7: leave the process group cleanly, even when training fails.
+
+Run: torchrun --nproc_per_node=4 step7_clean_shutdown.py
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course import data, models, train, world
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step")
+    parser.add_argument("--lr", type=float, default=0.05, help="for a global batch of --base-batch-size")
+    parser.add_argument("--base-batch-size", type=int, default=32)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--out-dir", type=Path, default=Path("runs/ddp_steps"))
+    return parser.parse_args()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> tuple[float, float]:
+    """Loss and accuracy over every rank's shard: all-reduce the sums and counts, then divide."""
+    model.eval()
+    totals = torch.zeros(3, device=device)  # loss sum, correct, count
+    for images, labels in loader:
+        images, labels = images.to(device), labels.to(device)
+        logits = model(images)
+        totals[0] += nn.functional.cross_entropy(logits, labels, reduction="sum")
+        totals[1] += (logits.argmax(dim=1) == labels).sum()
+        totals[2] += len(labels)
+    dist.all_reduce(totals)
+    return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+
+def run(args: argparse.Namespace, rank: world.Rank) -> None:
+    device = rank.device  # cuda:<local_rank> on GPUs, cpu on emulated ones
+    train.seed_everything(0)
+    splits = data.load()
+    sampler = DistributedSampler(splits.train, num_replicas=rank.world_size, rank=rank.rank, shuffle=True, seed=0)
+    train_loader = DataLoader(splits.train, batch_size=args.batch_size, sampler=sampler)
+    val_sampler = DistributedSampler(splits.val, num_replicas=rank.world_size, rank=rank.rank, shuffle=False)
+    val_loader = DataLoader(splits.val, batch_size=100, sampler=val_sampler)
+    model = models.DigitsCNN().to(device)
+    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    global_batch_size = args.batch_size * rank.world_size
+    lr = args.lr * global_batch_size / args.base_batch_size  # the linear scaling rule
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup_steps))
+    world.print0(f"{rank.world_size} rank(s), global batch {global_batch_size}, lr {lr:g}")
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
+        model.train()
+        for images, labels in train_loader:
+            images, labels = images.to(device), labels.to(device)
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+            warmup.step()
+        val_loss, val_accuracy = evaluate(model, val_loader, device)
+        world.print0(f"epoch {epoch}: val loss {val_loss:.3f}, val accuracy {val_accuracy:.3f}")
+    if rank.is_main:  # one checkpoint, not world_size copies racing for one file
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(model.module.state_dict(), args.out_dir / "checkpoint.pt")
+        print(f"saved checkpoint {args.out_dir / 'checkpoint.pt'}")
+
+
+def main() -> None:
+    args = parse_args()
+    rank = world.init_from_env()  # reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
+    try:
+        run(args, rank)
+        dist.barrier()  # leave together: no rank closes its sockets while another still uses them
+    finally:
+        world.shutdown()  # destroy_process_group, even after an error: no hang, no leaked sockets
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""course.ddp: the step scripts and their diffs, torchrun, no_sync and batch-norm statistics vs DDP."""
+
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from course import ddp
+from course.launch import free_port, launch
+from course.models import DigitsCNN
+
+pytestmark = pytest.mark.unit5
+
+
+def test_step_scripts_are_numbered_in_order_and_each_step_changes_something():
+    scripts = ddp.step_scripts()
+    assert [int(p.name[4]) for p in scripts] == list(range(len(scripts)))
+    assert scripts[0].name == "step0_single_device.py" and len(scripts) == 8
+    for before, after in zip(scripts, scripts[1:], strict=False):
+        diff = ddp.step_diff(before, after)
+        assert diff.startswith(f"--- {before.name}\n+++ {after.name}\n")
+        assert any(line.startswith("+") and not line.startswith("+++") for line in diff.splitlines())
+
+
+@pytest.mark.parametrize("fragment, step", [
+    ("world.init_from_env()", 1), ("sampler.set_epoch(epoch)", 2), ("DistributedDataParallel(model", 3),
+    ("global_batch_size / args.base_batch_size", 4), ("if rank.is_main:", 5), ("dist.all_reduce(totals)", 6),
+    ("world.shutdown()", 7),
+])
+def test_each_step_introduces_its_concept(fragment, step):
+    scripts = ddp.step_scripts()
+    assert fragment not in scripts[step - 1].read_text()
+    assert fragment in scripts[step].read_text()
+    added = [line for line in ddp.step_diff(scripts[step - 1], scripts[step]).splitlines() if line.startswith("+")]
+    assert any(fragment in line for line in added)
+
+
+def test_step_scripts_must_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no step<N>_<name>.py scripts"):
+        ddp.step_scripts(tmp_path)
+
+
+def test_torchrun_commands_for_one_and_several_nodes():
+    single = ddp.torchrun_command("train.py", 4, ("--epochs", "2"))
+    assert single == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+                      "train.py", "--epochs", "2"]
+    multi = ddp.torchrun_command("train.py", 8, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
+    assert "--nnodes=2" in multi and "--node_rank=1" in multi and "--rdzv_endpoint=10.0.0.1:29500" in multi
+    assert "--rdzv_backend=c10d" in multi and "--standalone" not in multi
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.1, 0.01])
+def test_bucket_report_counts_the_allreduces_ddp_really_issues(bucket_cap_mb):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(DigitsCNN(), bucket_cap_mb=bucket_cap_mb)
+        calls = []
+
+        def counting_hook(state, bucket):
+            calls.append(bucket.index())
+            return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
+
+        model.register_comm_hook(None, counting_hook)
+        for _ in range(2):  # DDP rebuilds its buckets after the first iteration
+            calls.clear()
+            model(torch.randn(4, 1, 8, 8)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    report = ddp.bucket_report(DigitsCNN(), bucket_cap_mb)
+    assert report["buckets"] == len(calls)
+    assert report["fill"] == pytest.approx(report["gradient_bytes"] / (bucket_cap_mb * 2**20), rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_final_step_trains_and_checkpoints_once_under_torchrun(tmp_path):
+    done = ddp.run_torchrun(ddp.step_scripts()[-1], 2, ("--out-dir", str(tmp_path), "--epochs", "4"),
+                            timeout_s=220)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "2 rank(s), global batch 64, lr 0.1"
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert len(epochs) == 4  # rank 0 alone logs
+    accuracy = float(epochs[-1].rsplit(" ", 1)[1])
+    assert accuracy > 0.5
+    assert sum("saved checkpoint" in line for line in lines) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    model = DigitsCNN()
+    model.load_state_dict(torch.load(tmp_path / "checkpoint.pt"))  # no "module." prefix: saved unwrapped
+
+
+def test_a_failing_script_reports_its_output(tmp_path):
+    script = tmp_path / "step0_broken.py"
+    script.write_text("raise SystemExit('deliberately broken')\n")
+    with pytest.raises(RuntimeError, match="(?s)exited with code 1.*deliberately broken"):
+        ddp.run_torchrun(script, 1, timeout_s=120)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_no_sync_accumulation_and_synchronised_batchnorm_statistics():
+    for result in launch(ddp.internals, 2, timeout_s=180):
+        accumulated, batchnorm = result["no_sync"], result["batchnorm"]
+        assert accumulated["max_grad_diff"] < 1e-6 and accumulated["max_grad_diff_every_pass"] < 1e-6
+        assert accumulated["allreduces_whole"] == accumulated["allreduces_no_sync"] == 1
+        assert accumulated["allreduces_every_pass"] == 4  # same gradient, 4x the communication
+        assert batchnorm["local_error"] > 1e-4  # each rank's own batch is not the global batch ...
+        assert batchnorm["synced_error"] < 1e-6  # ... but the all-reduced statistics are
+
+
+def test_no_sync_needs_whole_micro_batches():
+    with pytest.raises(ValueError, match="multiple of accumulation_steps"):
+        ddp.no_sync_check(accumulation_steps=3, batch_size=32)
