@@ -3,7 +3,7 @@
 The model, taught in ``notebooks/05_ddp.ipynb``: one data-parallel step costs
 
     compute = 3 x FLOPs per sample x per-rank batch size / (peak FLOP/s x efficiency)
-    comm    = 2 (n - 1) alpha + 2 (n - 1) / n x gradient bytes / link bandwidth     (ring allreduce)
+    comm    = 2 (n - 1) alpha + 2 (n - 1) / n x gradient bytes / link bandwidth     (ring, course.cost_model)
     step    = compute + comm,  or  max(compute, comm) when communication overlaps backward perfectly
 
 :func:`record_timeline` and :func:`plot_timeline` show, inside one step, how much of the allreduce hides behind
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, world
+from course import cost_model, data, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.models import DigitsCNN
 
@@ -52,13 +52,6 @@ class Prediction:
         return self.comm_s / self.step_s if self.step_s else 0.0
 
 
-def ring_allreduce_time(nbytes: float, world_size: int, latency_s: float, bandwidth: float) -> float:
-    """Alpha-beta time of a ring allreduce of ``nbytes`` over ``world_size`` ranks (0 on one rank)."""
-    if world_size == 1:
-        return 0.0
-    return 2 * (world_size - 1) * latency_s + 2 * (world_size - 1) / world_size * nbytes / bandwidth
-
-
 def predict_step(world_size: int, batch_size: int, flops_per_sample: float, gradient_bytes: float,
                  gpu: GpuAssumptions = GpuAssumptions(), overlap: bool = False) -> Prediction:
     """Model one step of data parallelism with a per-rank ``batch_size`` (weak scaling).
@@ -72,7 +65,8 @@ def predict_step(world_size: int, batch_size: int, flops_per_sample: float, grad
     if world_size < 1 or batch_size < 1:
         raise ValueError(f"world_size and batch_size must be >= 1, got {world_size} and {batch_size}.")
     compute = 3 * flops_per_sample * batch_size / (gpu.peak_flops * gpu.efficiency)
-    comm = ring_allreduce_time(gradient_bytes, world_size, gpu.latency_s, gpu.link_bandwidth)
+    link = cost_model.AlphaBeta(alpha_s=gpu.latency_s, beta_s_per_byte=1.0 / gpu.link_bandwidth)
+    comm = float(cost_model.predict("ring", gradient_bytes, world_size, link))
     step = max(compute, comm) if overlap else compute + comm
     return Prediction(world_size, compute, comm, step)
 

@@ -10,15 +10,17 @@ from course.launch import launch
 pytestmark = pytest.mark.unit5
 
 
-def test_ring_allreduce_time_closed_form():
-    assert scaling.ring_allreduce_time(1e9, 1, 1e-5, 1e9) == 0.0
+def test_step_communication_is_the_ring_allreduce_closed_form():
+    gpu = scaling.GpuAssumptions(peak_flops=1e12, efficiency=0.5, link_bandwidth=1e9, latency_s=1e-5)
+    assert scaling.predict_step(1, 10, 1e9, 1e9, gpu).comm_s == 0.0
     # 4 ranks: 6 messages of latency, each rank sends 2 * 3/4 of the data
-    assert scaling.ring_allreduce_time(1e9, 4, 1e-5, 1e9) == pytest.approx(6e-5 + 1.5)
+    assert scaling.predict_step(4, 10, 1e9, 1e9, gpu).comm_s == pytest.approx(6e-5 + 1.5)
 
 
 @given(n=st.integers(2, 1024))
 def test_ring_bandwidth_term_stays_below_twice_the_data(n):
-    assert scaling.ring_allreduce_time(1e6, n, 0.0, 1e6) < 2.0
+    gpu = scaling.GpuAssumptions(peak_flops=1e12, efficiency=0.5, link_bandwidth=1e6, latency_s=0.0)
+    assert scaling.predict_step(n, 1, 1.0, 1e6, gpu).comm_s < 2.0
 
 
 def test_predict_step_adds_or_overlaps():
