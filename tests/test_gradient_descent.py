@@ -103,15 +103,6 @@ def test_step_returns_the_batch_loss_and_moves_against_the_gradient():
     assert ln.mse(model.weight.item(), model.bias.item(), x, y) < before
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny convolutions gain nothing from threads, and lose a lot on a shared, oversubscribed CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_sgd_trains_the_cnn_on_digits_without_keeping_parameters(one_thread):
     torch.manual_seed(0)
     images = torch.rand(40, 1, 8, 8)

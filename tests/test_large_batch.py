@@ -9,16 +9,8 @@ from torch import nn
 from course import large_batch as lb
 from course import models
 
-pytestmark = pytest.mark.unit2
+pytestmark = [pytest.mark.unit2, pytest.mark.usefixtures("one_thread")]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models: one thread is faster than two fighting over shared cores.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def batch(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,15 +11,8 @@ from torch import nn
 from course import data
 from course import lr_scaling as ls
 
-pytestmark = pytest.mark.unit2
+pytestmark = [pytest.mark.unit2, pytest.mark.usefixtures("one_thread")]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_rules_on_known_values():

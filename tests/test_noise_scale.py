@@ -11,18 +11,11 @@ from torch import nn
 from course import models
 from course import noise_scale as ns
 
-pytestmark = pytest.mark.unit2
+pytestmark = [pytest.mark.unit2, pytest.mark.usefixtures("one_thread")]
 
 TRUE_WEIGHT = torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64)
 NOISE_STD = 0.7
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def regression_model(weight: torch.Tensor) -> nn.Module:
