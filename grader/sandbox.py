@@ -1,101 +1,576 @@
 """Run an untrusted command (a student's ``torchrun`` job) contained, without Docker.
 
-EARLY INTERFACE VERSION: limits beyond the wall clock and output are not enforced yet.
+``run(argv, cwd=..., env=..., limits=Limits())`` starts ``argv`` and always returns a
+:class:`SandboxResult` with a status, whatever the command does: loops forever, allocates without end,
+forks without end, floods its output, escapes its process group with ``setsid``, writes huge files or
+dials out. Every process it started is gone when ``run`` returns. Used by the grader (notebook 06).
+
+How, as root (the grading server, Gradescope, CI):
+
+* a dedicated uid/gid per concurrent run (``SANDBOX_UID_BASE + slot``, no passwd entry needed), so the
+  command cannot signal or ptrace the grader, read its 0700 files, or gain privileges (no_new_privs);
+  RLIMIT_NPROC then counts only the sandbox's own tasks, and "every process of that uid" is a complete
+  kill list even for processes that double-forked out of the session;
+* new pid, mount and network namespaces: the pid namespace's init is ours, and when it ends the kernel
+  kills every process inside, escapees included; the network namespace has only ``lo`` (up), so gloo and
+  torchrun rendezvous on 127.0.0.1 work and nothing else is reachable; the mount namespace mounts a
+  private ``/proc`` and exposes the Python installation if it lives under a private directory (``/root``);
+* rlimits on every process: RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE, RLIMIT_CPU, no cores;
+* a watchdog here that samples the process tree: wall clock, total memory, process count, output volume.
+
+Without root (a student's laptop) the command runs as the student, in its own session, under the same
+rlimits (RLIMIT_NPROC counted on top of the student's own processes), with a child subreaper that keeps
+double-forked escapees in the tree the watchdog kills, and no network containment: ``detail`` says so.
+cgroups are not used: they are often owned by the machine's own manager (systemd, the CI runner).
+
+Memory is limited with RLIMIT_DATA, not RLIMIT_AS: CUDA reserves tens of GB of address space at start-up,
+so an address-space limit breaks every GPU run, while RLIMIT_DATA counts what allocations actually take
+(heap and private writable mappings). The total over all processes is bounded by the watchdog.
+
+The module is longer than the course's usual ~300 lines because containment is all-or-nothing: the
+parent side (watchdog, capped readers, kill) and the child side (namespaces, limits, exec) live together.
+The child side runs as ``python -I sandbox.py CONFIG`` (stdlib only, no grader import), never in a
+``preexec_fn``, which is unsafe when the grader runs threads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import json
 import os
+import resource
 import signal
+import socket
+import struct
 import subprocess
+import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
+STATUSES = ("ok", "error", "timeout", "out of memory", "too many processes", "output limit",
+            "file too large", "cpu limit")
+SANDBOX_UID_BASE = 730_000  # uids SANDBOX_UID_BASE .. +MAX_CONCURRENT-1 are reserved for sandboxed runs
+MAX_CONCURRENT = 64  # sandboxed runs at once on one machine (one uid each)
+_POLL_S = 0.1  # watchdog sampling period
+
 
 @dataclass(frozen=True)
 class Limits:
-    """What one sandboxed run may use. Defaults fit a 4-rank CPU run of the course CNN."""
+    """What one sandboxed run may use. Defaults fit a 4-rank CPU or GPU run of the course CNN."""
 
     wall_s: float = 120.0  # whole run, every process it started
-    memory_bytes: int = 3 * 2**30  # per process address space (RLIMIT_AS)
-    max_processes: int = 64  # processes alive at once in the sandbox
+    memory_bytes: int = 3 * 2**30  # per process heap + private writable memory (RLIMIT_DATA, see module doc)
+    memory_total_bytes: int = 12 * 2**30  # private resident memory of all processes together (watchdog)
+    max_processes: int = 64  # processes alive at once in the sandbox (watchdog; RLIMIT_NPROC backs it)
+    max_threads: int = 1024  # tasks (processes + threads) at once: RLIMIT_NPROC, which the kernel counts so
     file_size_bytes: int = 64 * 2**20  # largest file a process may write (RLIMIT_FSIZE)
     cpu_s: int = 600  # CPU seconds per process (RLIMIT_CPU)
-    output_bytes: int = 64 * 1024  # kept per stream (stdout, stderr); the rest is counted and dropped
+    output_bytes: int = 64 * 1024  # kept per stream (stdout, stderr): the head and a tail; the rest is dropped
+    max_output_bytes: int = 64 * 2**20  # written per stream before the run is stopped ("output limit")
     network: bool = False  # False: loopback only, where the OS allows a private network namespace
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """How a sandboxed run ended. ``status`` is one of :data:`STATUSES`."""
+    """How a sandboxed run ended."""
 
-    status: str  # "ok" | "error" | "timeout" | "out of memory" | "too many processes" | "output limit" | ...
-    returncode: int | None  # exit code of the command; -N if killed by signal N; None if never started
-    stdout: str  # truncated to Limits.output_bytes, with a marker saying how much was dropped
+    status: str  # one of STATUSES
+    returncode: int | None  # exit code of the command; -N if signal N ended it; None if it was stopped
+    stdout: str  # at most Limits.output_bytes, with a marker saying how much was dropped
     stderr: str
     elapsed_s: float
     detail: str  # human-readable explanation of the status, in course terms
+    mechanisms: tuple[str, ...] = ()  # the containment that was active, e.g. ("uid 730003", "pid namespace")
 
 
+def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Limits(),
+        pass_fds: tuple[int, ...] = (), isolation: str = "auto") -> SandboxResult:
+    """Run ``argv`` contained and return how it ended; every process it started is gone on return.
+
+    Args:
+        argv: the command, e.g. ``[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", f]``.
+        cwd: its working directory, a fresh directory it may write (chowned to the sandbox uid as root).
+        env: its complete environment. As root, HOME points at ``cwd`` and USER/LOGNAME say ``sandbox``.
+        limits: see :class:`Limits`.
+        pass_fds: descriptors the command inherits, e.g. the write end of the grader's result pipe.
+        isolation: ``"auto"`` (strongest available), or ``"process-tree"`` (the non-root mode, for tests).
+
+    Returns:
+        A :class:`SandboxResult`; never raises for anything the command does. KeyboardInterrupt stops the
+        command (every process) and propagates.
+
+    Raises:
+        ValueError: ``cwd`` is not a directory, or ``isolation`` is unknown.
+    """
+    cwd = Path(cwd).resolve()
+    if not cwd.is_dir():
+        raise ValueError(f"cwd must be an existing directory for the sandboxed run, got {cwd}")
+    if isolation not in ("auto", "process-tree"):
+        raise ValueError(f"isolation must be 'auto' or 'process-tree', got {isolation!r}")
+    privileged = isolation == "auto" and sys.platform == "linux" and os.geteuid() == 0
+    with _sandbox_uid() if privileged else contextlib.nullcontext() as uid:
+        return _run_as(argv, cwd, env, limits, pass_fds, uid)
+
+
+def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
+            uid: int | None) -> SandboxResult:
+    start = time.monotonic()
+    env = dict(env)
+    if uid is not None:
+        _chown_tree(cwd, uid)
+        env.update(HOME=str(cwd), USER="sandbox", LOGNAME="sandbox")
+    status_r, status_w = os.pipe()
+    config = {"argv": list(argv), "cwd": str(cwd), "uid": uid, "status_fd": status_w, "limits": asdict(limits),
+              "nproc": limits.max_threads + (0 if uid is not None else _tasks_of_user()),
+              "expose": _python_paths(argv, env)}
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", __file__, json.dumps(config)], cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, pass_fds=(*pass_fds, status_w))
+    finally:
+        os.close(status_w)
+    status_lines = _Lines(os.fdopen(status_r, "rb"))
+    out = _Capped(proc.stdout, limits.output_bytes)
+    err = _Capped(proc.stderr, limits.output_bytes)
+    breach = None
+    try:
+        breach = _watch(proc, limits, out, err, start)
+    finally:
+        _kill_everything(proc, uid)
+    reports = status_lines.result()
+    setup = reports[0] if reports else {}
+    returncode = reports[-1].get("returncode") if len(reports) > 1 else None
+    stdout, stderr = out.text(), err.text()
+    status, detail = breach or _classify(returncode, stderr, setup, limits)
+    notes = setup.get("notes", [])
+    if notes:
+        detail += " [containment: " + "; ".join(notes) + "]"
+    return SandboxResult(status, returncode, stdout, stderr, time.monotonic() - start, detail,
+                         tuple(setup.get("mechanisms", ())))
+
+
+# ---------------------------------------------------------------------------------------------- parent side
 class _Capped:
-    """Reads one pipe to EOF on a thread, keeping the first ``limit`` bytes and counting the rest."""
+    """Drains one pipe on a thread, keeping the head and a tail of ``limit`` bytes and counting the rest."""
 
     def __init__(self, pipe, limit: int) -> None:
-        self.kept = bytearray()
-        self.dropped = 0
-        self._pipe, self._limit = pipe, limit
+        self.total = 0
+        self._head, self._tail = bytearray(), bytearray()
+        self._tail_limit = min(limit // 4, 8192)
+        self._head_limit = limit - self._tail_limit
+        self._pipe = pipe
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
 
     def _drain(self) -> None:
         while chunk := self._pipe.read1(65536):
-            room = self._limit - len(self.kept)
-            self.kept += chunk[:max(room, 0)]
-            self.dropped += max(len(chunk) - max(room, 0), 0)
+            self.total += len(chunk)
+            room = self._head_limit - len(self._head)
+            if room > 0:
+                self._head += chunk[:room]
+                chunk = chunk[room:]
+            if chunk and self._tail_limit:
+                self._tail = (self._tail + chunk)[-self._tail_limit:]
 
-    def text(self, timeout: float = 5.0) -> str:
-        self._thread.join(timeout)
-        text = self.kept.decode("utf-8", errors="replace")
-        if self.dropped:
-            text += f"\n[sandbox: {self.dropped} more bytes of output were dropped]\n"
-        return text
+    def text(self) -> str:
+        self._thread.join(timeout=5.0)
+        dropped = self.total - len(self._head) - len(self._tail)
+        middle = f"\n[sandbox: {dropped} bytes of output dropped here]\n" if dropped > 0 else ""
+        return (bytes(self._head).decode("utf-8", "replace") + middle
+                + bytes(self._tail).decode("utf-8", "replace"))
 
 
-def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Limits(),
-        pass_fds: tuple[int, ...] = ()) -> SandboxResult:
-    """Run ``argv`` in ``cwd`` with ``env`` under ``limits``; always returns a result, never raises for the child."""
-    start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds)
-    out, err = _Capped(proc.stdout, limits.output_bytes), _Capped(proc.stderr, limits.output_bytes)
-    status, detail = "ok", "the program finished normally"
+class _Lines:
+    """Collects the JSON lines the sandbox's own (trusted) side reports on its status pipe."""
+
+    def __init__(self, pipe) -> None:
+        self._pipe, self._lines = pipe, []
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        with self._pipe:
+            for line in self._pipe:
+                with contextlib.suppress(ValueError):
+                    self._lines.append(json.loads(line))
+
+    def result(self) -> list[dict]:
+        self._thread.join(timeout=5.0)
+        return self._lines
+
+
+def _watch(proc: subprocess.Popen, limits: Limits, out: _Capped, err: _Capped,
+           start: float) -> tuple[str, str] | None:
+    """Sample the tree until the command ends; return (status, detail) of the first limit it breaks."""
+    while proc.poll() is None:
+        if time.monotonic() - start > limits.wall_s:
+            return "timeout", (f"the run did not finish within {limits.wall_s:g} s and every rank and "
+                               "DataLoader worker was stopped. A rank waiting in a collective that another "
+                               "rank never calls, or an endless loop, looks like this.")
+        if max(out.total, err.total) > limits.max_output_bytes:
+            return "output limit", (f"the run wrote more than {_size(limits.max_output_bytes)} to one output "
+                                    "stream and was stopped: print on rank 0 only, and not every step.")
+        procs = _command_processes(proc.pid)
+        if len(procs) > limits.max_processes:
+            return "too many processes", (f"the run had more than {limits.max_processes} processes at once "
+                                          "and was stopped: 4 ranks and a few DataLoader workers each are "
+                                          "plenty; do not start processes in a loop.")
+        if sum(_private_rss(p) for p in procs) > limits.memory_total_bytes:
+            return "out of memory", (f"the run's processes used more than {_size(limits.memory_total_bytes)} "
+                                     "of memory together and were stopped: keep per-rank batches and "
+                                     "DataLoader workers small, and do not keep tensors of every step.")
+        time.sleep(_POLL_S)
+    return None
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """``pid``'s process and all its descendants (psutil processes)."""
     try:
-        proc.wait(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-        status, detail = "timeout", f"the program did not finish within {limits.wall_s:g} s and was stopped"
-    finally:
-        _kill_tree(proc.pid)
-        proc.wait()
-    if status == "ok" and proc.returncode != 0:
-        status, detail = "error", f"the program exited with code {proc.returncode}"
-    return SandboxResult(status, proc.returncode, out.text(), err.text(), time.monotonic() - start, detail)
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
-def _kill_tree(pid: int) -> None:
+def _command_processes(supervisor: int) -> list[psutil.Process]:
+    """The command's processes: the supervisor's tree less the supervisor and its init (ours, trusted)."""
+    return [p for p in _tree(supervisor) if p.pid != supervisor and _ppid_of(p) != supervisor]
+
+
+def _ppid_of(p: psutil.Process) -> int | None:
     try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        procs = []
+        return p.ppid()
+    except psutil.Error:
+        return None
+
+
+def _private_rss(p: psutil.Process) -> int:
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for p in procs:
-        try:
+        mem = p.memory_info()
+        return mem.rss - getattr(mem, "shared", 0)
+    except psutil.Error:
+        return 0
+
+
+def _kill_everything(proc: subprocess.Popen, uid: int | None) -> None:
+    """SIGKILL every process the run started, until none is left, and reap the supervisor.
+
+    As root, init goes first: its death makes the kernel kill the whole pid namespace, and every process
+    of the sandbox uid is killed besides. Without root, the supervisor and init go last: while they live
+    they adopt orphans (child subreaper), so the tree the sweep walks stays complete.
+    """
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        tree = _tree(proc.pid)
+        victims = _command_processes(proc.pid)
+        if uid is not None:
+            victims = [p for p in tree if p.pid != proc.pid] + victims
+            victims += [p for p in psutil.process_iter() if _real_uid(p) == uid]
+        alive = [p for p in victims if _is_alive(p)]
+        if not alive:
+            break
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        if uid is not None:
+            _kill_uid(uid)
+        time.sleep(0.02)
+    for p in _tree(proc.pid):
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _is_alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _real_uid(p: psutil.Process) -> int | None:
+    try:
+        return p.uids().real
+    except psutil.Error:
+        return None
+
+
+def _kill_uid(uid: int) -> None:
+    """kill(-1, SIGKILL) as ``uid``: every process of that uid, in one pass of the kernel."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["kill", "-KILL", "-1"], user=uid, group=uid, extra_groups=[], timeout=5,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def _sandbox_uid() -> Iterator[int]:
+    """Reserve one of the sandbox uids for this run (a lock file per uid), free of leftover processes."""
+    lock_dir = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
+    lock_dir = lock_dir / "multigpu-course-sandbox"
+    lock_dir.mkdir(mode=0o700, exist_ok=True)
+    if lock_dir.is_symlink() or lock_dir.stat().st_uid != 0:
+        raise RuntimeError(f"{lock_dir} must be a directory owned by root; remove it and retry")
+    for slot in range(MAX_CONCURRENT):
+        fd = os.open(lock_dir / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            _kill_uid(SANDBOX_UID_BASE + slot)  # left by a grader that was itself killed
+            yield SANDBOX_UID_BASE + slot
+        finally:
+            os.close(fd)
+        return
+    raise RuntimeError(f"all {MAX_CONCURRENT} sandbox uids are in use: run fewer submissions in parallel")
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    os.chown(path, uid, uid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, uid)
+
+
+def _tasks_of_user() -> int:
+    """Tasks (processes and threads) the current user already has: RLIMIT_NPROC counts them too."""
+    me = os.getuid()
+    return sum(p.info["num_threads"] or 1 for p in psutil.process_iter(["uids", "num_threads"])
+               if p.info["uids"] and p.info["uids"].real == me)
+
+
+def _python_paths(argv: list[str], env: dict[str, str]) -> list[str]:
+    """Directories the command needs to read: the Python installation(s) and the program itself."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    program = argv[0] if os.sep in argv[0] else _which(argv[0], env.get("PATH", os.defpath))
+    if program:
+        paths.add(os.path.dirname(os.path.realpath(program)))
+    return sorted(paths)
+
+
+def _which(name: str, path: str) -> str | None:
+    for folder in path.split(os.pathsep):
+        candidate = os.path.join(folder, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _classify(returncode: int | None, stderr: str, setup: dict, limits: Limits) -> tuple[str, str]:
+    """Status and course-terms detail for a run that ended by itself (the evidence is its exit and stderr)."""
+    if "error" in setup:
+        return "error", f"the sandbox could not start the program: {setup['error']}"
+    if returncode == 0:
+        return "ok", "the program finished normally"
+    if returncode is None:
+        return "error", "the program was stopped before it reported an exit code"
+    if any(s in stderr for s in ("MemoryError", "can't allocate memory", "std::bad_alloc",
+                                 "Cannot allocate memory")):
+        return "out of memory", (f"a process ran out of memory (limit {_size(limits.memory_bytes)} per "
+                                 "process): use smaller per-rank batches, and do not keep every step's tensors.")
+    if returncode == -signal.SIGXFSZ or "File too large" in stderr:
+        return "file too large", (f"the program wrote a file larger than {_size(limits.file_size_bytes)}: "
+                                  "save only the model's state_dict, on rank 0 only.")
+    if returncode == -signal.SIGXCPU or "SIGXCPU" in stderr:
+        return "cpu limit", f"a process used more than {limits.cpu_s} s of CPU time and was stopped."
+    if "Resource temporarily unavailable" in stderr and "fork" in stderr.lower():
+        return "too many processes", (f"the program could not start more processes (limit "
+                                      f"{limits.max_processes}): do not start processes in a loop.")
+    if returncode < 0:
+        return "error", f"the program was killed by signal {signal.Signals(-returncode).name}"
+    return "error", f"the program exited with code {returncode}; its error output says why"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
+
+
+# ----------------------------------------------------------------------------------------------- child side
+# This runs as ``python -I sandbox.py CONFIG`` in the run's new session, as root when the grader is root.
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 8192, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _call(name: str, *args) -> None:
+    """A libc call that raises OSError on failure, e.g. ``_call("unshare", CLONE_NEWNET)``."""
+    if getattr(_libc(), name)(*args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{name}: {os.strerror(code)}")
+
+
+def _supervise(config: dict) -> int:
+    """Enter the namespaces, start init, wait for it; return the exit code to leave with."""
+    status = os.fdopen(config["status_fd"], "w", buffering=1)
+    os.set_inheritable(status.fileno(), False)  # the command never sees the trusted status channel
+    mechanisms, notes = ["own session"], []
+    namespaces = set()
+    if sys.platform == "linux" and config["uid"] is not None:
+        mechanisms.append(f"uid {config['uid']}")
+        wanted = [("mount", CLONE_NEWNS), ("pid", CLONE_NEWPID)]
+        if not config["limits"]["network"]:
+            wanted.append(("network", CLONE_NEWNET))
+        for name, flag in wanted:
+            try:
+                _call("unshare", flag)
+                namespaces.add(name)
+                mechanisms.append(f"{name} namespace")
+            except OSError as e:
+                notes.append(f"no {name} namespace ({e.strerror})")
+        if "network" in namespaces:
+            try:
+                _loopback_up()
+            except OSError as e:
+                notes.append(f"loopback not up in the network namespace ({e.strerror})")
+    elif sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            _call("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # double-forked escapees stay in our tree
+            mechanisms.append("child subreaper")
+    if not config["limits"]["network"] and "network" not in namespaces:
+        notes.append("network not contained: this needs root (or run the grader in a container)")
+    mechanisms.append("rlimits")
+    status.write(json.dumps({"mechanisms": mechanisms, "notes": notes}) + "\n")
+    supervisor = os.getpid()
+    init = os.fork()
+    if init == 0:
+        try:
+            os._exit(_init(config, namespaces, status, supervisor))
+        except BaseException as e:  # after fork, never unwind into the supervisor's code
+            print(f"sandbox: could not start the program: {e}", file=sys.stderr, flush=True)
+            os._exit(126)
+    status.close()
+    return os.waitstatus_to_exitcode(os.waitpid(init, 0)[1]) % 256
+
+
+def _init(config: dict, namespaces: set[str], status, supervisor: int) -> int:
+    """Process 1 of the pid namespace (or a subreaper without one): start the command, reap, report."""
+    if sys.platform == "linux":
+        _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the grader killed the supervisor
+        if os.getppid() not in (supervisor, 0):  # 0: our parent is outside our new pid namespace
+            return 1
+        _call("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if "mount" in namespaces:
+        _call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing below leaks to the host
+        if "pid" in namespaces:
+            _call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        for path in [*config["expose"], config["cwd"]]:
+            with contextlib.suppress(OSError):  # the command then fails to start and says why
+                _expose(path, config["uid"])
+    command = os.fork()
+    if command == 0:
+        try:
+            _exec_command(config)
+        finally:
+            os._exit(127)
+    returncode = None
+    while True:
+        try:
+            pid, wait_status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if pid == command:
+            returncode = os.waitstatus_to_exitcode(wait_status)
+            break
+    status.write(json.dumps({"returncode": returncode}) + "\n")
+    status.close()
+    if "pid" not in namespaces:  # with one, the kernel kills what is left when this init exits
+        _kill_children_until_none()
+    return 0
+
+
+def _kill_children_until_none() -> None:
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == os.getpid()]
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.01)
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _exec_command(config: dict) -> None:
+    """In the command's process: limits, identity, then exec. Setup errors go to stderr, exit 127."""
+    limits = config["limits"]
+    try:
+        os.chdir(config["cwd"])
+        for name, soft, hard in [("RLIMIT_DATA", limits["memory_bytes"], limits["memory_bytes"]),
+                                 ("RLIMIT_NPROC", config["nproc"], config["nproc"]),
+                                 ("RLIMIT_FSIZE", limits["file_size_bytes"], limits["file_size_bytes"]),
+                                 ("RLIMIT_CPU", limits["cpu_s"], limits["cpu_s"] + 5),
+                                 ("RLIMIT_CORE", 0, 0)]:
+            if hasattr(resource, name):
+                resource.setrlimit(getattr(resource, name), (soft, hard))
+        if sys.platform == "linux":
+            _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if config["uid"] is not None:
+            os.setgroups([])
+            os.setresgid(config["uid"], config["uid"], config["uid"])
+            os.setresuid(config["uid"], config["uid"], config["uid"])
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        os.execvp(config["argv"][0], config["argv"])
+    except OSError as e:
+        print(f"sandbox: cannot run {config['argv'][0]!r}: {e}", file=sys.stderr, flush=True)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _expose(path: str, uid: int | None) -> None:
+    """Make ``path`` reachable for ``uid`` if an ancestor directory is private (``/root`` is 0700).
+
+    In our private mount namespace only: the private ancestor is covered by an empty tmpfs, and the one
+    entry on the way to ``path`` is bind-mounted back into it; the rest of the private directory stays hidden.
+    """
+    parts = Path(path).parts
+    for depth in range(1, len(parts) - 1):
+        private = Path(*parts[:depth + 1])
+        st = private.stat()
+        if st.st_mode & 0o001 or st.st_uid == uid:
+            continue
+        entry = private / parts[depth + 1]
+        is_dir = entry.is_dir()
+        staging = tempfile.mkdtemp(prefix="sandbox-expose-")
+        _call("mount", str(entry).encode(), staging.encode(), None, MS_BIND | MS_REC, None)
+        _call("mount", b"tmpfs", str(private).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=64k")
+        (entry.mkdir if is_dir else entry.touch)()
+        _call("mount", staging.encode(), str(entry).encode(), None, MS_MOVE, None)
+        os.rmdir(staging)
+        return
+
+
+if __name__ == "__main__":
+    sys.exit(_supervise(json.loads(sys.argv[1])))
