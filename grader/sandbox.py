@@ -83,7 +83,7 @@ class SandboxResult:
     """How a sandboxed run ended."""
 
     status: str  # one of STATUSES
-    returncode: int | None  # exit code of the command; -N if signal N ended it; None if it was stopped
+    returncode: int | None  # exit code of the command; -N if signal N ended it; None if the sandbox stopped it
     stdout: str  # at most Limits.output_bytes, with a marker saying how much was dropped
     stderr: str
     elapsed_s: float
@@ -147,7 +147,7 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
         _kill_everything(proc, uid)
     reports = status_lines.result()
     setup = reports[0] if reports else {}
-    returncode = reports[-1].get("returncode") if len(reports) > 1 else None
+    returncode = reports[-1].get("returncode") if len(reports) > 1 and not breach else None
     stdout, stderr = out.text(), err.text()
     status, detail = breach or _classify(returncode, stderr, setup, limits)
     notes = setup.get("notes", [])
@@ -267,28 +267,38 @@ def _kill_everything(proc: subprocess.Popen, uid: int | None) -> None:
     of the sandbox uid is killed besides. Without root, the supervisor and init go last: while they live
     they adopt orphans (child subreaper), so the tree the sweep walks stays complete.
     """
+    interrupted = False  # a second Ctrl-C must not cut the cleanup short
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
-        tree = _tree(proc.pid)
-        victims = _command_processes(proc.pid)
-        if uid is not None:
-            victims = [p for p in tree if p.pid != proc.pid] + victims
-            victims += [p for p in psutil.process_iter() if _real_uid(p) == uid]
-        alive = [p for p in victims if _is_alive(p)]
-        if not alive:
-            break
-        for p in alive:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        if uid is not None:
-            _kill_uid(uid)
-        time.sleep(0.02)
+        try:
+            if not _kill_round(proc, uid):
+                break
+            time.sleep(0.02)
+        except KeyboardInterrupt:
+            interrupted = True
     for p in _tree(proc.pid):
         with contextlib.suppress(psutil.Error):
             p.kill()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+def _kill_round(proc: subprocess.Popen, uid: int | None) -> bool:
+    """SIGKILL what is alive now; False if nothing was."""
+    victims = _command_processes(proc.pid)
+    if uid is not None:
+        victims = [p for p in _tree(proc.pid) if p.pid != proc.pid] + victims
+        victims += [p for p in psutil.process_iter() if _real_uid(p) == uid]
+    alive = [p for p in victims if _is_alive(p)]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    if alive and uid is not None:
+        _kill_uid(uid)
+    return bool(alive)
 
 
 def _is_alive(p: psutil.Process) -> bool:
@@ -552,7 +562,7 @@ def _loopback_up() -> None:
 def _expose(path: str, uid: int | None) -> None:
     """Make ``path`` reachable for ``uid`` if an ancestor directory is private (``/root`` is 0700).
 
-    In our private mount namespace only: the private ancestor is covered by an empty tmpfs, and the one
+    In our private mount namespace only: each private ancestor is covered by an empty tmpfs, and the one
     entry on the way to ``path`` is bind-mounted back into it; the rest of the private directory stays hidden.
     """
     parts = Path(path).parts
@@ -569,7 +579,6 @@ def _expose(path: str, uid: int | None) -> None:
         (entry.mkdir if is_dir else entry.touch)()
         _call("mount", staging.encode(), str(entry).encode(), None, MS_MOVE, None)
         os.rmdir(staging)
-        return
 
 
 if __name__ == "__main__":

@@ -1,0 +1,207 @@
+"""grader.sandbox: hostile programs are contained, stopped with the right status, and leave nothing behind.
+
+Each program in tests/sandbox_programs/ attacks one limit. The limits here are small so that a containment
+bug cannot take the (shared) machine down: a fork bomb gets 8 processes and 5 s, a memory bomb 512 MiB.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from grader import sandbox
+from grader.sandbox import Limits, SandboxResult, run
+
+pytestmark = pytest.mark.unit6
+
+PROGRAMS = Path(__file__).parent / "sandbox_programs"
+AS_ROOT = sys.platform == "linux" and os.geteuid() == 0
+needs_root = pytest.mark.skipif(not AS_ROOT, reason="the strong containment (uid, namespaces) needs root")
+ISOLATIONS = ["auto", pytest.param("process-tree", marks=needs_root)] if AS_ROOT else ["auto"]
+
+
+def leftovers(program: str) -> list[psutil.Process]:
+    """Live processes still running ``program`` (forks keep their parent's command line)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(program in a for a in proc.info["cmdline"] or ()):
+            found.append(proc)
+    return found
+
+
+def run_program(name: str, *args: str, cwd: Path, isolation: str = "auto", **limits) -> SandboxResult:
+    """Run tests/sandbox_programs/<name> sandboxed, then check that none of its processes is left."""
+    program = str(PROGRAMS / name)
+    result = run([sys.executable, program, *args], cwd=cwd, env=dict(os.environ), limits=Limits(**limits),
+                 isolation=isolation)
+    assert leftovers(program) == [], f"{name} left processes behind"
+    assert psutil.Process().children(recursive=True) == []
+    assert result.status in sandbox.STATUSES
+    return result
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_well_behaved_program_runs_with_its_output_intact(tmp_path, isolation):
+    result = run_program("well_behaved.py", cwd=tmp_path, isolation=isolation)
+    assert (result.status, result.returncode) == ("ok", 0), result
+    assert result.stdout == "step 0 loss 1.000\nstep 1 loss 0.500\nstep 2 loss 0.333\né ünïcode survives\n"
+    assert result.stderr == "a warning on stderr\n"
+    assert (tmp_path / "checkpoint.txt").read_text() == "weights"
+
+
+def test_a_failing_program_is_an_error_with_its_exit_code(tmp_path):
+    result = run([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=dict(os.environ))
+    assert (result.status, result.returncode) == ("error", 3)
+    assert "code 3" in result.detail
+
+
+def test_a_missing_program_is_an_error_that_says_so(tmp_path):
+    result = run(["no-such-program-anywhere"], cwd=tmp_path, env=dict(os.environ))
+    assert result.status == "error"
+    assert "cannot run 'no-such-program-anywhere'" in result.stderr
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_an_infinite_loop_times_out_fast(tmp_path, isolation):
+    result = run_program("infinite_loop.py", cwd=tmp_path, isolation=isolation, wall_s=2)
+    assert result.status == "timeout"
+    assert result.returncode is None
+    assert 2 <= result.elapsed_s < 10
+    assert "2 s" in result.detail
+
+
+def test_a_memory_bomb_runs_out_of_memory_at_the_per_process_limit(tmp_path):
+    result = run_program("memory_bomb.py", cwd=tmp_path, memory_bytes=512 * 2**20, wall_s=30)
+    assert result.status == "out of memory", result
+    assert "MemoryError" in result.stderr
+    assert "512 MiB" in result.detail
+
+
+def test_the_watchdog_stops_memory_growth_over_the_total_limit(tmp_path):
+    result = run_program("memory_bomb.py", "0.02", cwd=tmp_path, memory_bytes=2**30,
+                         memory_total_bytes=256 * 2**20, wall_s=30)
+    assert result.status == "out of memory", result
+    assert "together" in result.detail
+
+
+@needs_root
+def test_a_fork_bomb_is_contained_and_every_process_is_gone(tmp_path):
+    before = len(psutil.pids())
+    result = run_program("fork_bomb.py", cwd=tmp_path, max_processes=8, max_threads=16, wall_s=5)
+    assert result.status == "too many processes", result
+    assert result.elapsed_s < 5
+    assert len(psutil.pids()) < before + 16  # other engineers' processes come and go meanwhile
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_output_flooding_is_truncated_and_stopped(tmp_path, isolation):
+    result = run_program("output_flood.py", cwd=tmp_path, isolation=isolation, output_bytes=4096,
+                         max_output_bytes=2**20, wall_s=20)
+    assert result.status == "output limit", result
+    for stream in (result.stdout, result.stderr):
+        assert len(stream.encode()) < 4096 + 200
+        assert stream.startswith("flood flood")
+        assert "bytes of output dropped here]" in stream
+
+
+def test_output_past_the_kept_size_is_dropped_but_the_run_is_ok(tmp_path):
+    code = "print('head'); print('x' * 100000); print('the end')"
+    result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits(output_bytes=1000))
+    assert result.status == "ok"
+    assert result.stdout.startswith("head\nxxx")
+    assert result.stdout.endswith("xxx\nthe end\n")  # the tail is kept: that is where tracebacks are
+    dropped = int(result.stdout.split("[sandbox: ")[1].split()[0])
+    assert dropped == len("head\n") + 100001 + len("the end\n") - 1000
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_setsid_escapee_is_killed(tmp_path, isolation):
+    result = run_program("setsid_escapee.py", cwd=tmp_path, isolation=isolation, wall_s=20)
+    assert (result.status, result.stdout) == ("ok", "escaped\n"), result
+
+
+@needs_root
+def test_network_beyond_loopback_is_unreachable_but_loopback_works(tmp_path):
+    result = run_program("network_probe.py", cwd=tmp_path, wall_s=20)
+    assert result.status == "ok", result
+    assert "network namespace" in result.mechanisms
+    assert result.stdout.splitlines() == ["loopback: connected", "outside: OSError"]
+
+
+def test_a_file_size_bomb_is_stopped_at_the_file_size_limit(tmp_path):
+    result = run_program("file_size_bomb.py", cwd=tmp_path, file_size_bytes=8 * 2**20, wall_s=20)
+    assert result.status == "file too large", result
+    assert (tmp_path / "huge.bin").stat().st_size == 8 * 2**20
+
+
+def test_cpu_time_is_limited_per_process(tmp_path):
+    result = run_program("infinite_loop.py", cwd=tmp_path, cpu_s=1, wall_s=30)
+    assert result.status == "cpu limit", result
+
+
+@needs_root
+def test_the_command_runs_as_an_unprivileged_uid_that_cannot_read_private_files(tmp_path):
+    folder = Path(tempfile.mkdtemp())  # reachable (0755), unlike pytest's tmp_path parents, which are 0700
+    try:
+        folder.chmod(0o755)
+        secret = folder / "answers.txt"
+        secret.write_text("answers")
+        secret.chmod(0o600)
+        code = f"import os; print(os.getuid()); open({str(secret)!r}).read()"
+        result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ))
+    finally:
+        shutil.rmtree(folder)
+    uid = int(result.stdout.split()[0])
+    assert uid >= sandbox.SANDBOX_UID_BASE and f"uid {uid}" in result.mechanisms
+    assert result.status == "error" and "PermissionError" in result.stderr, result
+
+
+def test_the_result_channel_fd_is_passed_and_the_sandbox_status_fd_is_not(tmp_path):
+    read_end, write_end = os.pipe()
+    code = (f"import os; os.write({write_end}, b'trusted'); "
+            "print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
+    result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), pass_fds=(write_end,))
+    os.close(write_end)
+    assert os.read(read_end, 100) == b"trusted"
+    os.close(read_end)
+    assert result.status == "ok", result
+    assert set(eval(result.stdout)) - {0, 1, 2, 3, write_end} == set()  # 3: the listdir's own fd
+
+
+def test_keyboard_interrupt_in_the_grader_kills_the_run(tmp_path, monkeypatch):
+    program = str(PROGRAMS / "setsid_escapee.py")
+    code = f"import runpy, time\ntry:\n    runpy.run_path({program!r})\nexcept SystemExit:\n    time.sleep(60)"
+    real_sleep = time.sleep
+
+    def interrupted_sleep(seconds):
+        if len(leftovers(program)) >= 2:  # the run is under way and its escapee out of the process group
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(sandbox.time, "sleep", interrupted_sleep)
+    with pytest.raises(KeyboardInterrupt):
+        run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits(wall_s=30))
+    monkeypatch.undo()
+    assert leftovers(program) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_two_rank_torchrun_gloo_job_works_inside(tmp_path):
+    program = str(PROGRAMS / "gloo_allreduce.py")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", program]
+    result = run(argv, cwd=tmp_path, env=dict(os.environ), limits=Limits(wall_s=150))
+    assert result.status == "ok", result
+    assert sorted(result.stdout.splitlines()) == ["rank 0 of 2: sum 1", "rank 1 of 2: sum 1"]
+    assert leftovers(program) == []
+
+
+def test_bad_arguments_are_rejected_clearly(tmp_path):
+    with pytest.raises(ValueError, match="existing directory"):
+        run(["true"], cwd=tmp_path / "missing", env={})
+    with pytest.raises(ValueError, match="isolation"):
+        run(["true"], cwd=tmp_path, env={}, isolation="docker")
