@@ -11,10 +11,12 @@ How, as root (the grading server, Gradescope, CI):
   command cannot signal or ptrace the grader, read its 0700 files, or gain privileges (no_new_privs);
   RLIMIT_NPROC then counts only the sandbox's own tasks, and "every process of that uid" is a complete
   kill list even for processes that double-forked out of the session;
-* new pid, mount and network namespaces: the pid namespace's init is ours, and when it ends the kernel
+* new pid, mount, IPC and network namespaces: the pid namespace's init is ours, and when it ends the kernel
   kills every process inside, escapees included; the network namespace has only ``lo`` (up), so gloo and
   torchrun rendezvous on 127.0.0.1 work and nothing else is reachable; the mount namespace mounts a
   private ``/proc`` and exposes the Python installation if it lives under a private directory (``/root``);
+* ``cwd`` belongs to the sandbox uid during the run and to its owner again afterwards; what the uid left in
+  /tmp, /var/tmp and /dev/shm is deleted, so one submission cannot leave anything for the next;
 * rlimits on every process: RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE, RLIMIT_CPU, no cores;
 * a watchdog here that samples the process tree: wall clock, total memory, process count, output volume.
 
@@ -41,6 +43,7 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import struct
@@ -60,6 +63,7 @@ STATUSES = ("ok", "error", "timeout", "out of memory", "too many processes", "ou
 SANDBOX_UID_BASE = 730_000  # uids SANDBOX_UID_BASE .. +MAX_CONCURRENT-1 are reserved for sandboxed runs
 MAX_CONCURRENT = 64  # sandboxed runs at once on one machine (one uid each)
 _POLL_S = (0.02, 0.25)  # watchdog sampling period: fast at the start (bombs), then cheap (~5 ms a sample)
+_MEMORY_TOTAL = min(12 * 2**30, int(0.6 * psutil.virtual_memory().total))
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -69,7 +73,8 @@ class Limits:
 
     wall_s: float = 120.0  # whole run, every process it started
     memory_bytes: int = 3 * 2**30  # per process heap + private writable memory (RLIMIT_DATA, see module doc)
-    memory_total_bytes: int = 12 * 2**30  # private resident memory of all processes together (watchdog)
+    memory_total_bytes: int = _MEMORY_TOTAL  # resident memory of all processes together (watchdog): 12 GiB
+    # or 60% of this machine's memory, whichever is less
     max_processes: int = 64  # processes alive at once in the sandbox (watchdog; RLIMIT_NPROC backs it)
     max_threads: int = 1024  # tasks (processes + threads) at once: RLIMIT_NPROC, which the kernel counts so
     file_size_bytes: int = 64 * 2**20  # largest file a process may write (RLIMIT_FSIZE)
@@ -126,8 +131,18 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
     start = time.monotonic()
     env = dict(env)
     if uid is not None:
-        _chown_tree(cwd, uid)
+        owner = cwd.stat()
+        _chown_tree(cwd, uid, uid)
         env.update(HOME=str(cwd), USER="sandbox", LOGNAME="sandbox")
+    try:
+        return _supervised(argv, cwd, env, limits, pass_fds, uid, start)
+    finally:
+        if uid is not None:  # the grader owns what the run left (its checkpoint), the sandbox uid nothing
+            _chown_tree(cwd, owner.st_uid, owner.st_gid)
+
+
+def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
+                uid: int | None, start: float) -> SandboxResult:
     status_r, status_w = os.pipe()
     config = {"argv": list(argv), "cwd": str(cwd), "uid": uid, "status_fd": status_w, "limits": asdict(limits),
               "nproc": limits.max_threads + (0 if uid is not None else _tasks_of_user()),
@@ -136,6 +151,9 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
         proc = subprocess.Popen([sys.executable, "-I", __file__, json.dumps(config)], cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, pass_fds=(*pass_fds, status_w))
+    except BaseException:
+        os.close(status_r)
+        raise
     finally:
         os.close(status_w)
     status_lines = _Lines(os.fdopen(status_r, "rb"))
@@ -172,6 +190,10 @@ class _Capped:
         self._thread.start()
 
     def _drain(self) -> None:
+        with self._pipe:
+            self._read_all()
+
+    def _read_all(self) -> None:
         while chunk := self._pipe.read1(65536):
             self.total += len(chunk)
             room = self._head_limit - len(self._head)
@@ -352,20 +374,41 @@ def _sandbox_uid() -> Iterator[int]:
         except BlockingIOError:
             os.close(fd)
             continue
+        uid = SANDBOX_UID_BASE + slot
         try:
-            _kill_uid(SANDBOX_UID_BASE + slot)  # left by a grader that was itself killed
-            yield SANDBOX_UID_BASE + slot
+            _kill_uid(uid)  # left by a grader that was itself killed
+            _remove_files_of(uid)
+            yield uid
         finally:
+            _remove_files_of(uid)
             os.close(fd)
         return
     raise RuntimeError(f"all {MAX_CONCURRENT} sandbox uids are in use: run fewer submissions in parallel")
 
 
-def _chown_tree(path: Path, uid: int) -> None:
-    os.chown(path, uid, uid)
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    """chown ``path`` and everything in it, never following symlinks nor touching hard-linked files."""
+    os.chown(path, uid, gid)
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
-            os.lchown(os.path.join(root, name), uid, uid)
+            entry = os.path.join(root, name)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.isdir(entry) or os.lstat(entry).st_nlink == 1:
+                    os.lchown(entry, uid, gid)
+
+
+def _remove_files_of(uid: int) -> None:
+    """Delete what ``uid`` left in the world-writable directories, so the next run with it starts clean."""
+    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(shared):
+                with contextlib.suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, ignore_errors=True)
+                    else:
+                        os.unlink(entry.path)
 
 
 def _tasks_of_user() -> int:
@@ -399,7 +442,7 @@ def _classify(returncode: int | None, stderr: str, setup: dict, limits: Limits) 
     if returncode == 0:
         return "ok", "the program finished normally"
     if returncode is None:
-        return "error", "the program was stopped before it reported an exit code"
+        return "error", "the sandbox could not start the program or report its exit: its error output says why"
     if any(s in stderr for s in ("MemoryError", "can't allocate memory", "std::bad_alloc",
                                  "Cannot allocate memory")):
         return "out of memory", (f"a process ran out of memory (limit {_size(limits.memory_bytes)} per "
@@ -423,7 +466,7 @@ def _size(n: int) -> str:
 
 # ----------------------------------------------------------------------------------------------- child side
 # This runs as ``python -I sandbox.py CONFIG`` in the run's new session, as root when the grader is root.
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 8192, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -448,7 +491,7 @@ def _supervise(config: dict) -> int:
     namespaces = set()
     if sys.platform == "linux" and config["uid"] is not None:
         mechanisms.append(f"uid {config['uid']}")
-        wanted = [("mount", CLONE_NEWNS), ("pid", CLONE_NEWPID)]
+        wanted = [("mount", CLONE_NEWNS), ("pid", CLONE_NEWPID), ("ipc", CLONE_NEWIPC)]
         if not config["limits"]["network"]:
             wanted.append(("network", CLONE_NEWNET))
         for name, flag in wanted:

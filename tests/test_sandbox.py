@@ -25,23 +25,37 @@ needs_root = pytest.mark.skipif(not AS_ROOT, reason="the strong containment (uid
 ISOLATIONS = ["auto", pytest.param("process-tree", marks=needs_root)] if AS_ROOT else ["auto"]
 
 
-def leftovers(program: str) -> list[psutil.Process]:
-    """Live processes still running ``program`` (forks keep their parent's command line)."""
+def leftovers(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``marker`` (forks keep their parent's command line)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(program in a for a in proc.info["cmdline"] or ()):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.info["cmdline"] or ()):
             found.append(proc)
     return found
 
 
-def run_program(name: str, *args: str, cwd: Path, isolation: str = "auto", **limits) -> SandboxResult:
-    """Run tests/sandbox_programs/<name> sandboxed, then check that none of its processes is left."""
-    program = str(PROGRAMS / name)
-    result = run([sys.executable, program, *args], cwd=cwd, env=dict(os.environ), limits=Limits(**limits),
+def sandboxed(argv: list[str], cwd: Path, isolation: str = "auto", pass_fds: tuple[int, ...] = (),
+              **limits) -> SandboxResult:
+    """``run`` with test defaults, then check that nothing the run started is alive."""
+    result = run(argv, cwd=cwd, env=dict(os.environ), limits=Limits(**limits), pass_fds=pass_fds,
                  isolation=isolation)
-    assert leftovers(program) == [], f"{name} left processes behind"
-    assert psutil.Process().children(recursive=True) == []
+    returned = time.time()
     assert result.status in sandbox.STATUSES
+    assert psutil.Process().children(recursive=True) == []
+    assert leftovers(argv[-1]) == [], f"{argv[-1]} left processes behind"
+    uids = [int(m.split()[1]) for m in result.mechanisms if m.startswith("uid ")]
+    for proc in psutil.process_iter(["uids", "status", "create_time"]):
+        # Processes a concurrent run (another test session) started later under the same uid are not ours.
+        if proc.info["uids"] and proc.info["uids"].real in uids and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            assert proc.info["create_time"] > returned - 0.05, f"{proc} of the sandbox uid is still alive"
+    return result
+
+
+def run_program(name: str, *args: str, cwd: Path, isolation: str = "auto", **limits) -> SandboxResult:
+    """Run tests/sandbox_programs/<name> sandboxed (a hostile program's own leftovers are checked too)."""
+    program = str(PROGRAMS / name)
+    result = sandboxed([sys.executable, program, *args], cwd, isolation, **limits)
+    assert leftovers(program) == [], f"{name} left processes behind"
     return result
 
 
@@ -55,13 +69,13 @@ def test_a_well_behaved_program_runs_with_its_output_intact(tmp_path, isolation)
 
 
 def test_a_failing_program_is_an_error_with_its_exit_code(tmp_path):
-    result = run([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=dict(os.environ))
+    result = sandboxed([sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
     assert (result.status, result.returncode) == ("error", 3)
     assert "code 3" in result.detail
 
 
 def test_a_missing_program_is_an_error_that_says_so(tmp_path):
-    result = run(["no-such-program-anywhere"], cwd=tmp_path, env=dict(os.environ))
+    result = sandboxed(["no-such-program-anywhere"], tmp_path)
     assert result.status == "error"
     assert "cannot run 'no-such-program-anywhere'" in result.stderr
 
@@ -111,7 +125,7 @@ def test_output_flooding_is_truncated_and_stopped(tmp_path, isolation):
 
 def test_output_past_the_kept_size_is_dropped_but_the_run_is_ok(tmp_path):
     code = "print('head'); print('x' * 100000); print('the end')"
-    result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits(output_bytes=1000))
+    result = sandboxed([sys.executable, "-c", code], tmp_path, output_bytes=1000)
     assert result.status == "ok"
     assert result.stdout.startswith("head\nxxx")
     assert result.stdout.endswith("xxx\nthe end\n")  # the tail is kept: that is where tracebacks are
@@ -153,7 +167,7 @@ def test_the_command_runs_as_an_unprivileged_uid_that_cannot_read_private_files(
         secret.write_text("answers")
         secret.chmod(0o600)
         code = f"import os; print(os.getuid()); open({str(secret)!r}).read()"
-        result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ))
+        result = sandboxed([sys.executable, "-c", code], tmp_path)
     finally:
         shutil.rmtree(folder)
     uid = int(result.stdout.split()[0])
@@ -165,7 +179,7 @@ def test_the_result_channel_fd_is_passed_and_the_sandbox_status_fd_is_not(tmp_pa
     read_end, write_end = os.pipe()
     code = (f"import os; os.write({write_end}, b'trusted'); "
             "print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
-    result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), pass_fds=(write_end,))
+    result = sandboxed([sys.executable, "-c", code], tmp_path, pass_fds=(write_end,))
     os.close(write_end)
     assert os.read(read_end, 100) == b"trusted"
     os.close(read_end)
@@ -194,10 +208,22 @@ def test_keyboard_interrupt_in_the_grader_kills_the_run(tmp_path, monkeypatch):
 def test_a_two_rank_torchrun_gloo_job_works_inside(tmp_path):
     program = str(PROGRAMS / "gloo_allreduce.py")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", program]
-    result = run(argv, cwd=tmp_path, env=dict(os.environ), limits=Limits(wall_s=150))
+    result = sandboxed(argv, tmp_path, wall_s=150)
     assert result.status == "ok", result
     assert sorted(result.stdout.splitlines()) == ["rank 0 of 2: sum 1", "rank 1 of 2: sum 1"]
     assert leftovers(program) == []
+
+
+@needs_root
+def test_the_grader_owns_the_working_dir_afterwards_and_nothing_is_left_in_tmp(tmp_path):
+    marker = f"left-by-sandbox-test-{os.getpid()}"
+    code = (f"import os; open('checkpoint.pt', 'w').write('w'); open('/tmp/{marker}', 'w').write('for the next');"
+            f"os.mkdir('/dev/shm/{marker}'); print(os.stat('.').st_uid)")
+    result = sandboxed([sys.executable, "-c", code], tmp_path)
+    assert result.status == "ok", result
+    assert int(result.stdout) >= sandbox.SANDBOX_UID_BASE
+    assert tmp_path.stat().st_uid == os.getuid() and (tmp_path / "checkpoint.pt").stat().st_uid == os.getuid()
+    assert not Path(f"/tmp/{marker}").exists() and not Path(f"/dev/shm/{marker}").exists()
 
 
 def test_bad_arguments_are_rejected_clearly(tmp_path):
