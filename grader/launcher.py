@@ -1,0 +1,155 @@
+"""Start the ranks of a graded run the way torchrun does, and watch them.
+
+``python -m grader.launcher --nproc 4 SCRIPT`` runs inside the sandbox. It gives each rank torchrun's
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``, ...) and starts ``python -m grader.harness SCRIPT``, so the script sees exactly what
+``torchrun --nproc_per_node=4 SCRIPT`` would give it. Unlike torchrun it keeps every rank in the sandbox's
+session, hands each rank its own record pipe and key (torchrun's workers cannot inherit descriptors), keeps
+the first bytes of each rank's output and counts the rest, and names ranks: if a rank fails the others are
+stopped (``crash on rank k``); if some ranks finish and others do not follow within ``--straggler-s``,
+those are stopped as hung (``hang on rank k``). Its own records (exit code, output size, a tail of
+stderr per rank) go to the grader through the same signed channel. Used by the grader of notebook 06.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from grader import channel
+from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
+
+OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to the grader
+STDERR_TAIL_BYTES = 4 * 1024
+
+
+class _Output:
+    """Drains one rank's stream: keeps a head and a tail, counts every byte."""
+
+    def __init__(self, stream) -> None:
+        self.total, self.head, self.tail = 0, bytearray(), bytearray()
+        self._stream = stream
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        with self._stream:
+            while chunk := self._stream.read1(65536):
+                self.total += len(chunk)
+                if len(self.head) < OUTPUT_HEAD_BYTES:
+                    self.head += chunk[:OUTPUT_HEAD_BYTES - len(self.head)]
+                self.tail = (self.tail + chunk)[-STDERR_TAIL_BYTES:]
+
+    def text(self) -> str:
+        self.thread.join(timeout=2.0)
+        text = self.head.decode("utf-8", "replace")
+        if self.total > len(self.head):
+            dropped = self.total - len(self.head) - len(self.tail)
+            if dropped > 0:
+                text += f"\n[... {dropped} bytes dropped ...]\n"
+            text += self.tail[-max(0, self.total - len(self.head)):].decode("utf-8", "replace")
+        return text
+
+
+def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
+    """Forward one rank's record lines, whole, to the grader's pipe (the grader checks signatures)."""
+    with stream:
+        for line in stream:
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with lock:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(writer_fd, view):]
+
+
+def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
+               WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_WORLD_SIZE="1",
+               ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="grader",
+               TORCHELASTIC_USE_AGENT_STORE="False", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process per node
+    return env
+
+
+def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, straggler_s: float) -> int:
+    """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
+    from course.launch import free_port
+
+    writer, lock = channel.Writer(record_fd, key), threading.Lock()
+    port, procs, outs, errs, relays = free_port(), [], [], [], []
+    for rank in range(nproc):
+        read_fd, write_fd = os.pipe()
+        key_fd = channel.key_pipe(key)
+        env = _rank_env(rank, nproc, port)
+        env.update({KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(write_fd), SEED_ENV: str(seed)})
+        proc = subprocess.Popen([sys.executable, "-m", "grader.harness", script], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=(key_fd, write_fd))
+        os.close(key_fd)
+        os.close(write_fd)
+        relay = threading.Thread(target=_relay, args=(os.fdopen(read_fd, "rb"), record_fd, lock), daemon=True)
+        relay.start()
+        procs.append(proc)
+        outs.append(_Output(proc.stdout))
+        errs.append(_Output(proc.stderr))
+        relays.append(relay)
+    stopped = _wait(procs, straggler_s)
+    for relay in relays:
+        relay.join(timeout=5.0)
+    for rank, proc in enumerate(procs):
+        writer.write({"kind": "rank_exit", "rank": rank, "returncode": proc.returncode,
+                      "stopped": stopped.get(rank), "stdout_bytes": outs[rank].total,
+                      "stderr_bytes": errs[rank].total, "stdout": outs[rank].text(),
+                      "stderr": errs[rank].text()})
+    return 0 if all(p.returncode == 0 for p in procs) else 1
+
+
+def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:
+    """Wait for the ranks; stop the others when one fails or when stragglers outlive ``straggler_s``."""
+    stopped: dict[int, str] = {}
+    first_done = None
+    while any(p.poll() is None for p in procs):
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            reason = f"stopped after rank {failed[0]} failed"
+        elif first_done is None and any(c == 0 for c in codes):
+            first_done, reason = time.monotonic(), None
+        elif first_done is not None and time.monotonic() - first_done > straggler_s:
+            reason = "hang"
+        else:
+            reason = None
+        if reason:
+            for rank, proc in enumerate(procs):
+                if proc.poll() is None:
+                    stopped[rank] = reason
+                    proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    for proc in procs:
+        proc.wait()
+    return stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader.launcher")
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--straggler-s", type=float, default=20.0)
+    parser.add_argument("script")
+    args = parser.parse_args(argv)
+    key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
+    record_fd = int(os.environ.pop(RECORD_FD_ENV))
+    seed = int(os.environ.pop(SEED_ENV, "0"))
+    return launch(args.script, args.nproc, record_fd, key, seed, args.straggler_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
