@@ -146,7 +146,7 @@ def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits,
     status_r, status_w = os.pipe()
     config = {"argv": list(argv), "cwd": str(cwd), "uid": uid, "status_fd": status_w, "limits": asdict(limits),
               "nproc": limits.max_threads + (0 if uid is not None else _tasks_of_user()),
-              "expose": _python_paths(argv, env)}
+              "expose": _needed_paths(argv, env, cwd)}
     try:
         proc = subprocess.Popen([sys.executable, "-I", __file__, json.dumps(config)], cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -418,13 +418,13 @@ def _tasks_of_user() -> int:
                if p.info["uids"] and p.info["uids"].real == me)
 
 
-def _python_paths(argv: list[str], env: dict[str, str]) -> list[str]:
-    """Directories the command needs to read: the Python installation(s) and the program itself."""
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+def _needed_paths(argv: list[str], env: dict[str, str], cwd: Path) -> list[str]:
+    """What the command must reach: ``cwd``, the Python installation, what the grader imports, the program."""
+    paths = {str(cwd), sys.base_prefix, sys.prefix, *sys.path, *env.get("PYTHONPATH", "").split(os.pathsep)}
     program = argv[0] if os.sep in argv[0] else _which(argv[0], env.get("PATH", os.defpath))
     if program:
-        paths.add(os.path.dirname(os.path.realpath(program)))
-    return sorted(paths)
+        paths.add(os.path.dirname(program))
+    return sorted({os.path.realpath(p) for p in paths if p and os.path.isabs(p) and os.path.exists(p)})
 
 
 def _which(name: str, path: str) -> str | None:
@@ -537,9 +537,8 @@ def _init(config: dict, namespaces: set[str], status, supervisor: int) -> int:
         _call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing below leaks to the host
         if "pid" in namespaces:
             _call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        for path in [*config["expose"], config["cwd"]]:
-            with contextlib.suppress(OSError):  # the command then fails to start and says why
-                _expose(path, config["uid"])
+        with contextlib.suppress(OSError):  # the command then fails to start and says why
+            _expose(config["expose"], config["uid"])
     command = os.fork()
     if command == 0:
         try:
@@ -578,28 +577,41 @@ def _kill_children_until_none() -> None:
 
 
 def _exec_command(config: dict) -> None:
-    """In the command's process: limits, identity, then exec. Setup errors go to stderr, exit 127."""
+    """In the command's process: limits, identity, then exec. Setup errors go to stderr (exit 127)."""
     limits = config["limits"]
     try:
         os.chdir(config["cwd"])
-        for name, soft, hard in [("RLIMIT_DATA", limits["memory_bytes"], limits["memory_bytes"]),
-                                 ("RLIMIT_NPROC", config["nproc"], config["nproc"]),
-                                 ("RLIMIT_FSIZE", limits["file_size_bytes"], limits["file_size_bytes"]),
-                                 ("RLIMIT_CPU", limits["cpu_s"], limits["cpu_s"] + 5),
-                                 ("RLIMIT_CORE", 0, 0)]:
-            if hasattr(resource, name):
-                resource.setrlimit(getattr(resource, name), (soft, hard))
+        _lower_limit("RLIMIT_DATA", limits["memory_bytes"], limits["memory_bytes"])
+        _lower_limit("RLIMIT_NPROC", config["nproc"], config["nproc"])
+        _lower_limit("RLIMIT_FSIZE", limits["file_size_bytes"], limits["file_size_bytes"])
+        _lower_limit("RLIMIT_CPU", limits["cpu_s"], limits["cpu_s"] + 5)  # SIGXCPU first, SIGKILL 5 s later
+        _lower_limit("RLIMIT_CORE", 0, 0)
         if sys.platform == "linux":
-            _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+            _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # setuid programs (su, ping) gain nothing
         if config["uid"] is not None:
             os.setgroups([])
             os.setresgid(config["uid"], config["uid"], config["uid"])
             os.setresuid(config["uid"], config["uid"], config["uid"])
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # Python ignores these; the command gets the defaults
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    except Exception as e:
+        print(f"sandbox: could not prepare the program's process: {e!r}", file=sys.stderr, flush=True)
+        return
+    try:
         os.execvp(config["argv"][0], config["argv"])
     except OSError as e:
         print(f"sandbox: cannot run {config['argv'][0]!r}: {e}", file=sys.stderr, flush=True)
+
+
+def _lower_limit(name: str, soft: int, hard: int) -> None:
+    """setrlimit, never above the hard limit already in force (without root, hard limits only go down)."""
+    if not hasattr(resource, name):
+        return
+    which = getattr(resource, name)
+    current = resource.getrlimit(which)[1]
+    if current != resource.RLIM_INFINITY:
+        hard = min(hard, current)
+    resource.setrlimit(which, (min(soft, hard), hard))
 
 
 def _loopback_up() -> None:
@@ -609,26 +621,43 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
-def _expose(path: str, uid: int | None) -> None:
-    """Make ``path`` reachable for ``uid`` if an ancestor directory is private (``/root`` is 0700).
+def _expose(paths: list[str], uid: int) -> None:
+    """Make ``paths`` reachable for ``uid`` where a directory above them is private (``/root`` is 0700).
 
-    In our private mount namespace only: each private ancestor is covered by an empty tmpfs, and the one
-    entry on the way to ``path`` is bind-mounted back into it; the rest of the private directory stays hidden.
+    In our private mount namespace only: each private directory is covered by an empty tmpfs, and the entries
+    on the way to ``paths`` are bind-mounted back into it; the rest of the private directory stays hidden.
     """
-    parts = Path(path).parts
-    for depth in range(1, len(parts) - 1):
-        private = Path(*parts[:depth + 1])
-        st = private.stat()
-        if st.st_mode & 0o001 or st.st_uid == uid:
-            continue
-        entry = private / parts[depth + 1]
-        is_dir = entry.is_dir()
-        staging = tempfile.mkdtemp(prefix="sandbox-expose-")
-        _call("mount", str(entry).encode(), staging.encode(), None, MS_BIND | MS_REC, None)
+    for _ in range(32):  # one private directory uncovered per round
+        private = _first_private_dir(paths, uid)
+        if private is None:
+            return
+        staged = []
+        for name in sorted({Path(p).relative_to(private).parts[0] for p in paths if Path(p).is_relative_to(private)}):
+            entry = private / name
+            if entry.is_dir():
+                staging = tempfile.mkdtemp(prefix="sandbox-expose-", dir="/tmp")
+            else:
+                fd, staging = tempfile.mkstemp(prefix="sandbox-expose-", dir="/tmp")
+                os.close(fd)
+            _call("mount", str(entry).encode(), staging.encode(), None, MS_BIND | MS_REC, None)
+            staged.append((entry, staging))
         _call("mount", b"tmpfs", str(private).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=64k")
-        (entry.mkdir if is_dir else entry.touch)()
-        _call("mount", staging.encode(), str(entry).encode(), None, MS_MOVE, None)
-        os.rmdir(staging)
+        for entry, staging in staged:
+            entry.mkdir() if os.path.isdir(staging) else entry.touch()
+            _call("mount", staging.encode(), str(entry).encode(), None, MS_MOVE, None)
+            (os.rmdir if os.path.isdir(staging) else os.unlink)(staging)
+
+
+def _first_private_dir(paths: list[str], uid: int) -> Path | None:
+    """The first directory strictly above one of ``paths`` that ``uid`` may not traverse."""
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(2, len(parts)):
+            folder = Path(*parts[:depth])
+            st = folder.stat()
+            if not st.st_mode & 0o001 and st.st_uid != uid:
+                return folder
+    return None
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Each program in tests/sandbox_programs/ attacks one limit. The limits here are s
 bug cannot take the (shared) machine down: a fork bomb gets 8 processes and 5 s, a memory bomb 512 MiB.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -224,6 +225,21 @@ def test_the_grader_owns_the_working_dir_afterwards_and_nothing_is_left_in_tmp(t
     assert int(result.stdout) >= sandbox.SANDBOX_UID_BASE
     assert tmp_path.stat().st_uid == os.getuid() and (tmp_path / "checkpoint.pt").stat().st_uid == os.getuid()
     assert not Path(f"/tmp/{marker}").exists() and not Path(f"/dev/shm/{marker}").exists()
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_without_root_the_process_tree_mode_still_contains_bombs_and_escapees(tmp_path):
+    # The non-root mode, as on a student's laptop: the grader itself runs as a sandbox uid, inside the sandbox.
+    result = run_program("unprivileged_grader.py", cwd=tmp_path, max_processes=40, max_threads=120, wall_s=90)
+    assert result.status == "ok", result
+    reports = {r["program"]: r for r in map(json.loads, result.stdout.splitlines())}
+    for report in reports.values():
+        assert report["uid"] >= sandbox.SANDBOX_UID_BASE and report["left"] == [], report
+        assert "child subreaper" in report["mechanisms"] and not any("uid" in m for m in report["mechanisms"])
+    assert reports["fork_bomb.py"]["status"] == "too many processes"
+    assert (reports["setsid_escapee.py"]["status"], reports["setsid_escapee.py"]["stdout"]) == ("ok", "escaped\n")
+    assert reports["infinite_loop.py"]["status"] == "timeout"
 
 
 def test_bad_arguments_are_rejected_clearly(tmp_path):

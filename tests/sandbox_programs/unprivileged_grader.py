@@ -1,0 +1,29 @@
+"""Uses grader.sandbox as an unprivileged user would (a student's laptop): the weaker, non-root mode.
+
+tests/test_sandbox.py runs this inside the root sandbox, so it runs as a sandbox uid; it sandboxes three
+hostile programs in turn and prints one JSON line per program: its status, mechanisms, and what is left.
+"""
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from grader.sandbox import Limits, run
+
+here = Path(__file__).parent
+cases = {
+    "fork_bomb.py": Limits(max_processes=8, max_threads=24, wall_s=5),
+    "setsid_escapee.py": Limits(wall_s=10),
+    "infinite_loop.py": Limits(wall_s=1),
+}
+for name, limits in cases.items():
+    program = str(here / name)
+    with tempfile.TemporaryDirectory(dir=".") as cwd:
+        result = run([sys.executable, program], cwd=Path(cwd), env=dict(os.environ), limits=limits)
+    left = [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and program in (p.info["cmdline"] or [])]
+    print(json.dumps({"program": name, "uid": os.getuid(), "status": result.status, "stdout": result.stdout, "stderr": result.stderr[-600:], "detail": result.detail,
+                      "mechanisms": result.mechanisms, "left": left}), flush=True)
