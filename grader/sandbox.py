@@ -107,7 +107,8 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
         env: its complete environment. As root, HOME points at ``cwd`` and USER/LOGNAME say ``sandbox``.
         limits: see :class:`Limits`.
         pass_fds: descriptors the command inherits, e.g. the write end of the grader's result pipe.
-        isolation: ``"auto"`` (strongest available), or ``"process-tree"`` (the non-root mode, for tests).
+        isolation: ``"auto"``: the strongest containment available (see the module doc), or
+            ``"process-tree"``: the weakest, session + subreaper + rlimits, as where namespaces are unavailable.
 
     Returns:
         A :class:`SandboxResult`; never raises for anything the command does. KeyboardInterrupt stops the
@@ -123,11 +124,11 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
         raise ValueError(f"isolation must be 'auto' or 'process-tree', got {isolation!r}")
     privileged = isolation == "auto" and sys.platform == "linux" and os.geteuid() == 0
     with _sandbox_uid() if privileged else contextlib.nullcontext() as uid:
-        return _run_as(argv, cwd, env, limits, pass_fds, uid)
+        return _run_as(argv, cwd, env, limits, pass_fds, uid, isolation)
 
 
 def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
-            uid: int | None) -> SandboxResult:
+            uid: int | None, isolation: str) -> SandboxResult:
     start = time.monotonic()
     env = dict(env)
     if uid is not None:
@@ -135,16 +136,17 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
         _chown_tree(cwd, uid, uid)
         env.update(HOME=str(cwd), USER="sandbox", LOGNAME="sandbox")
     try:
-        return _supervised(argv, cwd, env, limits, pass_fds, uid, start)
+        return _supervised(argv, cwd, env, limits, pass_fds, uid, isolation, start)
     finally:
         if uid is not None:  # the grader owns what the run left (its checkpoint), the sandbox uid nothing
             _chown_tree(cwd, owner.st_uid, owner.st_gid)
 
 
 def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
-                uid: int | None, start: float) -> SandboxResult:
+                uid: int | None, isolation: str, start: float) -> SandboxResult:
     status_r, status_w = os.pipe()
     config = {"argv": list(argv), "cwd": str(cwd), "uid": uid, "status_fd": status_w, "limits": asdict(limits),
+              "namespaces": isolation == "auto",
               "nproc": limits.max_threads + (0 if uid is not None else _tasks_of_user()),
               "expose": _needed_paths(argv, env, cwd)}
     try:
@@ -437,8 +439,6 @@ def _which(name: str, path: str) -> str | None:
 
 def _classify(returncode: int | None, stderr: str, setup: dict, limits: Limits) -> tuple[str, str]:
     """Status and course-terms detail for a run that ended by itself (the evidence is its exit and stderr)."""
-    if "error" in setup:
-        return "error", f"the sandbox could not start the program: {setup['error']}"
     if returncode == 0:
         return "ok", "the program finished normally"
     if returncode is None:
@@ -466,7 +466,8 @@ def _size(n: int) -> str:
 
 # ----------------------------------------------------------------------------------------------- child side
 # This runs as ``python -I sandbox.py CONFIG`` in the run's new session, as root when the grader is root.
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 8192, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -488,30 +489,17 @@ def _supervise(config: dict) -> int:
     status = os.fdopen(config["status_fd"], "w", buffering=1)
     os.set_inheritable(status.fileno(), False)  # the command never sees the trusted status channel
     mechanisms, notes = ["own session"], []
-    namespaces = set()
+    namespaces: set[str] = set()
     if sys.platform == "linux" and config["uid"] is not None:
         mechanisms.append(f"uid {config['uid']}")
-        wanted = [("mount", CLONE_NEWNS), ("pid", CLONE_NEWPID), ("ipc", CLONE_NEWIPC)]
-        if not config["limits"]["network"]:
-            wanted.append(("network", CLONE_NEWNET))
-        for name, flag in wanted:
-            try:
-                _call("unshare", flag)
-                namespaces.add(name)
-                mechanisms.append(f"{name} namespace")
-            except OSError as e:
-                notes.append(f"no {name} namespace ({e.strerror})")
-        if "network" in namespaces:
-            try:
-                _loopback_up()
-            except OSError as e:
-                notes.append(f"loopback not up in the network namespace ({e.strerror})")
-    elif sys.platform == "linux":
-        with contextlib.suppress(OSError):
-            _call("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # double-forked escapees stay in our tree
-            mechanisms.append("child subreaper")
+        namespaces = _unshare(config["limits"]["network"], mechanisms, notes)
+    elif sys.platform == "linux" and config["namespaces"] and _enter_user_namespace(notes):  # where allowed
+        mechanisms.append("user namespace")
+        namespaces = _unshare(config["limits"]["network"], mechanisms, notes)
+    if "pid" not in namespaces:
+        mechanisms.append("child subreaper")  # set by init: double-forked escapees stay in the tree we kill
     if not config["limits"]["network"] and "network" not in namespaces:
-        notes.append("network not contained: this needs root (or run the grader in a container)")
+        notes.append("network not contained: this needs root or unprivileged user namespaces")
     mechanisms.append("rlimits")
     status.write(json.dumps({"mechanisms": mechanisms, "notes": notes}) + "\n")
     supervisor = os.getpid()
@@ -526,6 +514,41 @@ def _supervise(config: dict) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(init, 0)[1]) % 256
 
 
+def _unshare(network: bool, mechanisms: list[str], notes: list[str]) -> set[str]:
+    """Enter new mount, pid, IPC and (unless ``network``) network namespaces; return those entered."""
+    wanted = [("mount", CLONE_NEWNS), ("pid", CLONE_NEWPID), ("ipc", CLONE_NEWIPC)]
+    if not network:
+        wanted.append(("network", CLONE_NEWNET))
+    entered = set()
+    for name, flag in wanted:
+        try:
+            _call("unshare", flag)
+            entered.add(name)
+            mechanisms.append(f"{name} namespace")
+        except OSError as e:
+            notes.append(f"no {name} namespace ({e.strerror})")
+    if "network" in entered:
+        try:
+            _loopback_up()
+        except OSError as e:
+            notes.append(f"loopback not up in the network namespace ({e.strerror})")
+    return entered
+
+
+def _enter_user_namespace(notes: list[str]) -> bool:
+    """Without root: a user namespace mapping us to ourselves grants the rights to make the other namespaces."""
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _call("unshare", CLONE_NEWUSER)
+    except OSError as e:
+        notes.append(f"no user namespace ({e.strerror})")
+        return False
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:  # an error here is fatal: the supervisor exits, run says why
+            f.write(text)
+    return True
+
+
 def _init(config: dict, namespaces: set[str], status, supervisor: int) -> int:
     """Process 1 of the pid namespace (or a subreaper without one): start the command, reap, report."""
     if sys.platform == "linux":
@@ -536,9 +559,11 @@ def _init(config: dict, namespaces: set[str], status, supervisor: int) -> int:
     if "mount" in namespaces:
         _call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)  # nothing below leaks to the host
         if "pid" in namespaces:
-            _call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        with contextlib.suppress(OSError):  # the command then fails to start and says why
-            _expose(config["expose"], config["uid"])
+            with contextlib.suppress(OSError):  # some containers forbid it; the host's /proc then stays
+                _call("mount", b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        if config["uid"] is not None:
+            with contextlib.suppress(OSError):  # the command then fails to start and says why
+                _expose(config["expose"], config["uid"])
     command = os.fork()
     if command == 0:
         try:

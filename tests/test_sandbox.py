@@ -229,17 +229,26 @@ def test_the_grader_owns_the_working_dir_afterwards_and_nothing_is_left_in_tmp(t
 
 @needs_root
 @pytest.mark.timeout(120)
-def test_without_root_the_process_tree_mode_still_contains_bombs_and_escapees(tmp_path):
-    # The non-root mode, as on a student's laptop: the grader itself runs as a sandbox uid, inside the sandbox.
-    result = run_program("unprivileged_grader.py", cwd=tmp_path, max_processes=40, max_threads=120, wall_s=90)
+@pytest.mark.parametrize("isolation", ["auto", "process-tree"])
+def test_without_root_bombs_and_escapees_are_contained_too(tmp_path, isolation):
+    # As on a student's laptop: the grader itself runs as an unprivileged sandbox uid, inside the sandbox.
+    # "auto" then uses an unprivileged user namespace (where the kernel allows it), "process-tree" cannot.
+    result = run_program("unprivileged_grader.py", isolation, cwd=tmp_path, max_processes=40, max_threads=120,
+                         wall_s=90)
     assert result.status == "ok", result
     reports = {r["program"]: r for r in map(json.loads, result.stdout.splitlines())}
     for report in reports.values():
         assert report["uid"] >= sandbox.SANDBOX_UID_BASE and report["left"] == [], report
-        assert "child subreaper" in report["mechanisms"] and not any("uid" in m for m in report["mechanisms"])
+        assert not any(m.startswith("uid") for m in report["mechanisms"])
+        namespaced = "user namespace" in report["mechanisms"]
+        assert ("child subreaper" in report["mechanisms"]) != namespaced
     assert reports["fork_bomb.py"]["status"] == "too many processes"
     assert (reports["setsid_escapee.py"]["status"], reports["setsid_escapee.py"]["stdout"]) == ("ok", "escaped\n")
     assert reports["infinite_loop.py"]["status"] == "timeout"
+    if namespaced:
+        assert reports["network_probe.py"]["stdout"] == "loopback: connected\noutside: OSError\n"
+    else:
+        assert "network not contained" in reports["network_probe.py"]["detail"]
 
 
 def test_bad_arguments_are_rejected_clearly(tmp_path):
