@@ -224,7 +224,7 @@ class Probes:
             if [p.shape for p in reference] != [p.shape for p in params]:
                 return None
             with torch.no_grad():
-                for mine, theirs in zip(reference, params):
+                for mine, theirs in zip(reference, params, strict=True):
                     mine.copy_(theirs.detach().to("cpu"))
                 val = self._val if self._val is not None else data.load().val
                 images, labels = val.tensors
