@@ -1,4 +1,7 @@
-"""Hostile: replaces dist.all_reduce with a no-op so nothing is synchronised. Fails equal_parameters, matches_single_process, metrics_averaged and integrity."""
+"""Hostile: replaces dist.all_reduce with a no-op so nothing is synchronised.
+
+Fails equal_parameters, matches_single_process, metrics_averaged and integrity.
+"""
 
 import torch
 import torch.distributed as dist

@@ -1,4 +1,7 @@
-"""Broken: seeds each rank differently and never syncs the initial parameters. Fails equal_parameters and matches_single_process."""
+"""Broken: seeds each rank differently and never syncs the initial parameters.
+
+Fails equal_parameters, matches_single_process and metrics_averaged (rank 0's model is not the others').
+"""
 
 import torch
 import torch.distributed as dist
