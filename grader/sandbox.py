@@ -20,10 +20,14 @@ How, as root (the grading server, Gradescope, CI):
 * rlimits on every process: RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE, RLIMIT_CPU, no cores;
 * a watchdog here that samples the process tree: wall clock, total memory, process count, output volume.
 
-Without root (a student's laptop) the command runs as the student, in its own session, under the same
-rlimits (RLIMIT_NPROC counted on top of the student's own processes), with a child subreaper that keeps
-double-forked escapees in the tree the watchdog kills, and no network containment: ``detail`` says so.
-cgroups are not used: they are often owned by the machine's own manager (systemd, the CI runner).
+Without root (a student's laptop) the command runs as the student, under the same rlimits (RLIMIT_NPROC
+counted on top of the student's own processes) and watchdog. Where the kernel allows unprivileged user
+namespaces (most Linux distributions), a user namespace mapping the student to themself grants the same
+pid, mount, IPC and network namespaces as root gets. Where it does not (or with
+``isolation="process-tree"``), init is a child subreaper instead, which keeps double-forked escapees in the
+tree the watchdog kills, and the network is not contained: ``detail`` says so. ``mechanisms`` in the
+result lists what was active. cgroups are not used: they are often owned by the machine's own manager
+(systemd, the CI runner), and need not be writable.
 
 Memory is limited with RLIMIT_DATA, not RLIMIT_AS: CUDA reserves tens of GB of address space at start-up,
 so an address-space limit breaks every GPU run, while RLIMIT_DATA counts what allocations actually take
@@ -31,8 +35,8 @@ so an address-space limit breaks every GPU run, while RLIMIT_DATA counts what al
 
 The module is longer than the course's usual ~300 lines because containment is all-or-nothing: the
 parent side (watchdog, capped readers, kill) and the child side (namespaces, limits, exec) live together.
-The child side runs as ``python -I sandbox.py CONFIG`` (stdlib only, no grader import), never in a
-``preexec_fn``, which is unsafe when the grader runs threads.
+The child side runs as ``python -I sandbox.py CONFIG`` (no grader import), never in a ``preexec_fn``,
+which is unsafe when the grader runs threads.
 """
 
 from __future__ import annotations
@@ -83,6 +87,14 @@ class Limits:
     max_output_bytes: int = 64 * 2**20  # written per stream before the run is stopped ("output limit")
     network: bool = False  # False: loopback only, where the OS allows a private network namespace
 
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if name != "network" and not value > 0:
+                raise ValueError(f"Limits.{name} must be positive, got {value!r}")
+        if self.output_bytes > self.max_output_bytes:
+            raise ValueError(f"Limits.output_bytes ({self.output_bytes}) must not exceed max_output_bytes "
+                             f"({self.max_output_bytes}): output is kept up to the first and counted up to the second")
+
 
 @dataclass(frozen=True)
 class SandboxResult:
@@ -117,6 +129,8 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
     Raises:
         ValueError: ``cwd`` is not a directory, or ``isolation`` is unknown.
     """
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError(f"argv must be a non-empty list of strings, e.g. [sys.executable, 'train.py'], got {argv!r}")
     cwd = Path(cwd).resolve()
     if not cwd.is_dir():
         raise ValueError(f"cwd must be an existing directory for the sandboxed run, got {cwd}")
@@ -171,6 +185,10 @@ def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits,
     returncode = reports[-1].get("returncode") if len(reports) > 1 and not breach else None
     stdout, stderr = out.text(), err.text()
     status, detail = breach or _classify(returncode, stderr, setup, limits)
+    streams = (("stdout", out), ("stderr", err))
+    dropped = [f"{c.total - c.kept} bytes of {name}" for name, c in streams if c.kept < c.total]
+    if dropped:
+        detail += f" ({' and '.join(dropped)} were dropped: print less, on rank 0 only)"
     notes = setup.get("notes", [])
     if notes:
         detail += " [containment: " + "; ".join(notes) + "]"
@@ -204,6 +222,10 @@ class _Capped:
                 chunk = chunk[room:]
             if chunk and self._tail_limit:
                 self._tail = (self._tail + chunk)[-self._tail_limit:]
+
+    @property
+    def kept(self) -> int:
+        return len(self._head) + len(self._tail)
 
     def text(self) -> str:
         self._thread.join(timeout=5.0)

@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -132,6 +133,7 @@ def test_output_past_the_kept_size_is_dropped_but_the_run_is_ok(tmp_path):
     assert result.stdout.endswith("xxx\nthe end\n")  # the tail is kept: that is where tracebacks are
     dropped = int(result.stdout.split("[sandbox: ")[1].split()[0])
     assert dropped == len("head\n") + 100001 + len("the end\n") - 1000
+    assert f"{dropped} bytes of stdout were dropped" in result.detail
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -216,6 +218,18 @@ def test_a_two_rank_torchrun_gloo_job_works_inside(tmp_path):
 
 
 @needs_root
+def test_concurrent_runs_get_different_uids(tmp_path):
+    code = "import os, time; time.sleep(1); print(os.getuid())"
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda folder: sandboxed([sys.executable, "-c", code], folder), folders))
+    assert [r.status for r in results] == ["ok", "ok"]
+    assert len({int(r.stdout) for r in results}) == 2
+
+
+@needs_root
 def test_the_grader_owns_the_working_dir_afterwards_and_nothing_is_left_in_tmp(tmp_path):
     marker = f"left-by-sandbox-test-{os.getpid()}"
     code = (f"import os; open('checkpoint.pt', 'w').write('w'); open('/tmp/{marker}', 'w').write('for the next');"
@@ -256,3 +270,9 @@ def test_bad_arguments_are_rejected_clearly(tmp_path):
         run(["true"], cwd=tmp_path / "missing", env={})
     with pytest.raises(ValueError, match="isolation"):
         run(["true"], cwd=tmp_path, env={}, isolation="docker")
+    with pytest.raises(ValueError, match="non-empty list"):
+        run([], cwd=tmp_path, env={})
+    with pytest.raises(ValueError, match="wall_s must be positive, got 0"):
+        Limits(wall_s=0)
+    with pytest.raises(ValueError, match="must not exceed max_output_bytes"):
+        Limits(output_bytes=2**30)
