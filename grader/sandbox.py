@@ -15,7 +15,8 @@ How, as root (the grading server, Gradescope, CI):
   kills every process inside, escapees included; the network namespace has only ``lo`` (up), so gloo and
   torchrun rendezvous on 127.0.0.1 work and nothing else is reachable; the mount namespace mounts a
   private ``/proc`` and exposes the Python installation if it lives under a private directory (``/root``);
-* ``cwd`` belongs to the sandbox uid during the run and to its owner again afterwards; what the uid left in
+* ``cwd`` belongs to the sandbox uid during the run and to its owner again afterwards, less any symlink
+  leading out of it (a "checkpoint" linked to /etc/shadow is deleted); what the uid left in
   /tmp, /var/tmp and /dev/shm is deleted, so one submission cannot leave anything for the next;
 * rlimits on every process: RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE, RLIMIT_CPU, no cores;
 * a watchdog here that samples the process tree: wall clock, total memory, process count, output volume.
@@ -153,7 +154,7 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
         return _supervised(argv, cwd, env, limits, pass_fds, uid, isolation, start)
     finally:
         if uid is not None:  # the grader owns what the run left (its checkpoint), the sandbox uid nothing
-            _chown_tree(cwd, owner.st_uid, owner.st_gid)
+            _chown_tree(cwd, owner.st_uid, owner.st_gid, unlink_escapes=True)
 
 
 def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
@@ -410,14 +411,21 @@ def _sandbox_uid() -> Iterator[int]:
     raise RuntimeError(f"all {MAX_CONCURRENT} sandbox uids are in use: run fewer submissions in parallel")
 
 
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    """chown ``path`` and everything in it, never following symlinks nor touching hard-linked files."""
+def _chown_tree(path: Path, uid: int, gid: int, unlink_escapes: bool = False) -> None:
+    """chown ``path`` and everything in it, never following symlinks nor touching hard-linked files.
+
+    With ``unlink_escapes``, symlinks that lead out of ``path`` are deleted, so the grader never reads
+    ``/etc/shadow`` as a "checkpoint". chown clears setuid bits, so no file left becomes a setuid program.
+    """
     os.chown(path, uid, gid)
+    inside = os.path.realpath(path) + os.sep
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             entry = os.path.join(root, name)
             with contextlib.suppress(FileNotFoundError):
-                if os.path.isdir(entry) or os.lstat(entry).st_nlink == 1:
+                if os.path.islink(entry) and unlink_escapes and not os.path.realpath(entry).startswith(inside):
+                    os.unlink(entry)
+                elif os.path.isdir(entry) or os.lstat(entry).st_nlink == 1:
                     os.lchown(entry, uid, gid)
 
 
