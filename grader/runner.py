@@ -190,6 +190,9 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
         unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
         if 0 < len(unfinished) < ev.world_size:
             return _hang(ev, unfinished)
+        waiting = [r for r in ev.ranks if ev.last_record.get(r, {}).get("kind") == "collective"]
+        if 0 < len(waiting) < ev.world_size:
+            return _hang(ev, [r for r in ev.ranks if r not in waiting])
         return "timeout", result.detail
     if result.status not in ("ok", "error"):
         return result.status, result.detail
@@ -212,12 +215,13 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
 
 
 def _hang(ev: Evidence, ranks: list[int]) -> tuple[str, str]:
-    waiting = [f"rank {r} is waiting in {ev.last_record[r]['op']}() (its collective #{ev.last_record[r]['seq']})"
-               for r in ranks if ev.last_record.get(r, {}).get("kind") == "collective"]
+    """``hang on rank k``: ``ranks`` never got where the others did; say which collective the others wait in."""
+    waiting = [f"rank {r} waits in {ev.last_record[r]['op']}() (its collective #{ev.last_record[r]['seq']})"
+               for r in ev.ranks if ev.last_record.get(r, {}).get("kind") == "collective"]
     names = ", ".join(str(r) for r in ranks)
-    detail = (f"rank(s) {names} never finished while the others did, and were stopped. "
+    detail = (f"rank(s) {names} never got to where the other ranks were, and the run was stopped. "
               + ("; ".join(waiting) + ". " if waiting else "")
-              + "Every rank must call the same collectives, in the same order.")
+              + "Every rank must reach every collective, in the same order.")
     return f"hang on rank {names}", detail
 
 

@@ -1,4 +1,6 @@
-"""Hostile: rank 3 calls a barrier the other ranks never call, and waits forever. Status: hang on rank 3."""
+"""Hostile: rank 3 gets stuck and the others wait for it in a barrier. Status: hang on rank 3."""
+
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,9 @@ def averaged(value: float, count: int, device: torch.device) -> float:
 
 def main() -> None:
     rank = world.init_from_env()
+    if rank.rank == 3:
+        time.sleep(3600)  # stuck, like a deadlock or a slow disk on one rank
+    dist.barrier()  # the other ranks wait here for rank 3, forever
     train.seed_everything(SEED)  # the same seed on every rank; DDP also broadcasts rank 0's parameters
     splits = data.load()
     sampler = DistributedSampler(splits.train, num_replicas=rank.world_size, rank=rank.rank, shuffle=True, seed=SEED)
@@ -55,8 +60,6 @@ def main() -> None:
         val_accuracy = averaged(local_accuracy, len(val_sampler), rank.device)
         if rank.is_main:
             report(epoch, train_loss, val_accuracy)
-    if rank.rank == 3:
-        dist.barrier()
     if rank.is_main:
         torch.save(model.state_dict(), CHECKPOINT)
     world.shutdown()
