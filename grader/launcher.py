@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -68,6 +69,13 @@ def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
                     view = view[os.write(writer_fd, view):]
 
 
+def free_port() -> int:
+    """A free TCP port on localhost for rank 0's store (no torch import here: the launcher stays light)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
@@ -81,8 +89,6 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
 
 def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, straggler_s: float) -> int:
     """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
-    from course.launch import free_port
-
     writer, lock = channel.Writer(record_fd, key), threading.Lock()
     port, procs, outs, errs, relays = free_port(), [], [], [], []
     for rank in range(nproc):

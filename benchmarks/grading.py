@@ -1,0 +1,50 @@
+"""How long the grader takes for one submission, against a plain torchrun of the same script.
+
+    python benchmarks/grading.py [SCRIPT]      (default: the reference solution in tests/submissions/)
+
+Targets: grading one submission in at most 45 s on 2 cores, at most 1.3x a plain
+``torchrun --nproc_per_node=4 SCRIPT``. Both are measured here, one after the other, on this machine
+(emulated GPUs on a CPU-only machine); the ratio is what the grader adds: sandbox, probes, records,
+replay and the separate evaluation of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from grader.runner import grade
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_S, TARGET_RATIO = 45.0, 1.3
+
+
+def plain_torchrun(script: Path) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copyfile(script, Path(tmp) / "train_4gpu.py")
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "train_4gpu.py"],
+                       cwd=tmp, check=True, capture_output=True)
+        return time.perf_counter() - start
+
+
+def main() -> int:
+    script = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "tests" / "submissions" / "reference.py"
+    plain = plain_torchrun(script)
+    start = time.perf_counter()
+    results = grade(script)
+    graded = time.perf_counter() - start
+    ratio = graded / plain
+    print(f"plain torchrun --nproc_per_node=4: {plain:6.1f} s (measured)")
+    print(f"grader (sandbox + probes + eval):  {graded:6.1f} s (measured), score {results.score:g}/"
+          f"{results.max_score:g}, status {results.status}")
+    print(f"ratio {ratio:.2f}x (target <= {TARGET_RATIO}x); per submission {graded:.1f} s (target <= {TARGET_S:g} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
