@@ -128,7 +128,8 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
         command (every process) and propagates.
 
     Raises:
-        ValueError: ``cwd`` is not a directory, or ``isolation`` is unknown.
+        ValueError: ``argv`` is empty, ``cwd`` is not a directory, or ``isolation`` is unknown.
+        RuntimeError: as root, all MAX_CONCURRENT sandbox uids are in use.
     """
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, e.g. [sys.executable, 'train.py'], got {argv!r}")
@@ -485,6 +486,11 @@ def _classify(returncode: int | None, stderr: str, setup: dict, limits: Limits) 
     if "Resource temporarily unavailable" in stderr and "fork" in stderr.lower():
         return "too many processes", (f"the program could not start more processes (limit "
                                       f"{limits.max_processes}): do not start processes in a loop.")
+    if "can't start new thread" in stderr:
+        return "too many processes", (f"the program could not start more threads (limit {limits.max_threads} "
+                                      "processes and threads together): do not start threads in a loop.")
+    if returncode == -signal.SIGKILL:
+        return "error", "the program was killed (SIGKILL), possibly by the kernel because memory ran out"
     if returncode < 0:
         return "error", f"the program was killed by signal {signal.Signals(-returncode).name}"
     return "error", f"the program exited with code {returncode}; its error output says why"

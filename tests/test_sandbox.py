@@ -114,6 +114,13 @@ def test_a_fork_bomb_is_contained_and_every_process_is_gone(tmp_path):
     assert len(psutil.pids()) < before + 16  # other engineers' processes come and go meanwhile
 
 
+@needs_root
+def test_a_thread_bomb_is_stopped_by_the_task_limit(tmp_path):
+    result = run_program("thread_bomb.py", cwd=tmp_path, max_threads=32, wall_s=20)
+    assert result.status == "too many processes", result
+    assert "threads" in result.detail
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_output_flooding_is_truncated_and_stopped(tmp_path, isolation):
     result = run_program("output_flood.py", cwd=tmp_path, isolation=isolation, output_bytes=4096,
@@ -223,8 +230,10 @@ def test_concurrent_runs_get_different_uids(tmp_path):
     folders = [tmp_path / "a", tmp_path / "b"]
     for folder in folders:
         folder.mkdir()
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda folder: sandboxed([sys.executable, "-c", code], folder), folders))
+    with ThreadPoolExecutor(2) as pool:  # sandboxed() would see the other thread's run as a leftover
+        results = list(pool.map(lambda folder: run([sys.executable, "-c", code], cwd=folder, env=dict(os.environ)),
+                                folders))
+    assert psutil.Process().children(recursive=True) == [] and leftovers(code) == []
     assert [r.status for r in results] == ["ok", "ok"]
     assert len({int(r.stdout) for r in results}) == 2
 
