@@ -15,7 +15,7 @@ How, as root (the grading server, Gradescope, CI):
   kills every process inside, escapees included; the network namespace has only ``lo`` (up), so gloo and
   torchrun rendezvous on 127.0.0.1 work and nothing else is reachable; the mount namespace mounts a
   private ``/proc`` and exposes the Python installation if it lives under a private directory (``/root``);
-* ``cwd`` belongs to the sandbox uid during the run and to its owner again afterwards, less any symlink
+* ``cwd`` belongs to the sandbox uid (mode 0700) during the run and to its owner again afterwards, less any symlink
   leading out of it (a "checkpoint" linked to /etc/shadow is deleted); what the uid left in
   /tmp, /var/tmp and /dev/shm is deleted, so one submission cannot leave anything for the next;
 * rlimits on every process: RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE, RLIMIT_CPU, no cores;
@@ -150,12 +150,14 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
     if uid is not None:
         owner = cwd.stat()
         _chown_tree(cwd, uid, uid)
+        os.chmod(cwd, 0o700)  # runs of other submissions, at the same time, cannot look in
         env.update(HOME=str(cwd), USER="sandbox", LOGNAME="sandbox")
     try:
         return _supervised(argv, cwd, env, limits, pass_fds, uid, isolation, start)
     finally:
         if uid is not None:  # the grader owns what the run left (its checkpoint), the sandbox uid nothing
             _chown_tree(cwd, owner.st_uid, owner.st_gid, unlink_escapes=True)
+            os.chmod(cwd, owner.st_mode & 0o7777)
 
 
 def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],

@@ -240,11 +240,14 @@ def test_concurrent_runs_get_different_uids(tmp_path):
 def test_the_grader_gets_the_working_dir_back_without_links_out_and_nothing_is_left_in_tmp(tmp_path):
     marker = f"left-by-sandbox-test-{os.getpid()}"
     code = (f"import os; open('checkpoint.pt', 'w').write('w'); open('/tmp/{marker}', 'w').write('for the next');"
-            f"os.mkdir('/dev/shm/{marker}'); print(os.stat('.').st_uid);"
+            f"os.mkdir('/dev/shm/{marker}'); print(os.stat('.').st_uid, oct(os.stat('.').st_mode & 0o777));"
             "os.symlink('/etc/shadow', 'final.pt'); os.symlink('checkpoint.pt', 'best.pt')")
+    tmp_path.chmod(0o751)
     result = sandboxed([sys.executable, "-c", code], tmp_path)
     assert result.status == "ok", result
-    assert int(result.stdout) >= sandbox.SANDBOX_UID_BASE
+    uid, mode = result.stdout.split()
+    assert int(uid) >= sandbox.SANDBOX_UID_BASE and mode == "0o700"  # private while the run lasts
+    assert tmp_path.stat().st_mode & 0o777 == 0o751
     assert tmp_path.stat().st_uid == os.getuid() and (tmp_path / "checkpoint.pt").stat().st_uid == os.getuid()
     assert not Path(f"/tmp/{marker}").exists() and not Path(f"/dev/shm/{marker}").exists()
     assert not (tmp_path / "final.pt").is_symlink()  # it led out of the run's directory
