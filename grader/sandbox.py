@@ -68,7 +68,12 @@ STATUSES = ("ok", "error", "timeout", "out of memory", "too many processes", "ou
 SANDBOX_UID_BASE = 730_000  # uids SANDBOX_UID_BASE .. +MAX_CONCURRENT-1 are reserved for sandboxed runs
 MAX_CONCURRENT = 64  # sandboxed runs at once on one machine (one uid each)
 _POLL_S = (0.02, 0.25)  # watchdog sampling period: fast at the start (bombs), then cheap (~5 ms a sample)
-_MEMORY_TOTAL = min(12 * 2**30, int(0.6 * psutil.virtual_memory().total))
+# CUDA's host side (driver, context, pinned buffers) takes GBs of private memory per GPU process: not measured
+# here (no GPU), so GPU machines get generous limits: 16 GiB per process, 60% of the machine in all.
+_GPU = os.path.exists("/dev/nvidiactl")
+_MEMORY_PER_PROCESS = 16 * 2**30 if _GPU else 3 * 2**30
+_RAM_60 = int(0.6 * psutil.virtual_memory().total)
+_MEMORY_TOTAL = _RAM_60 if _GPU else min(12 * 2**30, _RAM_60)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -77,9 +82,10 @@ class Limits:
     """What one sandboxed run may use. Defaults fit a 4-rank CPU or GPU run of the course CNN."""
 
     wall_s: float = 120.0  # whole run, every process it started
-    memory_bytes: int = 3 * 2**30  # per process heap + private writable memory (RLIMIT_DATA, see module doc)
-    memory_total_bytes: int = _MEMORY_TOTAL  # resident memory of all processes together (watchdog): 12 GiB
-    # or 60% of this machine's memory, whichever is less
+    memory_bytes: int = _MEMORY_PER_PROCESS  # per process heap + private writable memory (RLIMIT_DATA, see
+    # the module doc): 3 GiB, or 16 GiB on machines with NVIDIA GPUs
+    memory_total_bytes: int = _MEMORY_TOTAL  # resident memory of all processes together (watchdog): 60% of
+    # this machine's memory, at most 12 GiB without GPUs
     max_processes: int = 64  # processes alive at once in the sandbox (watchdog; RLIMIT_NPROC backs it)
     max_threads: int = 1024  # tasks (processes + threads) at once: RLIMIT_NPROC, which the kernel counts so
     file_size_bytes: int = 64 * 2**20  # largest file a process may write (RLIMIT_FSIZE)
