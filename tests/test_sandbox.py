@@ -147,10 +147,12 @@ def test_a_setsid_escapee_is_killed(tmp_path, isolation):
     assert (result.status, result.stdout) == ("ok", "escaped\n"), result
 
 
-@needs_root
 def test_network_beyond_loopback_is_unreachable_but_loopback_works(tmp_path):
     result = run_program("network_probe.py", cwd=tmp_path, wall_s=20)
     assert result.status == "ok", result
+    if not AS_ROOT and "network namespace" not in result.mechanisms:  # no unprivileged user namespaces here
+        assert "network not contained" in result.detail
+        pytest.skip("this kernel allows no network namespace without root")
     assert "network namespace" in result.mechanisms
     assert result.stdout.splitlines() == ["loopback: connected", "outside: OSError"]
 
@@ -185,14 +187,16 @@ def test_the_command_runs_as_an_unprivileged_uid_that_cannot_read_private_files(
 
 def test_the_result_channel_fd_is_passed_and_the_sandbox_status_fd_is_not(tmp_path):
     read_end, write_end = os.pipe()
-    code = (f"import os; os.write({write_end}, b'trusted'); "
-            "print(sorted(int(fd) for fd in os.listdir('/proc/self/fd')))")
+    code = ("import json, os\n"
+            "def is_open(fd):\n    try:\n        return bool(os.fstat(fd))\n    except OSError:\n        return False\n"
+            f"os.write({write_end}, b'trusted')\n"
+            "print(json.dumps([fd for fd in range(1024) if is_open(fd)]))")
     result = sandboxed([sys.executable, "-c", code], tmp_path, pass_fds=(write_end,))
     os.close(write_end)
     assert os.read(read_end, 100) == b"trusted"
     os.close(read_end)
     assert result.status == "ok", result
-    assert set(eval(result.stdout)) - {0, 1, 2, 3, write_end} == set()  # 3: the listdir's own fd
+    assert json.loads(result.stdout) == [0, 1, 2, write_end]
 
 
 def test_keyboard_interrupt_in_the_grader_kills_the_run(tmp_path, monkeypatch):
