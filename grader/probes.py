@@ -16,6 +16,7 @@ import base64
 import os
 import sys
 import weakref
+from collections import deque
 from typing import Any
 
 import torch
@@ -45,15 +46,32 @@ def decode(text: str) -> torch.Tensor:
 
 
 class ProbedDataset(TensorDataset):
-    """The training split as the student receives it: the same tensors, every fetched index recorded."""
+    """The training split as the student receives it: the same tensors, a marker for the probes."""
 
-    def __init__(self, dataset: TensorDataset, probes: Probes) -> None:
+    def __init__(self, dataset: TensorDataset) -> None:
         super().__init__(*dataset.tensors)
-        self._probes = probes
 
-    def __getitem__(self, index):
-        self._probes.fetched.append(int(index))
-        return super().__getitem__(index)
+
+class _RecordedBatches:
+    """Stands in for a training DataLoader's batch sampler: notes every index batch as it is dispatched.
+
+    Dispatch happens in the rank's own process even with DataLoader workers, and batches come back in
+    dispatch order, so the probes pair each batch the loop receives with its indices.
+    """
+
+    def __init__(self, inner: Any, dispatched: deque) -> None:
+        self.inner, self.dispatched = inner, dispatched
+
+    def __iter__(self):
+        for batch in self.inner:
+            self.dispatched.append([int(batch)] if isinstance(batch, int) else [int(i) for i in batch])
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class Probes:
@@ -61,7 +79,7 @@ class Probes:
 
     def __init__(self, writer: Writer, rank: int, seed: int) -> None:
         self.writer, self.rank, self.seed = writer, rank, seed
-        self.fetched: list[int] = []
+        self.fetched: list[int] = []  # training-sample indices received since the last optimizer step
         self.epoch = -1  # how many times a loader over the training split has been iterated, less one
         self.steps = 0
         self.collectives = 0
@@ -89,6 +107,7 @@ class Probes:
                 self._wrap_collective(name)
         self._wrap(report, "report", self._report)
         self._wrap(torch, "save", self._save)
+        torch.serialization.save = torch.save
         sys.addaudithook(self._audit)
 
     def _wrap(self, module: Any, name: str, make: Any) -> None:
@@ -106,7 +125,7 @@ class Probes:
                 splits = original(*args, **kwargs)
                 probes._val = splits.val
                 hidden = TensorDataset(splits.test.tensors[0][:0], splits.test.tensors[1][:0])
-                return data.Splits(ProbedDataset(splits.train, probes), splits.val, hidden,
+                return data.Splits(ProbedDataset(splits.train), splits.val, hidden,
                                    splits.num_classes, splits.name)
             return load
 
@@ -117,11 +136,25 @@ class Probes:
         original, probes = DataLoader.__iter__, self
 
         def __iter__(loader):
-            if isinstance(loader.dataset, ProbedDataset):
-                probes.epoch += 1
-            return original(loader)
+            if not isinstance(loader.dataset, ProbedDataset):
+                return original(loader)
+            probes.epoch += 1
+            return probes._record(loader, original)
 
         DataLoader.__iter__ = __iter__
+
+    def _record(self, loader: DataLoader, original: Any):
+        """Iterate ``loader``, adding each batch's training-sample indices to ``fetched`` as it arrives."""
+        name = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        if not isinstance(getattr(loader, name), _RecordedBatches):
+            # DataLoader refuses to change its sampler after construction; the probes do it once, on purpose
+            object.__setattr__(loader, name, _RecordedBatches(getattr(loader, name), deque()))
+        dispatched = getattr(loader, name).dispatched
+        dispatched.clear()
+        for item in original(loader):
+            if dispatched:
+                self.fetched.extend(dispatched.popleft())
+            yield item
 
     def _wrap_process_group(self) -> None:
         def make_init(original):

@@ -171,7 +171,10 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, san
 def _output(evidence: Evidence, result: sandbox.SandboxResult) -> str:
     parts = []
     if 0 in evidence.exits:
-        parts.append("--- rank 0 output ---\n" + evidence.exits[0]["stdout"][:2000])
+        shown, printed = evidence.exits[0]["stdout"][:2000], evidence.exits[0]["stdout_bytes"]
+        if printed > len(shown.encode()):
+            shown += f"\n[... rank 0 printed {printed} bytes in all; only the first are shown]"
+        parts.append("--- rank 0 output ---\n" + shown)
     for rank, exit_ in sorted(evidence.exits.items()):
         if exit_["returncode"] != 0 and not exit_.get("stopped"):
             parts.append(f"--- rank {rank} errors (tail) ---\n" + exit_["stderr"][-3000:])

@@ -1,4 +1,7 @@
-"""Broken: never calls sampler.set_epoch, so every epoch repeats the same order. Fails reshuffled."""
+"""Broken: never calls sampler.set_epoch, so every epoch repeats the same order. Fails reshuffled.
+
+It loads data with DataLoader workers, which must not hide its samples from the grader.
+"""
 
 import torch
 import torch.distributed as dist
@@ -29,7 +32,9 @@ def main() -> None:
     train.seed_everything(SEED)  # the same seed on every rank; DDP also broadcasts rank 0's parameters
     splits = data.load()
     sampler = DistributedSampler(splits.train, num_replicas=rank.world_size, rank=rank.rank, shuffle=True, seed=SEED)
-    train_loader = DataLoader(splits.train, batch_size=BATCH_SIZE, sampler=sampler)
+    # two DataLoader workers: the grader still sees which samples each rank drew
+    train_loader = DataLoader(splits.train, batch_size=BATCH_SIZE, sampler=sampler, num_workers=2,
+                              persistent_workers=True)
     val_sampler = DistributedSampler(splits.val, num_replicas=rank.world_size, rank=rank.rank, shuffle=False)
     val_loader = DataLoader(splits.val, batch_size=BATCH_SIZE, sampler=val_sampler)
     model = models.DigitsCNN().to(rank.device)
