@@ -3,12 +3,13 @@
 ``python -m grader.launcher --nproc 4 SCRIPT`` runs inside the sandbox. It gives each rank torchrun's
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``, ...) and starts ``python -m grader.harness SCRIPT``, so the script sees exactly what
-``torchrun --nproc_per_node=4 SCRIPT`` would give it. Unlike torchrun it keeps every rank in the sandbox's
-session, hands each rank its own record pipe and key (torchrun's workers cannot inherit descriptors), keeps
-the first bytes of each rank's output and counts the rest, and names ranks: if a rank fails the others are
-stopped (``crash on rank k``); if some ranks finish and others do not follow within ``--straggler-s``,
-those are stopped as hung (``hang on rank k``). Its own records (exit code, output size, a tail of
-stderr per rank) go to the grader through the same signed channel. Used by the grader of notebook 06.
+``torchrun --nproc_per_node=4 SCRIPT`` would give it. Like torchrun's agent it hosts the rendezvous store
+itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
+and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
+counts the rest, and names ranks: if a rank fails the others are stopped (``crash on rank k``); if some
+ranks finish and others do not follow within ``--straggler-s``, those are stopped as hung (``hang on rank
+k``). Its own records (exit code, output size, a tail of stderr per rank) go to the grader through the
+same signed channel. Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
                WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_WORLD_SIZE="1",
                ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="grader",
-               TORCHELASTIC_USE_AGENT_STORE="False", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+               TORCHELASTIC_USE_AGENT_STORE="True", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
     env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process per node
     return env
 
@@ -107,6 +108,7 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
         outs.append(_Output(proc.stdout))
         errs.append(_Output(proc.stderr))
         relays.append(relay)
+    store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
     stopped = _wait(procs, straggler_s)
     for relay in relays:
         relay.join(timeout=5.0)
@@ -116,6 +118,17 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
                       "stderr_bytes": errs[rank].total, "stdout": outs[rank].text(),
                       "stderr": errs[rank].text()})
     return 0 if all(p.returncode == 0 for p in procs) else 1
+
+
+def _host_store(port: int, nproc: int):
+    """Host the ranks' rendezvous store here, as torchrun's agent does, so ranks may exit in any order.
+
+    (When rank 0 hosts it, rank 0 leaving first can abort the others' exit.) Imported after the ranks were
+    started, so this import of torch overlaps theirs; the ranks retry until the store is up.
+    """
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, nproc, is_master=True, wait_for_workers=False)
 
 
 def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:

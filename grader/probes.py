@@ -84,6 +84,7 @@ class Probes:
         self.steps = 0
         self.collectives = 0
         self._pending_grads: list[torch.Tensor] | None = None
+        self._pending_full: dict[str, Any] = {}  # rank 0's full parameters before one of the first steps
         self._optimizer: weakref.ref | None = None
         self._projection: torch.Tensor | None = None
         self._originals: dict[str, Any] = {}
