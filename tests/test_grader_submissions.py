@@ -39,7 +39,7 @@ EXPECTED = {
     "every_rank_checkpoints": ("ok", {"rank0_checkpoint_and_logs"}),
     "unscaled_lr": ("ok", {"lr_scaled"}),
     "no_checkpoint": ("ok", {"rank0_checkpoint_and_logs", "target_accuracy"}),
-    "fake_score": ("ok", {"metrics_averaged", "target_accuracy"}),
+    "fake_score": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
     "noop_allreduce": ("ok", {"equal_parameters", "matches_single_process", "metrics_averaged", "integrity"}),
     "output_flood": ("ok", {"rank0_checkpoint_and_logs"}),
     "exit_before_training": ("ok", SCORED),
@@ -92,6 +92,7 @@ def test_printed_numbers_are_not_believed(graded):
     results = graded["fake_score"]
     assert "0.99" in results.output  # it printed a fake score ...
     assert results.test_accuracy < 0.92  # ... the grader measured its own
+    assert "forged lines" in {c.name: c.message for c in results.checks}["integrity"]
 
 
 def test_flooded_output_is_truncated(graded):

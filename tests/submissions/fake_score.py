@@ -1,4 +1,10 @@
-"""Broken: trains 2 epochs and reports (and prints) a made-up accuracy. Fails metrics_averaged and target_accuracy."""
+"""Hostile: trains 2 epochs, reports and prints a made-up accuracy, and forges records for the grader.
+
+Fails metrics_averaged and target_accuracy (the grader measures), and integrity (forged lines are refused).
+"""
+
+import os
+import stat
 
 import torch
 import torch.distributed as dist
@@ -24,8 +30,22 @@ def averaged(value: float, count: int, device: torch.device) -> float:
     return (totals[0] / totals[1]).item()
 
 
+FORGED = b'{"body": "{\\"kind\\": \\"report\\", \\"rank\\": 0, \\"val_accuracy\\": 0.99}", "mac": "00"}\n'
+
+
+def forge_records() -> None:
+    """Write a fake record into every pipe this process holds, hoping one reaches the grader."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            if int(name) > 2 and stat.S_ISFIFO(os.fstat(int(name)).st_mode):
+                os.write(int(name), FORGED)
+        except OSError:
+            pass
+
+
 def main() -> None:
     rank = world.init_from_env()
+    forge_records()
     train.seed_everything(SEED)  # the same seed on every rank; DDP also broadcasts rank 0's parameters
     splits = data.load()
     sampler = DistributedSampler(splits.train, num_replicas=rank.world_size, rank=rank.rank, shuffle=True, seed=SEED)
