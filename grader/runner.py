@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from course import data, world
 from grader import channel, sandbox
 from grader.assignment import ASSIGNMENT, Assignment
@@ -233,7 +235,10 @@ def _evaluate(checkpoint: Path, tmp: Path, seed: int, ev: Evidence, config: Grad
     eval_dir = tmp / "evaluate"
     eval_dir.mkdir()
     shutil.copyfile(checkpoint, eval_dir / "checkpoint.pt")
-    result = sandbox.run([*_python(), "-m", "grader.evaluate", "checkpoint.pt", "--seed", str(seed)],
+    images, labels = data.load().test.tensors
+    torch.save({"images": images, "labels": labels}, eval_dir / "test.pt")  # the evaluator need not load data
+    result = sandbox.run([*_python(), "-m", "grader.evaluate", "checkpoint.pt", "--seed", str(seed),
+                          "--test-data", "test.pt"],
                          cwd=eval_dir, env=_env(), limits=config.eval_limits, isolation=config.isolation)
     try:
         verdict = json.loads(result.stdout.strip().splitlines()[-1])
