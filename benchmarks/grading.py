@@ -3,9 +3,9 @@
     python benchmarks/grading.py [SCRIPT [REPEATS]]   (default: the reference solution, 3 repeats)
 
 Targets: grading one submission in at most 45 s on 2 cores, at most 1.3x a plain
-``torchrun --nproc_per_node=4 SCRIPT``. Both are measured here, one after the other, on this machine
-(emulated GPUs on a CPU-only machine); the ratio is what the grader adds: sandbox, probes, records,
-replay and the separate evaluation of the checkpoint.
+``torchrun --standalone --nproc_per_node=4 SCRIPT`` (a free port). Both are measured here, one after the
+other, on this machine (emulated GPUs on a CPU-only machine); the ratio is what the grader adds:
+sandbox, probes, records, replay and the separate evaluation of the checkpoint.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def plain_torchrun(script: Path) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copyfile(script, Path(tmp) / "train_4gpu.py")
         start = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
-                              "train_4gpu.py"], cwd=tmp, capture_output=True, text=True)
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc_per_node=4", "train_4gpu.py"], cwd=tmp, capture_output=True, text=True)
         if run.returncode != 0:
             raise RuntimeError(f"plain torchrun failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
         return time.perf_counter() - start
