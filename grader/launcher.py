@@ -6,10 +6,10 @@ environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``M
 ``torchrun --nproc_per_node=4 SCRIPT`` would give it. Like torchrun's agent it hosts the rendezvous store
 itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
 and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
-counts the rest, and names ranks: if a rank fails the others are stopped (``crash on rank k``); if some
-ranks finish and others do not follow within ``--straggler-s``, those are stopped as hung (``hang on rank
-k``). Its own records (exit code, output size, a tail of stderr per rank) go to the grader through the
-same signed channel. Used by the grader of notebook 06.
+counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow;
+those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). Its own
+records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
+channel. Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -132,21 +132,20 @@ def _host_store(port: int, nproc: int):
 
 
 def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:
-    """Wait for the ranks; stop the others when one fails or when stragglers outlive ``straggler_s``."""
+    """Wait for the ranks; once one has ended (failed or not), stop those still running after ``straggler_s``.
+
+    A failed rank's peers usually fail at their next collective within a second; waiting instead of killing
+    them at once lets a rank that already finished its script (and is only tearing down) end on its own.
+    """
     stopped: dict[int, str] = {}
-    first_done = None
+    first_end = None
     while any(p.poll() is None for p in procs):
         codes = [p.poll() for p in procs]
-        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            reason = f"stopped after rank {failed[0]} failed"
-        elif first_done is None and any(c == 0 for c in codes):
-            first_done, reason = time.monotonic(), None
-        elif first_done is not None and time.monotonic() - first_done > straggler_s:
-            reason = "hang"
-        else:
-            reason = None
-        if reason:
+        if first_end is None and any(c is not None for c in codes):
+            first_end = time.monotonic()
+        if first_end is not None and time.monotonic() - first_end > straggler_s:
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            reason = f"stopped after rank {failed[0]} failed" if failed else "hang"
             for rank, proc in enumerate(procs):
                 if proc.poll() is None:
                     stopped[rank] = reason

@@ -205,6 +205,8 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
     if hung:
         return _hang(ev, hung)
     failed = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")]
+    torn_down = [r for r in failed if any(end["exit_code"] == 0 for end in ev.ends.get(r, []))]
+    failed = [r for r in failed if r not in torn_down]
     if failed:
         stderr = ev.exits[failed[0]]["stderr"]
         if any(s in stderr for s in _MEMORY):
@@ -216,6 +218,9 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
         return f"crash on rank {failed[0]}", f"rank {failed[0]} failed ({last[:300]}); the others were stopped."
     if len(ev.exits) < ev.world_size:
         return "error", f"the ranks could not be started: {result.detail} {result.stderr[-500:]}"
+    if torn_down:  # after the script itself had finished: not the student's doing, and not repeatable
+        return "ok", (f"all ranks finished; rank(s) {', '.join(map(str, torn_down))} then aborted while the "
+                      "interpreter shut down (torch teardown), which is not counted")
     return "ok", "all ranks finished"
 
 

@@ -62,6 +62,7 @@ def main() -> None:
             report(epoch, train_loss, val_accuracy)
     if rank.is_main:
         torch.save(model.state_dict(), CHECKPOINT)
+    dist.barrier()  # every rank finishes its work before any rank leaves
     world.shutdown()
 
 

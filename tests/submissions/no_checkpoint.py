@@ -55,6 +55,7 @@ def main() -> None:
         val_accuracy = averaged(local_accuracy, len(val_sampler), rank.device)
         if rank.is_main:
             report(epoch, train_loss, val_accuracy)
+    dist.barrier()  # every rank finishes its work before any rank leaves
     world.shutdown()
 
 
