@@ -207,15 +207,17 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
     failed = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")]
     torn_down = [r for r in failed if any(end["exit_code"] == 0 for end in ev.ends.get(r, []))]
     failed = [r for r in failed if r not in torn_down]
-    if failed:
-        stderr = ev.exits[failed[0]]["stderr"]
-        if any(s in stderr for s in _MEMORY):
-            return "out of memory", f"rank {failed[0]} ran out of memory: keep per-rank batches small."
-        if "Resource temporarily unavailable" in stderr:
-            return "too many processes", f"rank {failed[0]} could not start more processes or threads."
-        code = ev.exits[failed[0]]["returncode"]
+    if failed:  # the cause is a memory or process error anywhere, else the rank that failed first
+        for rank in failed:
+            stderr = ev.exits[rank]["stderr"]
+            if any(s in stderr for s in _MEMORY):
+                return "out of memory", f"rank {rank} ran out of memory: keep per-rank batches small."
+            if "Resource temporarily unavailable" in stderr:
+                return "too many processes", f"rank {rank} could not start more processes or threads."
+        first = min(failed, key=lambda r: ev.exits[r].get("order", r))
+        stderr, code = ev.exits[first]["stderr"], ev.exits[first]["returncode"]
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
-        return f"crash on rank {failed[0]}", f"rank {failed[0]} failed ({last[:300]}); the others were stopped."
+        return f"crash on rank {first}", f"rank {first} failed first ({last[:300]}); the others were stopped."
     if len(ev.exits) < ev.world_size:
         return "error", f"the ranks could not be started: {result.detail} {result.stderr[-500:]}"
     if torn_down:  # after the script itself had finished: not the student's doing, and not repeatable
