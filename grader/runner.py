@@ -217,7 +217,8 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
         first = min(failed, key=lambda r: ev.exits[r].get("order", r))
         stderr, code = ev.exits[first]["stderr"], ev.exits[first]["returncode"]
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
-        return f"crash on rank {first}", f"rank {first} failed first ({last[:300]}); the others were stopped."
+        return f"crash on rank {first}", (f"rank {first} failed first ({last[:300]}); the other ranks could not "
+                                          "go on without it.")
     if len(ev.exits) < ev.world_size:
         return "error", f"the ranks could not be started: {result.detail} {result.stderr[-500:]}"
     if torn_down:  # after the script itself had finished: not the student's doing, and not repeatable

@@ -44,6 +44,7 @@ EXPECTED = {
     "output_flood": ("ok", {"rank0_checkpoint_and_logs"}),
     "exit_before_training": ("ok", SCORED),
     "hang_in_collective": ("hang on rank 3", SCORED),
+    "crash_on_rank_2": ("crash on rank 2", SCORED),
     "infinite_loop": ("timeout", SCORED),
     "memory_bomb": ("out of memory", SCORED),
     "fork_bomb": ("too many processes", SCORED),
@@ -86,6 +87,7 @@ def test_feedback_speaks_the_course_language(graded):
     summed = {c.name: c.message for c in graded["summed_gradients"].checks}["matches_single_process"]
     assert "4.00x" in summed and "divide by world_size" in summed
     assert "barrier()" in graded["hang_in_collective"].detail
+    assert "deliberate failure on rank 2" in graded["crash_on_rank_2"].detail
 
 
 def test_printed_numbers_are_not_believed(graded):
