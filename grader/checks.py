@@ -1,0 +1,228 @@
+"""The checks, declared in one place: each has points, a visibility and a message in the course's terms.
+
+A check reads only the :class:`~grader.evidence.Evidence` of a run (the trusted probes' records and the
+grader's own evaluation) and returns whether it passed and what to tell the student. ``CHECKS`` is the
+whole rubric; the self-check (``grader check``) runs the ``visible`` ones. Every check is proven by a
+submission in ``tests/submissions/`` that must fail it. Used by the grader of notebook 06.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from grader.assignment import Assignment
+from grader.evidence import Evidence, fingerprints_equal
+
+Outcome = tuple[bool, str]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the rubric.
+
+    Attributes:
+        name: stable identifier (CSV column, Gradescope test name).
+        title: what is checked, in one phrase.
+        points: score when passed (0 when failed).
+        visibility: Gradescope's ``visible``, ``after_published`` or ``hidden``; the self-check runs ``visible``.
+        test: ``(evidence, assignment) -> (passed, message)``.
+    """
+
+    name: str
+    title: str
+    points: float
+    visibility: str
+    test: Callable[[Evidence, Assignment], Outcome]
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}–{ranks[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def ran_to_the_end(ev: Evidence, a: Assignment) -> Outcome:
+    if ev.status != "ok":
+        return False, f"the run did not finish normally ({ev.status}); see the run's status above."
+    missing = [r for r in ev.ranks if not ev.inits.get(r)]
+    if missing:
+        return False, (f"{_ranks(missing)} never joined a process group: call course.world.init_from_env() "
+                       "(or dist.init_process_group) at the start of main().")
+    init = ev.inits[0][0]
+    if init["world_size"] != a.world_size or init["backend"] != ev.expected_backend:
+        return False, (f"the process group had world_size={init['world_size']} on backend {init['backend']}; "
+                       f"expected {a.world_size} on {ev.expected_backend}: take both from torchrun's environment.")
+    idle = [r for r in ev.ranks if not ev.steps.get(r)]
+    if idle:
+        return False, (f"{_ranks(idle)} took no optimizer step: the script ended before training "
+                       "(an early sys.exit or return?).")
+    counts = {r: len(ev.steps[r]) for r in ev.ranks}
+    if len(set(counts.values())) > 1:
+        return False, f"ranks took different numbers of optimizer steps {counts}: every rank must take every step."
+    unclean = [r for r in ev.ranks if not ev.shutdowns.get(r)]
+    if unclean:
+        return False, (f"{_ranks(unclean)} did not shut down cleanly: end main() with course.world.shutdown() "
+                       "(dist.destroy_process_group()).")
+    return True, f"all {a.world_size} ranks joined one {ev.expected_backend} process group, trained " \
+                 f"{counts[0]} steps each and shut down cleanly."
+
+
+def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
+    epochs = {r: ev.epochs(r) for r in ev.ranks}
+    if not all(epochs[r] for r in ev.ranks):
+        return False, ("the grader saw no training samples fetched on some ranks: build the training "
+                       "DataLoader on data.load().train itself (not on its tensors).")
+    first = {r: epochs[r][min(epochs[r])] for r in ev.ranks}
+    n = ev.train_size
+    union = set().union(*first.values())
+    total = sum(len(v) for v in first.values())
+    same = [r for r in ev.ranks if r != 0 and set(first[r]) == set(first[0])]
+    if same:
+        return False, (f"{_ranks(same)} saw the same samples as rank 0 in the first epoch: shard the data "
+                       "with DistributedSampler(dataset, num_replicas=world_size, rank=rank).")
+    if total > n + a.world_size or total - len(union) > a.world_size:
+        return False, (f"the ranks fetched {total} samples in the first epoch, {total - len(union)} of them "
+                       f"also fetched by another rank, from a training set of {n}: each rank should see its own "
+                       "1/world_size of the data; use DistributedSampler.")
+    batch = max(len(s["indices"]) for r in ev.ranks for s in ev.steps.get(r, [])) if ev.steps else 0
+    if len(union) < n - a.world_size * max(batch, 1):
+        return False, (f"the ranks together saw only {len(union)} of the {n} training samples in the first "
+                       "epoch: the shards must cover the data.")
+    return True, (f"in the first epoch the {a.world_size} ranks saw disjoint shards "
+                  f"({', '.join(str(len(first[r])) for r in ev.ranks)} samples) covering {len(union)} of {n}.")
+
+
+def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
+    epochs = {r: ev.epochs(r) for r in ev.ranks}
+    if not all(len(epochs[r]) >= 2 for r in ev.ranks):
+        return False, "fewer than two training epochs were seen on some rank: train for the full epoch budget."
+    unchanged = []
+    for r in ev.ranks:
+        first, second = sorted(epochs[r])[:2]
+        if epochs[r][first] == epochs[r][second]:
+            unchanged.append(r)
+    if unchanged:
+        return False, (f"{_ranks(unchanged)} drew the same samples in the same order in epochs 0 and 1: call "
+                       "sampler.set_epoch(epoch) at the start of every epoch so each epoch is shuffled anew.")
+    return True, "every rank drew a new shuffle of its shard each epoch (set_epoch)."
+
+
+def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
+    initial = {r: ev.initials[r][0]["fingerprint"] for r in ev.ranks if ev.initials.get(r)}
+    if len(initial) < a.world_size:
+        return False, "not every rank took an optimizer step, so there is nothing to compare."
+    differ = [r for r in ev.ranks if not fingerprints_equal(initial[r], initial[0])]
+    if differ:
+        return False, (f"{_ranks(differ)} started from different parameters than rank 0: wrap the model in "
+                       "DistributedDataParallel (it broadcasts rank 0's parameters) or broadcast them yourself.")
+    steps = min(len(ev.steps.get(r, [])) for r in ev.ranks)
+    for i in range(steps):
+        differ = [r for r in ev.ranks if not fingerprints_equal(ev.steps[r][i]["fingerprint"],
+                                                                 ev.steps[0][i]["fingerprint"])]
+        if differ:
+            return False, (f"after step {i + 1} the parameters of {_ranks(differ)} differ from rank 0's: every "
+                           "rank must apply the same averaged gradient (DDP, or all_reduce the gradients).")
+    return True, f"all ranks held identical parameters at the start and after each of {steps} steps."
+
+
+def matches_single_process(ev: Evidence, a: Assignment) -> Outcome:
+    if ev.replay_error or not ev.comparisons:
+        return False, f"the grader could not replay the first steps: {ev.replay_error or 'no steps recorded'}."
+    for c in ev.comparisons:
+        if c.relative_error <= a.gradient_tolerance:
+            continue
+        if abs(c.scale - a.world_size) < 0.05 * a.world_size:
+            return False, (f"at step {c.step} rank 0's gradient was {c.scale:.2f}x the single-process gradient "
+                           f"on the union batch: the gradients were summed, not averaged; divide by world_size.")
+        return False, (f"at step {c.step} rank 0's gradient differs from single-process training on the union "
+                       f"of the ranks' batches (relative error {c.relative_error:.2g}): the gradients were not "
+                       "averaged across ranks, or the ranks did not start from the same parameters.")
+    worst = max(c.relative_error for c in ev.comparisons)
+    return True, (f"the first {len(ev.comparisons)} steps match one process training on the union batch "
+                  f"(relative error at most {worst:.1e}).")
+
+
+def lr_scaled(ev: Evidence, a: Assignment) -> Outcome:
+    steps = ev.steps.get(0, [])
+    if not steps:
+        return False, "rank 0 took no optimizer step."
+    global_batch = sum(len(ev.steps[r][0]["indices"]) for r in ev.ranks if ev.steps.get(r))
+    expected = a.base_lr * global_batch / a.base_batch_size
+    lrs = [s["lr"][0] for s in steps]
+    peak = max(lrs)
+    if abs(peak / expected - 1) > a.lr_tolerance:
+        return False, (f"the peak learning rate was {peak:.4g}, but each step averages {global_batch} samples "
+                       f"({global_batch / a.base_batch_size:g}x the starter's {a.base_batch_size}): scale "
+                       f"{a.base_lr:g} linearly to {expected:.4g}.")
+    if lrs[0] >= 0.99 * peak:
+        return False, (f"the learning rate started at its peak {peak:.4g}: warm it up over the first steps "
+                       "(e.g. LambdaLR with min(1, (step + 1) / warmup_steps)).")
+    return True, (f"learning rate scaled to {peak:.4g} for a global batch of {global_batch}, "
+                  f"warmed up from {lrs[0]:.3g}.")
+
+
+def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
+    savers = [r for r in ev.ranks if ev.saves.get(r) or ev.writes.get(r)]
+    if not savers:
+        return False, f"no rank saved a checkpoint: save model.state_dict() to {a.checkpoint} on rank 0."
+    if savers != [0]:
+        return False, (f"{_ranks(savers)} wrote files: save the checkpoint on rank 0 only (if rank.is_main), "
+                       "or every rank overwrites the same file.")
+    reporters = [r for r in ev.ranks if ev.reports.get(r)]
+    printers = [r for r in ev.ranks if r != 0 and ev.exits.get(r, {}).get("stdout_bytes", 0) > 0]
+    others = sorted({r for r in reporters if r != 0} | set(printers))
+    if others:
+        return False, (f"{_ranks(others)} printed or reported: "
+                       "log on rank 0 only (if rank.is_main, or course.world.print0).")
+    return True, "only rank 0 wrote the checkpoint and printed."
+
+
+def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
+    reports = ev.reports.get(0, [])
+    if not reports:
+        return False, "rank 0 never called report(epoch, train_loss, val_accuracy)."
+    for r in reports:
+        true = r.get("true_val_accuracy")
+        if true is None or r.get("val_accuracy") is None:
+            return False, "the grader could not compute the model's true validation accuracy at report()."
+        if abs(r["val_accuracy"] - true) > a.metric_tolerance:
+            return False, (f"at epoch {r['epoch']:g} you reported val_accuracy {r['val_accuracy']:.4f}, but the "
+                           f"model's accuracy on the whole validation set was {true:.4f}: all_reduce the correct "
+                           "counts (or accuracies) across ranks before reporting.")
+    return True, f"all {len(reports)} reported validation accuracies match the whole validation set."
+
+
+def target_accuracy(ev: Evidence, a: Assignment) -> Outcome:
+    if ev.test_accuracy is None:
+        return False, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate."
+    if ev.test_accuracy < a.target_accuracy:
+        return False, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data; the target is "
+                       f"{a.target_accuracy:.2f}.")
+    return True, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data the grader kept to itself "
+                  f"(target {a.target_accuracy:.2f}).")
+
+
+def integrity(ev: Evidence, a: Assignment) -> Outcome:
+    tampered = sorted({t["name"] for r in ev.ranks for t in ev.tampers.get(r, [])})
+    if tampered:
+        return False, f"the submission replaced {', '.join(tampered)}; the grader measures what really happened."
+    if ev.rejected_records:
+        return False, f"{ev.rejected_records} forged lines were written to the grader's record channel."
+    return True, "the grader's probes were left alone."
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("ran_to_the_end", "ran on 4 ranks to the end", 10, "visible", ran_to_the_end),
+    Check("disjoint_shards", "disjoint shards covering the data", 15, "visible", disjoint_shards),
+    Check("reshuffled", "reshuffled every epoch", 10, "visible", reshuffled),
+    Check("equal_parameters", "equal parameters at start and after every step", 15, "visible", equal_parameters),
+    Check("matches_single_process", "matches one process on the union batch", 15, "visible",
+          matches_single_process),
+    Check("lr_scaled", "learning rate scaled, with warmup", 10, "visible", lr_scaled),
+    Check("rank0_checkpoint_and_logs", "checkpoint and logs on rank 0 only", 10, "visible",
+          rank0_checkpoint_and_logs),
+    Check("metrics_averaged", "metrics averaged across ranks", 5, "visible", metrics_averaged),
+    Check("target_accuracy", "target accuracy reached", 10, "visible", target_accuracy),
+    Check("integrity", "grader's probes untouched", 0, "hidden", integrity),
+)

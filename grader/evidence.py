@@ -1,0 +1,126 @@
+"""What a graded run left behind, sorted by rank: the probes' records, the ranks' exits, the checkpoint's score.
+
+:func:`collect` turns the verified records of one run into an :class:`Evidence` the checks read. Nothing
+here comes from the student's printed output. Used by the grader of notebook 06.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from course import data
+from grader import probes, replay
+
+
+@dataclass
+class Evidence:
+    """Everything the checks may look at, for one run of one submission.
+
+    Attributes:
+        world_size: ranks the grader started.
+        train_size: samples in the training split.
+        expected_backend: ``nccl`` on GPUs, ``gloo`` on emulated ones.
+        status: how the run ended (``ok``, ``timeout``, ``hang on rank 3``, ...), see :mod:`grader.runner`.
+        steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns: the probes' records
+            per rank, in order.
+        exits: the launcher's record of each rank's exit code, output size and output.
+        test_accuracy: the grader's own evaluation of the checkpoint, or None.
+        checkpoint_error: why the checkpoint could not be evaluated, or None.
+        comparisons: rank 0's first gradients against the single-process union-batch gradients.
+        replay_error: why the replay could not run, or None.
+        rejected_records: lines on the record channel without a valid signature.
+    """
+
+    world_size: int
+    expected_backend: str
+    train_size: int = 0
+    status: str = "ok"
+    steps: dict[int, list[dict]] = field(default_factory=dict)
+    inits: dict[int, list[dict]] = field(default_factory=dict)
+    ends: dict[int, list[dict]] = field(default_factory=dict)
+    reports: dict[int, list[dict]] = field(default_factory=dict)
+    saves: dict[int, list[dict]] = field(default_factory=dict)
+    writes: dict[int, list[dict]] = field(default_factory=dict)
+    collectives: dict[int, list[dict]] = field(default_factory=dict)
+    tampers: dict[int, list[dict]] = field(default_factory=dict)
+    shutdowns: dict[int, list[dict]] = field(default_factory=dict)
+    initials: dict[int, list[dict]] = field(default_factory=dict)
+    exits: dict[int, dict] = field(default_factory=dict)
+    last_record: dict[int, dict] = field(default_factory=dict)
+    test_accuracy: float | None = None
+    checkpoint_error: str | None = None
+    comparisons: list[replay.Comparison] = field(default_factory=list)
+    replay_error: str | None = None
+    rejected_records: int = 0
+
+    @property
+    def ranks(self) -> range:
+        return range(self.world_size)
+
+    def epochs(self, rank: int) -> dict[int, list[int]]:
+        """Training-sample indices ``rank`` fetched, by epoch (the order it fetched them in)."""
+        by_epoch: dict[int, list[int]] = defaultdict(list)
+        for step in self.steps.get(rank, []):
+            by_epoch[step["epoch"]].extend(step["indices"])
+        return dict(by_epoch)
+
+
+_KINDS = {"step": "steps", "init": "inits", "end": "ends", "report": "reports", "save": "saves",
+          "write": "writes", "collective": "collectives", "tamper": "tampers", "shutdown": "shutdowns",
+          "initial": "initials"}
+
+
+def collect(records: list[dict[str, Any]], world_size: int, expected_backend: str) -> Evidence:
+    """Sort verified records by kind and rank; ranks outside ``0..world_size-1`` are ignored."""
+    evidence = Evidence(world_size, expected_backend)
+    for record in records:
+        rank = record.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            continue
+        kind = record.get("kind")
+        if kind == "rank_exit":
+            evidence.exits[rank] = record
+        elif kind in _KINDS:
+            getattr(evidence, _KINDS[kind]).setdefault(rank, []).append(record)
+            evidence.last_record[rank] = record
+    return evidence
+
+
+def replay_first_steps(evidence: Evidence) -> None:
+    """Fill ``evidence.comparisons`` from rank 0's full records of its first steps (or say why not)."""
+    full = [s for s in evidence.steps.get(0, []) if "grads" in s]
+    if not full:
+        evidence.replay_error = "no optimizer step was recorded on rank 0"
+        return
+    try:
+        train = None
+        for step in full:
+            number = step["step"]
+            indices = [_step(evidence, rank, number).get("indices", []) for rank in evidence.ranks]
+            if not any(indices):
+                raise ValueError(f"no training samples were fetched through data.load().train for step {number}")
+            train = train or data.load().train
+            reference = replay.union_batch_gradient(probes.decode(step["params_before"]), step["shapes"],
+                                                    indices, train)
+            evidence.comparisons.append(replay.compare(number, probes.decode(step["grads"]), reference))
+    except (ValueError, RuntimeError, KeyError, IndexError) as error:
+        evidence.replay_error = str(error)
+
+
+def _step(evidence: Evidence, rank: int, number: int) -> dict:
+    for step in evidence.steps.get(rank, []):
+        if step["step"] == number:
+            return step
+    return {}
+
+
+def fingerprints_equal(a: list[float], b: list[float]) -> bool:
+    """Parameter fingerprints equal up to float rounding (ranks summing in different orders)."""
+    if len(a) != len(b):
+        return False
+    x, y = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    return bool(((x - y).abs() <= 1e-5 * (x.abs() + y.abs()) + 1e-6).all())

@@ -1,0 +1,178 @@
+"""Start the ranks of a graded run the way torchrun does, and watch them.
+
+``python -m grader.launcher --nproc 4 SCRIPT`` runs inside the sandbox. It gives each rank torchrun's
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``, ...) and starts ``python -m grader.harness SCRIPT``, so the script sees exactly what
+``torchrun --nproc_per_node=4 SCRIPT`` would give it. Like torchrun's agent it hosts the rendezvous store
+itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
+and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
+counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow;
+those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). Its own
+records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
+channel. Used by the grader of notebook 06.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from grader import channel
+from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
+
+OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to the grader
+STDERR_TAIL_BYTES = 4 * 1024
+
+
+class _Output:
+    """Drains one rank's stream: keeps a head and a tail, counts every byte."""
+
+    def __init__(self, stream) -> None:
+        self.total, self.head, self.tail = 0, bytearray(), bytearray()
+        self._stream = stream
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        with self._stream:
+            while chunk := self._stream.read1(65536):
+                self.total += len(chunk)
+                if len(self.head) < OUTPUT_HEAD_BYTES:
+                    self.head += chunk[:OUTPUT_HEAD_BYTES - len(self.head)]
+                self.tail = (self.tail + chunk)[-STDERR_TAIL_BYTES:]
+
+    def text(self) -> str:
+        self.thread.join(timeout=2.0)
+        text = self.head.decode("utf-8", "replace")
+        if self.total > len(self.head):
+            dropped = self.total - len(self.head) - len(self.tail)
+            if dropped > 0:
+                text += f"\n[... {dropped} bytes dropped ...]\n"
+            text += self.tail[-max(0, self.total - len(self.head)):].decode("utf-8", "replace")
+        return text
+
+
+def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
+    """Forward one rank's record lines, whole, to the grader's pipe (the grader checks signatures)."""
+    with stream:
+        for line in stream:
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with lock:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(writer_fd, view):]
+
+
+def free_port() -> int:
+    """A free TCP port on localhost for rank 0's store (no torch import here: the launcher stays light)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
+               WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_WORLD_SIZE="1",
+               ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="grader",
+               TORCHELASTIC_USE_AGENT_STORE="True", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process per node
+    return env
+
+
+def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, straggler_s: float) -> int:
+    """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
+    writer, lock = channel.Writer(record_fd, key), threading.Lock()
+    port, procs, outs, errs, relays = free_port(), [], [], [], []
+    for rank in range(nproc):
+        read_fd, write_fd = os.pipe()
+        key_fd = channel.key_pipe(key)
+        env = _rank_env(rank, nproc, port)
+        env.update({KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(write_fd), SEED_ENV: str(seed)})
+        proc = subprocess.Popen([sys.executable, "-m", "grader.harness", script], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                pass_fds=(key_fd, write_fd))
+        os.close(key_fd)
+        os.close(write_fd)
+        relay = threading.Thread(target=_relay, args=(os.fdopen(read_fd, "rb"), record_fd, lock), daemon=True)
+        relay.start()
+        procs.append(proc)
+        outs.append(_Output(proc.stdout))
+        errs.append(_Output(proc.stderr))
+        relays.append(relay)
+    store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
+    ended: dict[int, int] = {}
+    stopped = _wait(procs, straggler_s, ended)
+    for relay in relays:
+        relay.join(timeout=5.0)
+    for rank, proc in enumerate(procs):
+        writer.write({"kind": "rank_exit", "rank": rank, "returncode": proc.returncode,
+                      "stopped": stopped.get(rank), "order": ended.get(rank, nproc), "stdout_bytes": outs[rank].total,
+                      "stderr_bytes": errs[rank].total, "stdout": outs[rank].text(),
+                      "stderr": errs[rank].text()})
+    return 0 if all(p.returncode == 0 for p in procs) else 1
+
+
+def _host_store(port: int, nproc: int):
+    """Host the ranks' rendezvous store here, as torchrun's agent does, so ranks may exit in any order.
+
+    (When rank 0 hosts it, rank 0 leaving first can abort the others' exit.) Imported after the ranks were
+    started, so this import of torch overlaps theirs; the ranks retry until the store is up.
+    """
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, nproc, is_master=True, wait_for_workers=False)
+
+
+def _wait(procs: list[subprocess.Popen], straggler_s: float, ended: dict[int, int]) -> dict[int, str]:
+    """Wait for the ranks; once one has ended (failed or not), stop those still running after ``straggler_s``.
+
+    ``ended`` receives each rank's place in the order the ranks ended (0 first). A failed rank's peers
+    usually fail at their next collective within a second; waiting instead of killing them at once lets a
+    rank that already finished its script (and is only tearing down) end on its own.
+    """
+    stopped: dict[int, str] = {}
+    first_end = None
+    while any(p.poll() is None for p in procs):
+        codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
+            if code is not None and rank not in ended:
+                ended[rank] = len(ended)
+        if first_end is None and any(c is not None for c in codes):
+            first_end = time.monotonic()
+        if first_end is not None and time.monotonic() - first_end > straggler_s:
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            reason = f"stopped after rank {failed[0]} failed" if failed else "hang"
+            for rank, proc in enumerate(procs):
+                if proc.poll() is None:
+                    stopped[rank] = reason
+                    proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    for proc in procs:
+        proc.wait()
+    return stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader.launcher")
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--straggler-s", type=float, default=20.0)
+    parser.add_argument("script")
+    args = parser.parse_args(argv)
+    key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
+    record_fd = int(os.environ.pop(RECORD_FD_ENV))
+    seed = int(os.environ.pop(SEED_ENV, "0"))
+    return launch(args.script, args.nproc, record_fd, key, seed, args.straggler_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

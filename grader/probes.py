@@ -1,0 +1,306 @@
+"""Trusted probes: what the student's training really did, recorded on every rank as it happens.
+
+The harness (:mod:`grader.harness`) installs these before the student's script runs. They record, per rank
+and per optimizer step: world size and backend (from the process group itself), the training-sample
+indices the rank fetched and in which epoch, the learning rate, a fingerprint of the parameters before
+the first step and after every step, and on rank 0 the full parameters and gradients of the first steps
+(the grader replays them in one process on the union batch). They also record each collective called from
+Python, every ``course.report.report`` call with the true validation accuracy of the model at that
+moment, and every checkpoint written. Records leave through :mod:`grader.channel`; the student's printed
+numbers are never used. Used by the grader of notebook 06.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader, TensorDataset
+
+from course import data, models, report
+from grader.channel import Writer
+
+COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce",
+               "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "all_to_all",
+               "all_gather_object", "broadcast_object_list")
+FINGERPRINT_DIMS = 4  # random projections of the flattened parameters compared across ranks
+FULL_STEPS = 2  # steps whose parameters and gradients rank 0 records in full, for the replay
+
+
+def encode(tensors: list[torch.Tensor]) -> str:
+    """Tensors flattened and concatenated as float32, base64 (JSON-safe, no pickle)."""
+    flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]) if tensors else None
+    return base64.b64encode(flat.numpy().tobytes() if flat is not None else b"").decode()
+
+
+def decode(text: str) -> torch.Tensor:
+    """The flat float32 tensor :func:`encode` wrote."""
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.float32)
+
+
+class ProbedDataset(TensorDataset):
+    """The training split as the student receives it: the same tensors, a marker for the probes."""
+
+    def __init__(self, dataset: TensorDataset) -> None:
+        super().__init__(*dataset.tensors)
+
+
+class _RecordedBatches:
+    """Stands in for a training DataLoader's batch sampler: notes every index batch as it is dispatched.
+
+    Dispatch happens in the rank's own process even with DataLoader workers, and batches come back in
+    dispatch order, so the probes pair each batch the loop receives with its indices.
+    """
+
+    def __init__(self, inner: Any, dispatched: deque) -> None:
+        self.inner, self.dispatched = inner, dispatched
+
+    def __iter__(self):
+        for batch in self.inner:
+            self.dispatched.append([int(batch)] if isinstance(batch, int) else [int(i) for i in batch])
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class Probes:
+    """Everything recorded on one rank. ``install()`` once, before the student's code is imported."""
+
+    def __init__(self, writer: Writer, rank: int, seed: int) -> None:
+        self.writer, self.rank, self.seed = writer, rank, seed
+        self.fetched: list[int] = []  # training-sample indices received since the last optimizer step
+        self.epoch = -1  # how many times a loader over the training split has been iterated, less one
+        self.steps = 0
+        self.collectives = 0
+        self._pending_grads: list[torch.Tensor] | None = None
+        self._pending_full: dict[str, Any] = {}  # rank 0's full parameters before one of the first steps
+        self._optimizer: weakref.ref | None = None
+        self._projection: torch.Tensor | None = None
+        self._originals: dict[str, Any] = {}
+        self._wrappers: dict[str, Any] = {}
+        self._tampered: set[str] = set()
+        self._val: TensorDataset | None = None
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.writer.write({"kind": kind, "rank": self.rank, **fields})
+
+    # ----------------------------------------------------------------------------------------- install
+    def install(self) -> None:
+        """Wrap the data loader, optimizers, process group, collectives, report and torch.save."""
+        self._wrap_data()
+        self._wrap_loader_iter()
+        register_optimizer_step_pre_hook(self._before_step)
+        register_optimizer_step_post_hook(self._after_step)
+        self._wrap_process_group()
+        for name in COLLECTIVES:
+            if hasattr(dist, name):
+                self._wrap_collective(name)
+        self._wrap(report, "report", self._report)
+        self._wrap(torch, "save", self._save)
+        torch.serialization.save = torch.save
+        sys.addaudithook(self._audit)
+
+    def _wrap(self, module: Any, name: str, make: Any) -> None:
+        original = getattr(module, name)
+        self._originals[f"{module.__name__}.{name}"] = original
+        wrapper = make(original)
+        self._wrappers[f"{module.__name__}.{name}"] = wrapper
+        setattr(module, name, wrapper)
+
+    def _wrap_data(self) -> None:
+        probes = self
+
+        def make(original):
+            def load(*args, **kwargs):
+                splits = original(*args, **kwargs)
+                probes._val = splits.val
+                hidden = TensorDataset(splits.test.tensors[0][:0], splits.test.tensors[1][:0])
+                return data.Splits(ProbedDataset(splits.train), splits.val, hidden,
+                                   splits.num_classes, splits.name)
+            return load
+
+        self._wrap(data, "load", make)
+        self._wrap(data, "load_digits", make)
+
+    def _wrap_loader_iter(self) -> None:
+        original, probes = DataLoader.__iter__, self
+
+        def __iter__(loader):
+            if not isinstance(loader.dataset, ProbedDataset):
+                return original(loader)
+            probes.epoch += 1
+            return probes._record(loader, original)
+
+        DataLoader.__iter__ = __iter__
+
+    def _record(self, loader: DataLoader, original: Any):
+        """Iterate ``loader``, adding each batch's training-sample indices to ``fetched`` as it arrives."""
+        name = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+        if not isinstance(getattr(loader, name), _RecordedBatches):
+            # DataLoader refuses to change its sampler after construction; the probes do it once, on purpose
+            object.__setattr__(loader, name, _RecordedBatches(getattr(loader, name), deque()))
+        dispatched = getattr(loader, name).dispatched
+        dispatched.clear()
+        for item in original(loader):
+            if dispatched:
+                self.fetched.extend(dispatched.popleft())
+            yield item
+
+    def _wrap_process_group(self) -> None:
+        def make_init(original):
+            def init_process_group(*args, **kwargs):
+                result = original(*args, **kwargs)
+                self.emit("init", backend=str(dist.get_backend()), world_size=dist.get_world_size(),
+                          group_rank=dist.get_rank(), pid=os.getpid())
+                return result
+            return init_process_group
+
+        def make_destroy(original):
+            def destroy_process_group(*args, **kwargs):
+                self.emit("shutdown", steps=self.steps)
+                return original(*args, **kwargs)
+            return destroy_process_group
+
+        self._wrap(dist, "init_process_group", make_init)
+        self._wrap(dist, "destroy_process_group", make_destroy)
+
+    def _wrap_collective(self, name: str) -> None:
+        def make(original):
+            def collective(*args, **kwargs):
+                self.collectives += 1
+                self.emit("collective", op=name, seq=self.collectives, step=self.steps)
+                return original(*args, **kwargs)
+            return collective
+
+        self._wrap(dist, name, make)
+
+    # ----------------------------------------------------------------------------------------- steps
+    def _parameters(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _fingerprint(self, params: list[torch.Tensor]) -> list[float]:
+        flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
+        if self._projection is None or self._projection.shape[1] != flat.numel():
+            generator = torch.Generator().manual_seed(self.seed)
+            self._projection = torch.randn(FINGERPRINT_DIMS, flat.numel(), generator=generator,
+                                           dtype=torch.float64)
+        return (self._projection @ flat).tolist() + [float(flat.norm())]
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        params = self._parameters(optimizer)
+        self._pending_grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                               for p in params]
+        if self.steps == 0:
+            self.emit("initial", fingerprint=self._fingerprint(params))
+        if self.rank == 0 and self.steps < FULL_STEPS:
+            self._pending_full = {"params_before": encode(params),
+                                  "shapes": [list(p.shape) for p in params]}
+        else:
+            self._pending_full = {}
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._pending_grads is None:  # the outer step of a wrapping optimizer: counted once, inside
+            return
+        grads, self._pending_grads = self._pending_grads, None
+        self.steps += 1
+        self._optimizer = weakref.ref(optimizer)
+        params = self._parameters(optimizer)
+        fields: dict[str, Any] = {
+            "step": self.steps, "epoch": self.epoch, "indices": self.fetched,
+            "lr": [float(g.get("lr", float("nan"))) for g in optimizer.param_groups],
+            "optimizer": type(optimizer).__name__, "fingerprint": self._fingerprint(params),
+            "world_size": dist.get_world_size() if dist.is_initialized() else None,
+            "backend": str(dist.get_backend()) if dist.is_initialized() else None,
+        }
+        self.fetched = []
+        if self._pending_full:
+            fields.update(self._pending_full, grads=encode(grads), hyper=_hyperparameters(optimizer))
+        self.emit("step", **fields)
+        self._check_tampering()
+
+    def _check_tampering(self) -> None:
+        for key, wrapper in self._wrappers.items():
+            module_name, name = key.rsplit(".", 1)
+            if key not in self._tampered and getattr(sys.modules[module_name], name, None) is not wrapper:
+                self._tampered.add(key)
+                self.emit("tamper", name=key, step=self.steps)
+
+    # ----------------------------------------------------------------------------------------- report, files
+    def _report(self, original):
+        def report(epoch, train_loss, val_accuracy):
+            self.emit("report", epoch=_number(epoch), train_loss=_number(train_loss),
+                      val_accuracy=_number(val_accuracy), true_val_accuracy=self._true_val_accuracy(),
+                      step=self.steps)
+            return original(epoch, train_loss, val_accuracy)
+        return report
+
+    def _true_val_accuracy(self) -> float | None:
+        """Accuracy on the whole validation split of the parameters the optimizer holds right now."""
+        optimizer = self._optimizer() if self._optimizer else None
+        if optimizer is None:
+            return None
+        params = self._parameters(optimizer)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                model = models.DigitsCNN(width=params[0].shape[0])
+            reference = list(model.parameters())
+            if [p.shape for p in reference] != [p.shape for p in params]:
+                return None
+            with torch.no_grad():
+                for mine, theirs in zip(reference, params, strict=True):
+                    mine.copy_(theirs.detach().to("cpu"))
+                val = self._val if self._val is not None else data.load().val
+                images, labels = val.tensors
+                model.eval()
+                return float((model(images).argmax(dim=1) == labels).float().mean())
+        except (RuntimeError, IndexError, ValueError):
+            return None
+
+    def _save(self, original):
+        def save(obj, f, *args, **kwargs):
+            path = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else repr(f)
+            self.emit("save", path=path, step=self.steps)
+            return original(obj, f, *args, **kwargs)
+        return save
+
+    def _audit(self, event: str, args: tuple) -> None:
+        if event != "open" or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR))
+        if writing:
+            path = os.path.abspath(os.fsdecode(args[0]))
+            if path.startswith(os.getcwd()):
+                self.emit("write", path=path, step=self.steps)
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The first param group's JSON-able settings (lr, betas, eps, momentum, ...)."""
+    out = {}
+    for key, value in optimizer.param_groups[0].items():
+        if key == "params":
+            continue
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            out[key] = value
+        elif isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value):
+            out[key] = list(value)
+    return out
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,72 @@
+"""Render saved results: Gradescope ``results.json``, a CSV gradebook, a feedback text per student.
+
+Every function here reads :class:`~grader.results.Results` only; nothing re-runs a submission. Used by
+``grader check``, ``grader grade`` and ``grader gradescope`` (notebook 06).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from grader.checks import CHECKS
+from grader.results import Results
+
+
+def feedback(results: Results, visible_only: bool = False) -> str:
+    """The text a student reads: status, one line per check (what passed, what to fix), then the output."""
+    lines = [f"{results.submission}: {results.score:g} / {results.max_score:g} points   status: {results.status}"]
+    if results.status != "ok":
+        lines.append(f"  {results.detail}")
+    for check in results.checks:
+        if visible_only and check.visibility != "visible":
+            continue
+        mark = "PASS" if check.passed else "FAIL"
+        lines.append(f"  [{mark}] {check.title} ({check.score:g}/{check.max_score:g}): {check.message}")
+    if results.output.strip():
+        lines += ["", results.output.rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def gradescope(results: Results) -> dict:
+    """The Gradescope autograder ``results.json`` for one submission."""
+    return {
+        "score": results.score,
+        "execution_time": round(results.elapsed_s, 1),
+        "output": f"status: {results.status}. {results.detail}",
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": [{"name": c.title, "number": str(i + 1), "score": c.score, "max_score": c.max_score,
+                   "visibility": c.visibility, "status": "passed" if c.passed else "failed", "output": c.message}
+                  for i, c in enumerate(results.checks)],
+    }
+
+
+def write_gradescope(results: Results, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(gradescope(results), indent=2))
+
+
+def gradebook_columns() -> list[str]:
+    return ["submission", "status", "score", "max_score", *(c.name for c in CHECKS), "test_accuracy",
+            "elapsed_s", "detail"]
+
+
+def write_gradebook(all_results: list[Results], path: Path) -> None:
+    """CSV: a points-possible row, then one row per submission (sorted by name), with a status column."""
+    path = Path(path)
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(gradebook_columns())
+        possible = sum(c.points for c in CHECKS)
+        writer.writerow(["points possible", "", possible, possible, *(c.points for c in CHECKS), "", "", ""])
+        for results in sorted(all_results, key=lambda r: r.submission):
+            scores = {c.name: c.score for c in results.checks}
+            accuracy = "" if results.test_accuracy is None else f"{results.test_accuracy:.4f}"
+            writer.writerow([results.submission, results.status, results.score, results.max_score,
+                             *(scores.get(c.name, 0.0) for c in CHECKS), accuracy, f"{results.elapsed_s:.1f}",
+                             results.detail])
+    tmp.replace(path)

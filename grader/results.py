@@ -1,0 +1,80 @@
+"""The results object of one graded submission: what the runner returns, saves raw, and reports render.
+
+Plain dataclasses that round-trip through JSON (``to_dict`` / ``from_dict``), so a class's results can be
+saved as they complete and rendered later (CSV, Gradescope, feedback) without re-running anything. Used by
+the grader of notebook 06.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One rubric line for one submission."""
+
+    name: str
+    title: str
+    score: float
+    max_score: float
+    visibility: str  # visible / after_published / hidden (Gradescope's terms)
+    passed: bool
+    message: str  # what to tell the student, in the course's terms
+
+
+@dataclass
+class Results:
+    """Everything the grader concluded about one submission.
+
+    Attributes:
+        submission: the submission's name (file or folder name).
+        status: ``ok``, ``timeout``, ``crash on rank k``, ``hang on rank k``, ``out of memory``,
+            ``too many processes``, ``output limit``, ``bad submission``, ...
+        detail: why, in the course's terms.
+        checks: one entry per check that was run.
+        elapsed_s: wall time of the whole grading of this submission.
+        test_accuracy: the grader's own evaluation of the checkpoint, or None.
+        output: the head of rank 0's output and the tail of a failing rank's errors, for the feedback.
+        seed: the grader's evaluation seed (derived from the submission's content, so regrading agrees).
+    """
+
+    submission: str
+    status: str
+    detail: str
+    checks: list[CheckResult] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    test_accuracy: float | None = None
+    output: str = ""
+    seed: int = 0
+
+    @property
+    def score(self) -> float:
+        return sum(c.score for c in self.checks)
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.max_score for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "score": self.score, "max_score": self.max_score}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Results:
+        raw = {k: v for k, v in raw.items() if k not in ("score", "max_score")}
+        raw["checks"] = [CheckResult(**c) for c in raw.get("checks", [])]
+        return cls(**raw)
+
+    def save(self, path: Path) -> None:
+        """Write the raw results as JSON (atomically: a reader never sees half a file)."""
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Results:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,274 @@
+"""Grade one submission: check the file, run it on 4 ranks in the sandbox, collect evidence, run the checks.
+
+    results = grade(Path("train_4gpu.py"))          # a Results object; nothing printed, nothing rendered
+    results.save(Path("results.json"))              # raw; grader.reports renders CSV, Gradescope, feedback
+
+The run: a fresh directory holding only the submission (as ``train_4gpu.py``); a fresh key; ``python -m
+grader.launcher`` inside :func:`grader.sandbox.run` (own session and uid, wall/memory/process/file/CPU
+limits, loopback only) starting 4 ranks with torchrun's environment; the probes' signed records read
+from an inherited pipe; the checkpoint evaluated by :mod:`grader.evaluate` in a second sandboxed
+process. A result is always returned, with a status. Used by the grader of notebook 06.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from course import data, world
+from grader import channel, sandbox
+from grader.assignment import ASSIGNMENT, Assignment
+from grader.checks import CHECKS
+from grader.evidence import Evidence, collect, replay_first_steps
+from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
+from grader.results import CheckResult, Results
+
+ROOT = Path(__file__).resolve().parent.parent  # holds the grader and course packages
+STARTER = ROOT / "notebooks" / "assignment" / "train_1gpu.py"
+BAD = "bad submission"
+
+
+@dataclass(frozen=True)
+class GradingConfig:
+    """How to grade."""
+
+    assignment: Assignment = ASSIGNMENT
+    limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=180.0))  # the 4-rank run
+    eval_limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=60.0, cpu_s=60))
+    straggler_s: float = 20.0  # after one rank finishes, how long the others may take before they count as hung
+    visible_only: bool = False  # True for the student's self-check
+    isolation: str = "auto"  # sandbox.run's isolation ("process-tree" skips the root-only containment)
+
+
+class BadSubmission(ValueError):
+    """The submission cannot be run: the message says what was expected and how to fix it."""
+
+
+def find_script(path: Path, assignment: Assignment = ASSIGNMENT) -> Path:
+    """The Python script to grade: ``path`` itself, or the one script in the folder ``path``.
+
+    Raises:
+        BadSubmission: missing, a notebook, not a .py file, several candidates, empty, not text, not
+            valid Python, the unchanged starter, or not a training script.
+    """
+    path = Path(path)
+    if path.is_dir():
+        scripts = sorted(path.rglob("*.py"))
+        named = [p for p in scripts if p.name == assignment.script_name]
+        if named or len(scripts) == 1:
+            path = (named or scripts)[0]
+        elif not scripts:
+            notebooks = sorted(path.rglob("*.ipynb"))
+            path = notebooks[0] if notebooks else path / assignment.script_name
+        else:
+            raise BadSubmission(f"the submission holds {len(scripts)} Python files and none is named "
+                                f"{assignment.script_name}: submit {assignment.script_name} alone.")
+    _check_script(path, assignment)
+    return path
+
+
+def _check_script(path: Path, assignment: Assignment) -> None:
+    if not path.is_file():
+        raise BadSubmission(f"no file {path.name} was submitted: submit your {assignment.script_name}.")
+    if path.suffix == ".ipynb":
+        raise BadSubmission(f"{path.name} is a notebook, not a script: submit the {assignment.script_name} that "
+                            "the %%writefile cell of notebook 06 wrote (torchrun runs scripts, not notebooks).")
+    if path.suffix != ".py":
+        raise BadSubmission(f"{path.name} is not a Python script: submit {assignment.script_name}.")
+    raw = path.read_bytes()
+    try:
+        source = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadSubmission(f"{path.name} is not UTF-8 text: submit the Python source file.") from None
+    if not source.strip():
+        raise BadSubmission(f"{path.name} is empty: submit your {assignment.script_name}.")
+    try:
+        compile(source, path.name, "exec")
+    except SyntaxError as error:
+        raise BadSubmission(f"{path.name} is not valid Python: {error.msg} at line {error.lineno}. Run it once "
+                            "yourself (the notebook's run cell) before submitting.") from None
+    if STARTER.is_file() and raw == STARTER.read_bytes():
+        raise BadSubmission("this is the unchanged single-device starter: submit your 4-GPU version.")
+    if "torch" not in source and "course" not in source:
+        raise BadSubmission(f"{path.name} imports neither torch nor course: this is not the assignment's "
+                            "training script.")
+
+
+def submission_seed(script: Path) -> int:
+    """The evaluation seed: from the submission's content, so the student cannot pick it and regrading agrees."""
+    return int.from_bytes(hashlib.sha256(b"multigpu-course grader\0" + script.read_bytes()).digest()[:4], "big")
+
+
+def _env() -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
+    for name in (world.EMULATE_ENV, "CUDA_VISIBLE_DEVICES"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def _python() -> list[str]:
+    # -P: the run directory (which the student's code can write) is not searched for grader modules
+    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
+
+
+def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
+    """Grade one submission (a script, or a folder holding it); always returns Results, never raises for it."""
+    start = time.monotonic()
+    name = Path(submission).name
+    try:
+        script = find_script(Path(submission), config.assignment)
+    except BadSubmission as error:
+        return _finish(Results(name, BAD, str(error)), None, config, start)
+    seed = submission_seed(script)
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        run_dir = Path(tmp) / "run"
+        run_dir.mkdir()
+        shutil.copyfile(script, run_dir / config.assignment.script_name)
+        evidence, result, extra = _run(run_dir, seed, config)
+        evidence.status, detail = _status(evidence, result, config)
+        checkpoint = run_dir / config.assignment.checkpoint
+        if checkpoint.is_file():
+            _evaluate(checkpoint, Path(tmp), seed, evidence, config)
+        else:
+            evidence.checkpoint_error = (f"no checkpoint at {config.assignment.checkpoint}: save "
+                                         "model.state_dict() there on rank 0 after training.")
+    replay_first_steps(evidence)
+    results = Results(name, evidence.status, detail, seed=seed, test_accuracy=evidence.test_accuracy,
+                      output=extra)
+    return _finish(results, evidence, config, start)
+
+
+def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, sandbox.SandboxResult, str]:
+    key = channel.new_key()
+    record_r, record_w = os.pipe()
+    key_fd = channel.key_pipe(key)
+    reader = channel.Reader(os.fdopen(record_r, "rb"), key)
+    env = {**_env(), KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(record_w), SEED_ENV: str(seed)}
+    argv = [*_python(), "-m", "grader.launcher", "--nproc", str(config.assignment.world_size),
+            "--straggler-s", str(config.straggler_s), config.assignment.script_name]
+    try:
+        result = sandbox.run(argv, cwd=run_dir, env=env, limits=config.limits, pass_fds=(key_fd, record_w),
+                             isolation=config.isolation)
+    finally:
+        os.close(record_w)
+        os.close(key_fd)
+    records = reader.result()
+    evidence = collect(records, config.assignment.world_size, world.detect_hardware().backend)
+    evidence.rejected_records = reader.rejected
+    evidence.train_size = len(data.load().train)
+    return evidence, result, _output(evidence, result)
+
+
+def _output(evidence: Evidence, result: sandbox.SandboxResult) -> str:
+    parts = []
+    if 0 in evidence.exits:
+        shown, printed = evidence.exits[0]["stdout"][:2000], evidence.exits[0]["stdout_bytes"]
+        if printed > len(shown.encode()):
+            shown += f"\n[... rank 0 printed {printed} bytes in all; only the first are shown]"
+        parts.append("--- rank 0 output ---\n" + shown)
+    for rank, exit_ in sorted(evidence.exits.items()):
+        if exit_["returncode"] != 0 and not exit_.get("stopped"):
+            parts.append(f"--- rank {rank} errors (tail) ---\n" + exit_["stderr"][-3000:])
+            break
+    if not evidence.exits:
+        parts.append("--- output ---\n" + result.stdout[:2000] + "\n" + result.stderr[-3000:])
+    return "\n".join(parts)
+
+
+_MEMORY = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "can't allocate memory")
+
+
+def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -> tuple[str, str]:
+    """How the run ended, naming ranks: from the sandbox's verdict, the launcher's and the probes' records."""
+    if result.status == "timeout":
+        unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
+        if 0 < len(unfinished) < ev.world_size:
+            return _hang(ev, unfinished)
+        waiting = [r for r in ev.ranks if ev.last_record.get(r, {}).get("kind") == "collective"]
+        if 0 < len(waiting) < ev.world_size:
+            return _hang(ev, [r for r in ev.ranks if r not in waiting])
+        return "timeout", result.detail
+    if result.status not in ("ok", "error"):
+        return result.status, result.detail
+    hung = [r for r, e in sorted(ev.exits.items()) if e.get("stopped") == "hang"]
+    if hung:
+        return _hang(ev, hung)
+    failed = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")]
+    torn_down = [r for r in failed if any(end["exit_code"] == 0 for end in ev.ends.get(r, []))]
+    failed = [r for r in failed if r not in torn_down]
+    if failed:  # the cause is a memory or process error anywhere, else the rank that failed first
+        for rank in failed:
+            stderr = ev.exits[rank]["stderr"]
+            if any(s in stderr for s in _MEMORY):
+                return "out of memory", f"rank {rank} ran out of memory: keep per-rank batches small."
+            if "Resource temporarily unavailable" in stderr:
+                return "too many processes", f"rank {rank} could not start more processes or threads."
+        first = min(failed, key=lambda r: ev.exits[r].get("order", r))
+        stderr, code = ev.exits[first]["stderr"], ev.exits[first]["returncode"]
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
+        return f"crash on rank {first}", (f"rank {first} failed first ({last[:300]}); the other ranks could not "
+                                          "go on without it.")
+    if len(ev.exits) < ev.world_size:
+        return "error", f"the ranks could not be started: {result.detail} {result.stderr[-500:]}"
+    if torn_down:  # after the script itself had finished: not the student's doing, and not repeatable
+        return "ok", (f"all ranks finished; rank(s) {', '.join(map(str, torn_down))} then aborted while the "
+                      "interpreter shut down (torch teardown), which is not counted")
+    return "ok", "all ranks finished"
+
+
+def _hang(ev: Evidence, ranks: list[int]) -> tuple[str, str]:
+    """``hang on rank k``: ``ranks`` never got where the others did; say which collective the others wait in."""
+    waiting = [f"rank {r} waits in {ev.last_record[r]['op']}() (its collective #{ev.last_record[r]['seq']})"
+               for r in ev.ranks if ev.last_record.get(r, {}).get("kind") == "collective"]
+    names = ", ".join(str(r) for r in ranks)
+    detail = (f"rank(s) {names} never got to where the other ranks were, and the run was stopped. "
+              + ("; ".join(waiting) + ". " if waiting else "")
+              + "Every rank must reach every collective, in the same order.")
+    return f"hang on rank {names}", detail
+
+
+def _evaluate(checkpoint: Path, tmp: Path, seed: int, ev: Evidence, config: GradingConfig) -> None:
+    """The grader's own test accuracy of the checkpoint, from a clean sandboxed process."""
+    eval_dir = tmp / "evaluate"
+    eval_dir.mkdir()
+    shutil.copyfile(checkpoint, eval_dir / "checkpoint.pt")
+    images, labels = data.load().test.tensors
+    torch.save({"images": images, "labels": labels}, eval_dir / "test.pt")  # the evaluator need not load data
+    result = sandbox.run([*_python(), "-m", "grader.evaluate", "checkpoint.pt", "--seed", str(seed),
+                          "--test-data", "test.pt"],
+                         cwd=eval_dir, env=_env(), limits=config.eval_limits, isolation=config.isolation)
+    try:
+        verdict = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        ev.checkpoint_error = f"the checkpoint could not be evaluated ({result.status}: {result.detail})."
+        return
+    ev.test_accuracy = verdict.get("accuracy")
+    ev.checkpoint_error = verdict.get("error")
+
+
+def _finish(results: Results, evidence: Evidence | None, config: GradingConfig, start: float) -> Results:
+    for check in CHECKS:
+        if config.visible_only and check.visibility != "visible":
+            continue
+        if evidence is None:
+            passed, message = False, f"not run: {results.detail}"
+        else:
+            try:
+                passed, message = check.test(evidence, config.assignment)
+            except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
+                passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
+        results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
+                                          check.points, check.visibility, passed, message))
+    results.elapsed_s = time.monotonic() - start
+    return results

@@ -1,0 +1,3 @@
+"""Never ends: the wall limit must stop it."""
+while True:
+    pass

@@ -1,0 +1,128 @@
+"""grader.checks: on a synthetic perfect run every check passes; each defect fails exactly its check."""
+
+import copy
+
+import pytest
+import torch
+
+from grader.assignment import ASSIGNMENT
+from grader.checks import CHECKS
+from grader.evidence import Evidence, fingerprints_equal
+from grader.replay import Comparison
+
+pytestmark = pytest.mark.unit6
+N, W, B, STEPS_PER_EPOCH, EPOCHS = 1197, 4, 32, 10, 2
+
+
+def shards(epoch: int) -> list[list[int]]:
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(epoch)).tolist()
+    order += order[: 1200 - N]  # DistributedSampler pads to a multiple of world_size
+    return [order[r::W] for r in range(W)]
+
+
+def perfect_run() -> Evidence:
+    ev = Evidence(world_size=W, expected_backend="gloo", train_size=N)
+    for r in ev.ranks:
+        ev.inits[r] = [{"kind": "init", "rank": r, "backend": "gloo", "world_size": W}]
+        ev.initials[r] = [{"fingerprint": [1.0, 2.0, 3.0, 4.0, 5.0]}]
+        ev.shutdowns[r] = [{"kind": "shutdown"}]
+        ev.ends[r] = [{"kind": "end", "exit_code": 0}]
+        ev.exits[r] = {"returncode": 0, "stdout_bytes": 300 if r == 0 else 0, "stdout": ""}
+        ev.steps[r] = []
+        for epoch in range(EPOCHS):
+            mine = shards(epoch)[r]
+            for s in range(STEPS_PER_EPOCH):
+                number = epoch * STEPS_PER_EPOCH + s + 1
+                ev.steps[r].append({"step": number, "epoch": epoch, "indices": mine[s * B:(s + 1) * B],
+                                    "lr": [0.008 * min(1.0, number / 10)], "fingerprint": [float(number)] * 5})
+    ev.saves[0] = [{"path": "/run/checkpoint.pt"}]
+    ev.reports[0] = [{"epoch": e, "val_accuracy": 0.9, "true_val_accuracy": 0.9000001} for e in range(EPOCHS)]
+    ev.test_accuracy = 0.97
+    ev.comparisons = [Comparison(1, 1e-7, 1.0), Comparison(2, 2e-7, 1.0)]
+    return ev
+
+
+def failures(ev: Evidence) -> set[str]:
+    return {c.name for c in CHECKS if not c.test(ev, ASSIGNMENT)[0]}
+
+
+def test_the_rubric_is_declared_once_with_points_and_visibility():
+    names = [c.name for c in CHECKS]
+    assert len(names) == len(set(names))
+    assert sum(c.points for c in CHECKS) == 100
+    assert {c.visibility for c in CHECKS} <= {"visible", "after_published", "hidden"}
+
+
+def test_a_perfect_run_passes_everything():
+    ev = perfect_run()
+    assert failures(ev) == set()
+
+
+def defect(name):
+    ev = perfect_run()
+    if name == "same_data":
+        for r in ev.ranks:
+            for s, step in enumerate(ev.steps[r]):
+                step["indices"] = ev.steps[0][s]["indices"]
+    elif name == "no_set_epoch":
+        for r in ev.ranks:
+            for s in range(STEPS_PER_EPOCH):
+                ev.steps[r][STEPS_PER_EPOCH + s]["indices"] = ev.steps[r][s]["indices"]
+    elif name == "diverged":
+        ev.steps[2][5]["fingerprint"] = [9.0] * 5
+    elif name == "summed":
+        ev.comparisons = [Comparison(1, 3.0, 4.0)]
+    elif name == "unscaled":
+        for r in ev.ranks:
+            for step in ev.steps[r]:
+                step["lr"] = [0.002 * min(1.0, step["step"] / 10)]
+    elif name == "no_warmup":
+        for step in ev.steps[0]:
+            step["lr"] = [0.008]
+    elif name == "every_rank_saves":
+        ev.saves[3] = [{"path": "/run/checkpoint.pt"}]
+    elif name == "ranks_print":
+        ev.exits[1]["stdout_bytes"] = 40
+    elif name == "not_averaged":
+        ev.reports[0][1]["val_accuracy"] = 0.95
+    elif name == "low_accuracy":
+        ev.test_accuracy = 0.5
+    elif name == "tampered":
+        ev.tampers[0] = [{"name": "torch.distributed.all_reduce"}]
+    elif name == "no_shutdown":
+        del ev.shutdowns[3]
+    return ev
+
+
+@pytest.mark.parametrize("name, failed, phrase", [
+    ("same_data", {"disjoint_shards"}, "ranks 1–3 saw the same samples as rank 0"),
+    ("no_set_epoch", {"reshuffled"}, "set_epoch"),
+    ("diverged", {"equal_parameters"}, "after step 6"),
+    ("summed", {"matches_single_process"}, "4.00x"),
+    ("unscaled", {"lr_scaled"}, "linearly to 0.008"),
+    ("no_warmup", {"lr_scaled"}, "warm it up"),
+    ("every_rank_saves", {"rank0_checkpoint_and_logs"}, "rank 0 only"),
+    ("ranks_print", {"rank0_checkpoint_and_logs"}, "rank 1 printed"),
+    ("not_averaged", {"metrics_averaged"}, "reported val_accuracy 0.9500"),
+    ("low_accuracy", {"target_accuracy"}, "0.500"),
+    ("tampered", {"integrity"}, "torch.distributed.all_reduce"),
+    ("no_shutdown", {"ran_to_the_end"}, "shut down cleanly"),
+])
+def test_each_defect_fails_exactly_its_check_and_says_why(name, failed, phrase):
+    ev = defect(name)
+    assert failures(ev) == failed
+    check = next(c for c in CHECKS if c.name in failed)
+    assert phrase in check.test(ev, ASSIGNMENT)[1]
+
+
+def test_a_failed_run_fails_ran_to_the_end_with_its_status():
+    ev = copy.deepcopy(perfect_run())
+    ev.status = "hang on rank 3"
+    passed, message = CHECKS[0].test(ev, ASSIGNMENT)
+    assert not passed and "hang on rank 3" in message
+
+
+def test_fingerprints_tolerate_rounding_only():
+    assert fingerprints_equal([1.0, 1e6], [1.0 + 1e-9, 1e6 + 1e-3])
+    assert not fingerprints_equal([1.0, 2.0], [1.0, 2.1])
+    assert not fingerprints_equal([1.0], [1.0, 2.0])

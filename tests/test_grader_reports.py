@@ -1,0 +1,51 @@
+"""grader.reports and grader.results: raw JSON round trip, gradebook with points possible, Gradescope format."""
+
+import csv
+import json
+
+import pytest
+
+from grader import reports
+from grader.checks import CHECKS
+from grader.results import CheckResult, Results
+
+pytestmark = pytest.mark.unit6
+
+
+def sample(name="alice.py", status="ok", passed=True) -> Results:
+    checks = [CheckResult(c.name, c.title, c.points if passed else 0.0, c.points, c.visibility, passed,
+                          f"message for {c.name}") for c in CHECKS]
+    return Results(name, status, "detail", checks, elapsed_s=12.3, test_accuracy=0.97, output="epoch 0", seed=7)
+
+
+def test_results_round_trip_through_json(tmp_path):
+    results = sample()
+    results.save(tmp_path / "r.json")
+    again = Results.load(tmp_path / "r.json")
+    assert again == results and again.score == 100 and again.max_score == 100
+
+
+def test_gradebook_has_a_points_possible_row_and_a_status_column(tmp_path):
+    reports.write_gradebook([sample("bob.py", "hang on rank 3", False), sample()], tmp_path / "g.csv")
+    rows = list(csv.DictReader(open(tmp_path / "g.csv")))
+    assert rows[0]["submission"] == "points possible" and float(rows[0]["score"]) == 100
+    assert [r["submission"] for r in rows[1:]] == ["alice.py", "bob.py"]
+    assert rows[2]["status"] == "hang on rank 3" and float(rows[2]["score"]) == 0
+    assert {c.name for c in CHECKS} <= set(rows[0])
+
+
+def test_gradescope_results_follow_the_format(tmp_path):
+    reports.write_gradescope(sample(passed=False), tmp_path / "out" / "results.json")
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["score"] == 0 and len(data["tests"]) == len(CHECKS)
+    test = data["tests"][1]
+    assert set(test) >= {"name", "score", "max_score", "visibility", "output", "status"}
+    assert test["status"] == "failed" and test["output"] == f"message for {CHECKS[1].name}"
+
+
+def test_feedback_lists_every_check_and_hides_hidden_ones_on_request():
+    text = reports.feedback(sample(status="timeout", passed=False))
+    assert "status: timeout" in text and text.count("[FAIL]") == len(CHECKS)
+    hidden = [c for c in CHECKS if c.visibility == "hidden"]
+    visible_text = reports.feedback(sample(), visible_only=True)
+    assert all(c.title not in visible_text for c in hidden)

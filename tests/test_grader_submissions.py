@@ -1,0 +1,144 @@
+"""The proof: the reference gets full marks; each broken or hostile submission fails exactly its check(s).
+
+Every submission in tests/submissions/ is graded for real (4 ranks in the sandbox), two at a time, once per
+test session; each test then reads its results. Expensive: about 16 four-rank runs (see the module's timing
+in the grader engineer's report). Hostile runs get tight limits so they end quickly.
+"""
+
+import csv
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from grader import cli
+from grader.checks import CHECKS
+from grader.runner import GradingConfig, grade
+from grader.sandbox import Limits
+
+pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(1800)]
+SUBMISSIONS = Path(__file__).parent / "submissions"
+ALL = {c.name for c in CHECKS}
+SCORED = {c.name for c in CHECKS if c.points > 0}
+BASE = GradingConfig(straggler_s=10.0)
+CONFIGS = {
+    "infinite_loop": replace(BASE, limits=Limits(wall_s=30.0)),
+    "hang_in_collective": replace(BASE, limits=Limits(wall_s=45.0)),
+    "memory_bomb": replace(BASE, limits=Limits(memory_bytes=2**30)),
+}
+# submission -> (status, the exact set of checks it must fail)
+EXPECTED = {
+    "reference": ("ok", set()),
+    "no_sampler": ("ok", {"disjoint_shards"}),
+    "no_set_epoch": ("ok", {"reshuffled"}),
+    "summed_gradients": ("ok", {"matches_single_process"}),
+    # rank 0's model is not the others', so the averaged accuracy is not rank 0's model's either
+    "per_rank_seeds": ("ok", {"equal_parameters", "matches_single_process", "metrics_averaged"}),
+    "every_rank_checkpoints": ("ok", {"rank0_checkpoint_and_logs"}),
+    "unscaled_lr": ("ok", {"lr_scaled"}),
+    "no_checkpoint": ("ok", {"rank0_checkpoint_and_logs", "target_accuracy"}),
+    "fake_score": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
+    "noop_allreduce": ("ok", {"equal_parameters", "matches_single_process", "metrics_averaged", "integrity"}),
+    "output_flood": ("ok", {"rank0_checkpoint_and_logs"}),
+    "exit_before_training": ("ok", SCORED),
+    "hang_in_collective": ("hang on rank 3", SCORED),
+    "crash_on_rank_2": ("crash on rank 2", SCORED),
+    "infinite_loop": ("timeout", SCORED),
+    "memory_bomb": ("out of memory", SCORED),
+    "fork_bomb": ("too many processes", SCORED),
+}
+
+
+@pytest.fixture(scope="module")
+def graded():
+    def one(name):
+        return name, grade(SUBMISSIONS / f"{name}.py", CONFIGS.get(name, BASE))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, EXPECTED))
+
+
+def test_every_submission_is_in_the_proof_set():
+    assert {p.stem for p in SUBMISSIONS.glob("*.py")} == set(EXPECTED)
+
+
+def test_every_check_is_failed_by_some_submission_that_ran_normally():
+    assert set().union(*(failed for status, failed in EXPECTED.values() if status == "ok")) == ALL
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_the_submission_gets_its_status_and_fails_exactly_its_checks(graded, name):
+    status, failed = EXPECTED[name]
+    results = graded[name]
+    got = {c.name for c in results.checks if not c.passed}
+    assert (results.status, got) == (status, failed), results.detail + "\n" + "\n".join(
+        f"{c.name}: {c.message}" for c in results.checks if not c.passed)
+
+
+def test_the_reference_gets_full_marks(graded):
+    assert graded["reference"].score == graded["reference"].max_score == 100
+
+
+def test_feedback_speaks_the_course_language(graded):
+    message = {c.name: c.message for c in graded["no_sampler"].checks}["disjoint_shards"]
+    assert "ranks 1–3 saw the same samples as rank 0" in message and "DistributedSampler" in message
+    summed = {c.name: c.message for c in graded["summed_gradients"].checks}["matches_single_process"]
+    assert "4.00x" in summed and "divide by world_size" in summed
+    assert "barrier()" in graded["hang_in_collective"].detail
+    assert "deliberate failure on rank 2" in graded["crash_on_rank_2"].detail
+
+
+def test_printed_numbers_are_not_believed(graded):
+    results = graded["fake_score"]
+    assert "0.99" in results.output  # it printed a fake score ...
+    assert results.test_accuracy < 0.92  # ... the grader measured its own
+    assert "forged lines" in {c.name: c.message for c in results.checks}["integrity"]
+
+
+def test_flooded_output_is_truncated(graded):
+    results = graded["output_flood"]
+    assert "bytes in all" in results.output and len(results.output) < 20_000
+
+
+def test_a_class_is_graded_in_parallel_and_nothing_is_lost(tmp_path, graded):
+    folder = tmp_path / "class"
+    folder.mkdir()
+    (folder / "alice.py").write_text((SUBMISSIONS / "reference.py").read_text())
+    (folder / "bob.py").write_text("import torch\ndef main(:\n")
+    (folder / "carol").mkdir()  # a folder holding a notebook instead of a script
+    (folder / "carol" / "train_4gpu.ipynb").write_text("{}")
+    (folder / "dave.py").write_text("")
+    out = tmp_path / "out"
+    assert cli.main(["grade", str(folder), "-o", str(out), "-j", "2"]) == 0
+    rows = list(csv.reader(open(out / "gradebook.csv")))
+    assert rows[1][0] == "points possible" and len(rows) == 6
+    statuses = {r[0]: r[1] for r in rows[2:]}
+    assert statuses == {"alice.py": "ok", "bob.py": "bad submission", "carol": "bad submission",
+                        "dave.py": "bad submission"}
+    alice = json.loads((out / "gradescope" / "alice" / "results.json").read_text())
+    assert alice["score"] == 100 and (out / "feedback" / "bob.txt").read_text().count("not valid Python") >= 1
+    # regrading the same submission gives the same grade, check by check
+    again = json.loads((out / "results" / "alice.json").read_text())
+    first = graded["reference"]
+    assert [(c["name"], c["score"]) for c in again["checks"]] == [(c.name, c.score) for c in first.checks]
+    assert again["test_accuracy"] == first.test_accuracy
+
+
+def test_run_autograder_always_writes_results(tmp_path):
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    (submission / "train_4gpu.ipynb").write_text("{}")
+    out = tmp_path / "results" / "results.json"
+    assert cli.main(["gradescope", "--submission", str(submission), "--results", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["score"] == 0 and "notebook" in data["output"] and len(data["tests"]) == len(CHECKS)
+
+
+def test_self_check_prints_feedback_and_fails_on_a_bad_file(tmp_path, capsys):
+    bad = tmp_path / "train_4gpu.py"
+    bad.write_text("")
+    assert cli.main(["check", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "bad submission" in out and "grader's probes" not in out  # hidden checks stay hidden
