@@ -102,7 +102,8 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, tim
     except BaseException:  # noqa: B036 - the launcher must hear about every way a rank can end
         sys.stdout.flush()
         channel.put(("error", rank, traceback.format_exc()))
-    finally:
+        world.shutdown(barrier=False)
+    else:
         world.shutdown()
 
 

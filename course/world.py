@@ -192,9 +192,16 @@ def print0(*args: object, **kwargs: object) -> None:
         print(*args, **kwargs)
 
 
-def shutdown() -> None:
-    """Leave the process group cleanly (a no-op if none was joined)."""
+def shutdown(barrier: bool = True) -> None:
+    """Leave the process group cleanly (a no-op if none was joined).
+
+    Args:
+        barrier: wait for every rank first, so no rank tears down its connections while a peer still uses them
+            (gloo can abort a rank at exit otherwise). Pass False after a failure, when peers may never arrive.
+    """
     if dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 
