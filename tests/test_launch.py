@@ -1,20 +1,14 @@
 """course.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
 
-import os
 
 import psutil
 import pytest
 import rank_functions as rf
+from processes import live_children
 
 from course.launch import RankFailed, RankTimeout, launch
 
 pytestmark = [pytest.mark.unit0, pytest.mark.slow]
-
-
-def live_children() -> list[psutil.Process]:
-    """Processes started under this test, less multiprocessing's own long-lived resource tracker."""
-    return [p for p in psutil.Process(os.getpid()).children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
 
 
 def test_results_come_back_in_rank_order():

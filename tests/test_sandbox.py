@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from processes import live_children
 
 from grader import sandbox
 from grader.sandbox import Limits, SandboxResult, run
@@ -43,7 +44,7 @@ def sandboxed(argv: list[str], cwd: Path, isolation: str = "auto", pass_fds: tup
                  isolation=isolation)
     returned = time.time()
     assert result.status in sandbox.STATUSES
-    assert psutil.Process().children(recursive=True) == []
+    assert live_children() == []
     assert leftovers(argv[-1]) == [], f"{argv[-1]} left processes behind"
     uids = [int(m.split()[1]) for m in result.mechanisms if m.startswith("uid ")]
     for proc in psutil.process_iter(["uids", "status", "create_time"]):
@@ -235,7 +236,7 @@ def test_concurrent_runs_get_different_uids(tmp_path):
     with ThreadPoolExecutor(2) as pool:  # sandboxed() would see the other thread's run as a leftover
         results = list(pool.map(lambda folder: run([sys.executable, "-c", code], cwd=folder, env=dict(os.environ)),
                                 folders))
-    assert psutil.Process().children(recursive=True) == [] and leftovers(code) == []
+    assert live_children() == [] and leftovers(code) == []
     assert [r.status for r in results] == ["ok", "ok"]
     assert len({int(r.stdout) for r in results}) == 2
 
