@@ -28,13 +28,17 @@ needs_root = pytest.mark.skipif(not AS_ROOT, reason="the strong containment (uid
 ISOLATIONS = ["auto", pytest.param("process-tree", marks=needs_root)] if AS_ROOT else ["auto"]
 
 
-def leftovers(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line mentions ``marker`` (forks keep their parent's command line)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in proc.info["cmdline"] or ()):
-            found.append(proc)
-    return found
+def leftovers(marker: str | list[str]) -> list[psutil.Process]:
+    """Live processes whose command line is ``marker`` (a list), or has an argument containing it (a string).
+
+    Forks keep their parent's command line, so both find a run's forks. A string marker must be unique to the
+    test (a program's full path): a short word such as "auto" also matches unrelated processes on the machine.
+    """
+    def matches(cmdline: list[str]) -> bool:
+        return cmdline == marker if isinstance(marker, list) else any(marker in a for a in cmdline)
+
+    return [proc for proc in psutil.process_iter(["cmdline", "status"])
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and matches(proc.info["cmdline"] or [])]
 
 
 def sandboxed(argv: list[str], cwd: Path, isolation: str = "auto", pass_fds: tuple[int, ...] = (),
@@ -45,7 +49,7 @@ def sandboxed(argv: list[str], cwd: Path, isolation: str = "auto", pass_fds: tup
     returned = time.time()
     assert result.status in sandbox.STATUSES
     assert live_children() == []
-    assert leftovers(argv[-1]) == [], f"{argv[-1]} left processes behind"
+    assert leftovers(argv) == [], f"{argv} left processes behind"
     uids = [int(m.split()[1]) for m in result.mechanisms if m.startswith("uid ")]
     for proc in psutil.process_iter(["uids", "status", "create_time"]):
         # Processes a concurrent run (another test session) started later under the same uid are not ours.
