@@ -178,10 +178,27 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
                 results[message[1]] = pickle.loads(message[2])
             else:
                 raise _root_cause(message[1], message[2], processes)
+        _let_exit(processes, channel, deadline)
         return [results[rank] for rank in range(world_size)]
     finally:
         sys.stdout.flush()
         _stop(processes)
+
+
+def _let_exit(processes: list[Any], channel: Any, deadline: float, grace_s: float = 30.0) -> None:
+    """Give ranks that have all reported the time to leave the process group together before any is killed.
+
+    Killing a rank while a peer is still in ``world.shutdown()``'s barrier makes that peer print a
+    "Connection reset by peer" traceback. Output still in the channel is relayed meanwhile.
+    """
+    until = min(deadline, time.monotonic() + grace_s)
+    while any(process.is_alive() for process in processes) and time.monotonic() < until:
+        try:
+            message = channel.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if message[0] == "out":
+            sys.stdout.write(message[1])
 
 
 def _root_cause(rank: int, remote_traceback: str, processes: list[Any], wait_s: float = 1.0) -> RankFailed:

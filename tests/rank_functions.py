@@ -57,3 +57,19 @@ def print_lines() -> int:
 def rank_tensor(numel: int) -> torch.Tensor:
     """A tensor result: it must reach the launcher by value even though this rank exits at once."""
     return torch.full((numel,), float(world.current().rank))
+
+
+def slow_to_leave(marker_dir: str) -> int:
+    """Rank 1 takes a while in ``world.shutdown()``; every rank writes a marker once it has left the group."""
+    me = world.current()
+    leave = world.shutdown
+
+    def slow_shutdown(barrier: bool = True) -> None:
+        if me.rank == 1:
+            time.sleep(1.0)
+        leave(barrier)
+        with open(os.path.join(marker_dir, f"left-{me.rank}"), "w") as marker:
+            marker.write("clean")
+
+    world.shutdown = slow_shutdown
+    return me.rank
