@@ -112,6 +112,13 @@ def unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         offset += tensor.numel()
 
 
+def _bucket_text(layout: list, index: int) -> str:
+    if index >= len(layout):
+        return f"no bucket {index}: {len(layout)} buckets in all"
+    names, shapes, dtype = layout[index]
+    return ", ".join(f"{name} {list(shape)}" for name, shape in zip(names, shapes, strict=True)) + f" ({dtype})"
+
+
 def _choice(name: str, value: object, allowed: Iterable[str]) -> str:
     allowed = list(allowed)
     if value not in allowed:
@@ -164,6 +171,7 @@ class DistributedOptimizer:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.buckets = self._build_buckets(named_parameters, bucket_bytes)
+        self._verify_buckets()
         self._where = {id(p): (b.index, name) for b in self.buckets for name, p in zip(b.names, b.params, strict=True)}
         self._cond = threading.Condition()
         self._closed = False
@@ -196,6 +204,34 @@ class DistributedOptimizer:
             for indices in assign_buckets([p.numel() * p.element_size() for _, p in same], bucket_bytes):
                 buckets.append(Bucket(len(buckets), [same[i][0] for i in indices], [same[i][1] for i in indices]))
         return buckets
+
+    def _verify_buckets(self) -> None:
+        """Check once, as DDP does at construction, that every rank built the same buckets and options.
+
+        Buckets are fixed from here on, so each step's allreduce can skip its own per-call agreement check
+        (``check=False``): a model or an option that differs between ranks is named here instead of hanging
+        (or silently mis-reducing) a step.
+        """
+        options = {"op": self.op, "compression": self.compression, "algorithm": self.algorithm,
+                   "backward_passes_per_step": self.backward_passes_per_step}
+        layout = [(b.names, [tuple(p.shape) for p in b.params], str(b.params[0].dtype)) for b in self.buckets]
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, (options, layout), group=self.group)
+        odd = [rank for rank, theirs in enumerate(everyone) if theirs != everyone[0]]
+        if not odd:
+            return
+        (their_options, theirs), (first_options, first) = everyone[odd[0]], everyone[0]
+        if their_options != first_options:
+            what = f"options {their_options} vs {first_options}"
+        else:
+            where = next((i for i, (a, b) in enumerate(zip(theirs, first, strict=False)) if a != b),
+                         min(len(theirs), len(first)))
+            what = f"bucket {where}: {_bucket_text(theirs, where)} vs {_bucket_text(first, where)}"
+        raise ValueError(
+            f"DistributedOptimizer needs the same model and options on every rank, but rank {odd[0]} differs from "
+            f"rank 0 in {what} (ranks that differ from rank 0: {odd}). Build the model and the optimizer "
+            "identically on every rank (same code, same sizes), then broadcast_parameters."
+        )
 
     def _reset_round(self) -> None:
         """Forget the last step: every parameter again awaits ``backward_passes_per_step`` gradients."""
@@ -261,13 +297,13 @@ class DistributedOptimizer:
         flat = flatten(grads)
         reduce = allreduce.ALGORITHMS[self.algorithm]
         wire_dtype = COMPRESSIONS[self.compression]
-        if wire_dtype is None:
-            reduce(flat, op=self.op, group=self.group)
+        if wire_dtype is None:  # every rank's buckets were verified equal once: no per-call check
+            reduce(flat, op=self.op, group=self.group, check=False)
         else:
             if self.op == "avg":  # divide before the sum so float16 cannot overflow
                 flat.div_(self.world_size)
             wire = flat.to(wire_dtype)
-            reduce(wire, op="sum", group=self.group)
+            reduce(wire, op="sum", group=self.group, check=False)
             flat.copy_(wire)
         unflatten(flat, grads)
         if self.record_events:

@@ -53,6 +53,20 @@ def overlap_times(bucket_bytes: int = 1) -> dict[str, float]:
             "last_end": last.end - backward_end, "buckets": len(optimizer.buckets)}
 
 
+def disagreements() -> dict[str, str]:
+    """The construction error on this rank when rank 1 builds a different model, or passes a different op."""
+    me = world.current()
+    messages = {}
+    for what in ("model", "op"):
+        model = nn.Linear(3, 4 if (what == "model" and me.rank == 1) else 2)
+        op = "sum" if (what == "op" and me.rank == 1) else "avg"
+        try:
+            do.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), op=op)
+        except ValueError as error:
+            messages[what] = str(error)
+    return messages
+
+
 def helpers() -> dict[str, object]:
     """broadcast_parameters, broadcast_optimizer_state and allreduce_metric, seen from one rank."""
     me = world.current()
@@ -77,4 +91,5 @@ def helpers() -> dict[str, object]:
         "sum": do.allreduce_metric(me.rank, op="sum"),
         "tensor": do.allreduce_metric(torch.tensor([1.0, me.rank]), op="sum").tolist(),
         "overlap": overlap_times(),
+        "disagreements": disagreements(),
     }

@@ -55,6 +55,10 @@ def test_broadcasts_metrics_and_overlap_on_two_ranks():
         # the first layer's bucket could only be reduced after backward returned.
         assert overlap["first_start"] < 0
         assert overlap["last_end"] > 0
+        # Verified once at construction (steps then skip the per-call check): named on every rank.
+        model, op = result["disagreements"]["model"], result["disagreements"]["op"]
+        assert "rank 1 differs from rank 0 in bucket 0: bias [4], weight [4, 3] (torch.float32) vs bias [2]," in model
+        assert "'op': 'sum'" in op and "'op': 'avg'" in op
 
 
 @pytest.fixture
