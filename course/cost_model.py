@@ -28,6 +28,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -174,33 +175,35 @@ def _time_once(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor) -> fl
 
 def time_allreduce(nbytes: Sequence[int],
                    algorithms: Sequence[str] | Mapping[str, Callable] = (*ALGORITHMS, REFERENCE),
-                   repeats: int = 5) -> dict[str, dict[int, float]]:
+                   repeats: int = 5, *, samples: bool = False) -> dict[str, dict[int, Any]]:
     """Median seconds per allreduce of float32 tensors of each size, for each algorithm (on every rank).
 
     Algorithms take turns within each repeat, so a noisy neighbour slows them all alike (ratios between
-    them are fairer than absolute times).
+    them are fairer than absolute times, and ratios within one round fairer still).
 
     Args:
         nbytes: tensor sizes in bytes.
         algorithms: names from ``ALGORITHMS`` or ``REFERENCE`` (the backend's ``dist.all_reduce``), or a
             ``{label: fn(tensor)}`` mapping of picklable functions, e.g. ``functools.partial(ring_allreduce,
             check=False)``.
-        repeats: timings per size and algorithm; the median is kept.
+        repeats: timings (rounds) per size and algorithm; the median is kept.
+        samples: return every round's time instead of the median (round ``i`` of every algorithm ran
+            back to back, for paired comparisons).
 
     Returns:
-        ``{label: {nbytes: seconds}}``, the same on every rank.
+        ``{label: {nbytes: seconds}}`` (or ``{label: {nbytes: [seconds per round]}}``), the same on every rank.
     """
     if not isinstance(algorithms, Mapping):
         algorithms = {name: dist.all_reduce if name == REFERENCE else ALGORITHMS[name] for name in algorithms}
-    results: dict[str, dict[int, float]] = {name: {} for name in algorithms}
+    results: dict = {name: {} for name in algorithms}
     for size in nbytes:
         tensor = torch.empty(size // 4, dtype=torch.float32, device=world.current().device)
-        samples: dict[str, list[float]] = {name: [] for name in algorithms}
+        rounds: dict[str, list[float]] = {name: [] for name in algorithms}
         for _ in range(repeats):
             for name, fn in algorithms.items():
-                samples[name].append(_time_once(fn, tensor))
+                rounds[name].append(_time_once(fn, tensor))
         for name in algorithms:
-            results[name][size] = float(np.median(samples[name]))
+            results[name][size] = list(rounds[name]) if samples else float(np.median(rounds[name]))
     return results
 
 

@@ -120,3 +120,19 @@ def test_plot_draws_the_model_and_the_measurements():
     measured = {name: {1000: 1e-3, 10000: 2e-3} for name in ("naive", "ring", "tree", cm.REFERENCE)}
     fig = cm.plot(4, cm.AlphaBeta(1e-4, 1e-9), measured)
     assert len(fig.axes[0].lines) == 7
+
+
+@pytest.mark.timeout(120)
+def test_time_allreduce_gives_medians_or_every_round():
+    medians, rounds = launch(_both_kinds, 2, timeout_s=100)[0]
+    assert set(medians) == set(rounds) == {"ring", cm.REFERENCE}
+    for name in medians:
+        assert set(medians[name]) == set(rounds[name]) == {4096, 65536}
+        for size in (4096, 65536):
+            assert medians[name][size] > 0
+            assert len(rounds[name][size]) == 3 and all(t > 0 for t in rounds[name][size])
+
+
+def _both_kinds():
+    return (cm.time_allreduce([4096, 65536], ["ring", cm.REFERENCE], repeats=3),
+            cm.time_allreduce([4096, 65536], ["ring", cm.REFERENCE], repeats=3, samples=True))
