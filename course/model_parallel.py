@@ -153,25 +153,33 @@ def measured_bubble(events: Sequence[Event]) -> float:
     return 1.0 - sum(e.end - e.start for e in events) / (len(stages) * span)
 
 
-def pipeline_step(stage: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, num_micro_batches: int
+def pipeline_step(stages: Sequence[nn.Module], inputs: torch.Tensor, targets: torch.Tensor, num_micro_batches: int
                   ) -> tuple[float, list[Event]]:
-    """Run inside a launched rank: one GPipe forward + backward of stage ``rank`` (gradients accumulate).
+    """Run inside a launched rank: one GPipe forward + backward of ``stages[rank]`` (its gradients accumulate).
 
     All forwards first, micro-batch by micro-batch, then all backwards in reverse order. Rank 0 reads
     ``inputs``, the last rank computes the loss on ``targets`` (each micro-batch's mean loss weighted by its share
     of the batch, so the gradients equal one pass over the whole batch); every rank gets the same arguments.
 
     Args:
-        stage: this rank's part of the model, on its device. inputs: ``(B, ...)``; targets: ``(B,)``.
+        stages: from :func:`split`, one per rank; only ``stages[rank]`` is used and must be on this rank's device.
+        inputs: ``(B, ...)``; targets: ``(B,)``.
         num_micro_batches: 1 = naive model parallelism; 1 <= m <= B.
 
     Returns:
         ``(loss, events)``: the batch loss (on the last rank; 0.0 elsewhere) and this stage's compute intervals,
         in seconds since the step began.
+
+    Raises:
+        ValueError: a number of stages other than the world size, or fewer samples than micro-batches.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     from course.data_parallel import split_batch
 
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if len(stages) != world_size:
+        raise ValueError(f"a pipeline runs one stage per rank: got {len(stages)} stages on world_size={world_size}. "
+                         f"Split the model at {world_size - 1} point(s), or launch {len(stages)} ranks.")
+    stage = stages[rank]
     device = next(stage.parameters()).device
     micro = split_batch(inputs, targets, num_micro_batches)
     shapes = _input_shapes(stage, [x for x, _ in micro], rank, world_size)
@@ -261,9 +269,10 @@ def run_pipeline(config: Config = Config()) -> dict:
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(config.seed)
-    model = DigitsCNN(width=config.width).to(world.current().device)
+    model = DigitsCNN(width=config.width)
     points = balanced_split_points(model, world_size, (1, 8, 8))
-    stage = split(model, points)[rank]
+    stages = split(model, points)
+    stage = stages[rank].to(world.current().device)  # each device holds only its own stage
     data = load("digits").train
     inputs, targets = data.tensors[0][:config.batch_size], data.tensors[1][:config.batch_size]
     result: dict = {"split_points": points, "grads": {}, "loss": {}, "events": {}}
@@ -271,7 +280,7 @@ def run_pipeline(config: Config = Config()) -> dict:
         timings = []
         for repeat in range(config.repeats + 1):
             stage.zero_grad(set_to_none=True)
-            loss, events = pipeline_step(stage, inputs, targets, m)
+            loss, events = pipeline_step(stages, inputs, targets, m)
             if repeat > 0:  # the first step warms up
                 timings.append((max(e.end for e in events), events))
         result["grads"][m] = torch.cat([p.grad.flatten() for p in stage.parameters()]).cpu()
