@@ -183,3 +183,11 @@ def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
         dist.all_reduce(total)
         losses.append(float(total))
     return losses
+
+
+def replica_devices(num_replicas: int) -> list[torch.device]:
+    """One device per replica: the GPUs in turn when there are some (``cuda:0, cuda:1, ...``), else the CPU."""
+    from course import world
+
+    gpus = world.detect_hardware().gpu_count
+    return [world.device_for(i % gpus) if gpus else torch.device("cpu") for i in range(num_replicas)]

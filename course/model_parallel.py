@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -322,3 +322,25 @@ def plot_timeline(events: Sequence[Event], ax: Axes | None = None, title: str = 
     ax.set_title(title or f"bubble {measured_bubble(events):.0%}")
     return ax
 
+
+
+def check_bubble_exercise(bubble: Callable[[int, int], float]) -> bool:
+    """Exercise checker: does ``bubble(num_stages, num_micro_batches)`` give a GPipe schedule's idle fraction?
+
+    Compares with the idle fraction counted on :func:`modelled_timeline` for 1-6 stages and 1-16 micro-batches
+    and prints the first case that differs. Used in notebook 03.
+
+    Returns:
+        True if every case matches to 1e-9.
+    """
+    for p in range(1, 7):
+        for m in range(1, 17):
+            counted = measured_bubble(modelled_timeline(p, m, 1.0, 2.0))
+            got = bubble(p, m)
+            if not isinstance(got, (int, float)) or abs(got - counted) > 1e-9:
+                print(f"Not yet: with {p} stages and {m} micro-batches the timeline is idle {counted:.4f} of the "
+                      f"time, your function says {got!r}. Hint: count the time slots from the first forward to the "
+                      "last backward, and how many of them each stage is busy.")
+                return False
+    print("Correct: your formula matches the counted timeline for 1-6 stages and 1-16 micro-batches.")
+    return True

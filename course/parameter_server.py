@@ -23,6 +23,7 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from course import cost_model, world
 from course.data_parallel import global_batches, split_batch, train_on_ranks
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
 SERVER = 0
 
 
@@ -39,7 +43,7 @@ SERVER = 0
 class Config:
     """One parameter-server experiment on the digits (every rank builds the same model and batches)."""
 
-    steps: int = 20          # synchronous steps (the async run applies steps x workers gradients)
+    steps: int = 12          # synchronous steps (the async run applies steps x workers gradients)
     batch_size: int = 48     # global batch size per synchronous step, split over the workers
     lr: float = 0.1          # SGD learning rate for the averaged gradient
     width: int = 8           # DigitsCNN width: small, so the demo is about communication
@@ -267,3 +271,29 @@ def _loss(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> float:
     x, y = data
     device = next(model.parameters()).device
     return nn.functional.cross_entropy(model(x.to(device)), y.to(device)).item()
+
+
+def modelled_seconds_per_step(gradient_bytes: int, num_workers: int, link: cost_model.AlphaBeta) -> dict[str, float]:
+    """Communication seconds per step on ``link`` (alpha-beta model): the server's link vs a ring allreduce.
+
+    The server's one link carries ``2W`` messages of ``G`` bytes (pushes in, pulls out, parameters = gradient
+    bytes); the ring runs over the W workers, each link carrying ``2(W-1)/W·G`` (notebook 04).
+    """
+    server = 2 * num_workers * (link.alpha_s + gradient_bytes * link.beta_s_per_byte)
+    ring = float(cost_model.predict("ring", gradient_bytes, num_workers, link)) if num_workers > 1 else 0.0
+    return {"parameter server": server, "ring allreduce": ring}
+
+
+def plot_curves(curves: dict[str, list[tuple[int, float]]], ax: Axes | None = None) -> Axes:
+    """Validation loss against updates, one line per label (e.g. per staleness)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.4))
+    for label, curve in curves.items():
+        steps, losses = zip(*curve, strict=True)
+        ax.plot(steps, losses, label=label)
+    ax.set_xlabel("updates applied")
+    ax.set_ylabel("validation loss")
+    ax.legend()
+    return ax
