@@ -221,16 +221,17 @@ def pipeline_step(stages: Sequence[nn.Module], inputs: torch.Tensor, targets: to
 def _input_shapes(stage: nn.Module, micro_inputs: list[torch.Tensor], rank: int, world_size: int
                   ) -> list[torch.Size]:
     """Each micro-batch's activation shape at this stage's input, told by the previous stage (metadata only)."""
+    device = next(stage.parameters()).device  # nccl sends only device tensors, even for metadata
     shapes = []
     for x in micro_inputs:
-        meta = torch.zeros(8, dtype=torch.int64)
+        meta = torch.zeros(8, dtype=torch.int64, device=device)
         if rank > 0:
             dist.recv(meta, rank - 1)
         shape = torch.Size(meta[1:1 + int(meta[0])].tolist()) if rank > 0 else x.shape
         if rank < world_size - 1:
             with torch.no_grad():
-                out_shape = stage(torch.zeros(shape, device=next(stage.parameters()).device)).shape
-            out = torch.zeros(8, dtype=torch.int64)
+                out_shape = stage(torch.zeros(shape, device=device)).shape
+            out = torch.zeros(8, dtype=torch.int64, device=device)
             out[0], out[1:1 + len(out_shape)] = len(out_shape), torch.tensor(out_shape)
             dist.send(out, rank + 1)
         shapes.append(shape)

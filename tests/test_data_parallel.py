@@ -105,3 +105,13 @@ def test_allreduce_on_ranks_equals_one_process_and_ranks_stay_identical():
         assert torch.allclose(rank["ps"]["allreduce_params"], expected, atol=1e-6)
         assert rank["ps"]["allreduce"] == pytest.approx(losses, rel=1e-5)
     assert "not divisible by world_size 4" in report[0]["errors"]["indivisible"]
+
+
+def test_replica_devices_cycle_through_the_gpus_or_use_the_cpu():
+    from course import world
+
+    gpus = world.detect_hardware().gpu_count
+    devices = dp.replica_devices(5)
+    assert len(devices) == 5
+    expected = [torch.device("cuda", i % gpus) for i in range(5)] if gpus else [torch.device("cpu")] * 5
+    assert devices == expected

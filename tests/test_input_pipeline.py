@@ -57,3 +57,16 @@ def test_measure_rejects_too_little_data_and_negative_workers():
         ip.measure(data, LinearModel(), batch_size=4, num_workers=0, steps=2)
     with pytest.raises(ValueError, match="num_workers must be >= 0"):
         ip.measure(data, LinearModel(), batch_size=4, num_workers=-1, steps=1)
+
+
+def test_plot_sweep_draws_measured_and_modelled_throughput_and_wait_bars():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [ip.Measurement(0, 100.0, 0.9, 4), ip.Measurement(2, 180.0, 0.5, 4)]
+    throughput_ax, wait_ax = ip.plot_sweep(measured, [110.0, 200.0])
+    assert [list(line.get_ydata()) for line in throughput_ax.lines] == [[100.0, 180.0], [110.0, 200.0]]
+    assert [bar.get_height() for bar in wait_ax.patches] == pytest.approx([90.0, 50.0])
+    plt.close(throughput_ax.figure)

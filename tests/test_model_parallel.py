@@ -85,3 +85,26 @@ def test_pipeline_timeline_has_every_micro_batch_in_gpipe_order(report):
                 [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))])
             assert all(e.stage == stage and 0 <= e.start <= e.end for e in events)
     assert "got 2 stages on world_size=4" in naive_ranks.report()[0]["errors"]["stages"]
+
+
+def test_bubble_exercise_checker_passes_the_answer_and_fails_wrong_ones(capsys):
+    assert mp.check_bubble_exercise(mp.bubble_fraction)
+    assert "Correct" in capsys.readouterr().out
+    assert not mp.check_bubble_exercise(lambda p, m: (p - 1) / (m + p))  # off by one slot
+    assert "Not yet: with 2 stages and 1 micro-batches" in capsys.readouterr().out
+    assert not mp.check_bubble_exercise(lambda p, m: (p - 1) / m)
+    assert "Not yet: with 2 stages and 1 micro-batches" in capsys.readouterr().out
+
+
+def test_plot_timeline_draws_one_bar_per_event_and_a_row_per_stage():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    events = mp.modelled_timeline(3, 2, 1.0, 2.0)
+    ax = mp.plot_timeline(events)
+    assert len(ax.collections) == len(events)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["stage 0", "stage 1", "stage 2"]
+    assert ax.get_title() == f"bubble {mp.bubble_fraction(3, 2):.0%}"
+    plt.close(ax.figure)

@@ -87,3 +87,29 @@ def test_async_server_applies_every_gradient_with_measured_staleness(report):
     assert len(run["staleness"]) == steps * workers and min(run["staleness"]) >= 0
     assert sum(run["staleness"]) > 0  # three workers, one a straggler: some gradients arrive late
     assert all(rank["async"]["losses"] == [] for rank in report[1:])
+
+
+def test_modelled_step_time_server_grows_linearly_ring_stays_flat():
+    from course.cost_model import AlphaBeta, predict
+
+    link = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
+    times = {w: ps.modelled_seconds_per_step(10**6, w, link) for w in (1, 2, 8, 64)}
+    assert times[8]["parameter server"] == pytest.approx(8 * times[1]["parameter server"])
+    assert times[1]["parameter server"] == pytest.approx(2 * (1e-5 + 1e-3))
+    assert times[1]["ring allreduce"] == 0.0
+    assert times[64]["ring allreduce"] == pytest.approx(predict("ring", 10**6, 64, link))
+    bandwidth_only = AlphaBeta(alpha_s=0.0, beta_s_per_byte=1e-9)  # ring bytes per link: 2(n-1)/n < 2 for any n
+    ring = [ps.modelled_seconds_per_step(10**6, w, bandwidth_only)["ring allreduce"] for w in (2, 64)]
+    assert ring[0] == pytest.approx(1e-3) and ring[1] == pytest.approx(2 * 63 / 64 * 1e-3)
+
+
+def test_plot_curves_draws_one_line_per_label():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = ps.plot_curves({"a": [(0, 2.0), (10, 1.0)], "b": [(0, 2.0), (10, 1.5)]})
+    assert [line.get_label() for line in ax.lines] == ["a", "b"]
+    assert list(ax.lines[1].get_ydata()) == [2.0, 1.5]
+    plt.close(ax.figure)
