@@ -86,13 +86,14 @@ class Measurement:
 
 
 def measure(dataset: Dataset, model: nn.Module, batch_size: int, num_workers: int, steps: int = 10,
-            device: torch.device | str = "cpu", pin_memory: bool = False) -> Measurement:
+            device: torch.device | str = "cpu", pin_memory: bool = False, prefetch_factor: int = 2) -> Measurement:
     """Train ``model`` (SGD) on ``steps`` batches of ``dataset`` and time waiting for data vs computing.
 
     Args:
         dataset: yields ``(image, label)``, e.g. a :class:`TransformedDataset`. batch_size: per device.
         num_workers: DataLoader worker processes; 0 = the loop transforms every sample itself.
         steps: batches to time. pin_memory: page-locked host batches (faster copies to a GPU; no effect on CPU).
+        prefetch_factor: batches each worker prepares ahead (only with workers).
 
     Raises:
         ValueError: fewer than ``(steps + 1) x batch_size`` samples, or negative ``num_workers``.
@@ -107,7 +108,8 @@ def measure(dataset: Dataset, model: nn.Module, batch_size: int, num_workers: in
         # torch warns about more workers than cores; waiting (I/O-like) workers are exactly the case it allows.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                            pin_memory=pin_memory and device.type == "cuda", drop_last=True)
+                            pin_memory=pin_memory and device.type == "cuda", drop_last=True,
+                            prefetch_factor=prefetch_factor if num_workers else None)
         batches = iter(loader)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     waited = 0.0

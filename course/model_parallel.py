@@ -254,18 +254,28 @@ class Config:
     seed: int = 0                                # model initialisation and batch choice
 
 
-def run_pipeline(config: Config = Config()) -> dict:
+def training_batch(config: Config = Config()) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experiment's batch: the first ``config.batch_size`` training digits, ``(B, 1, 8, 8)`` and ``(B,)``."""
+    from course.data import load
+
+    images, labels = load("digits").train.tensors
+    return images[:config.batch_size], labels[:config.batch_size]
+
+
+def run_pipeline(config: Config = Config(), batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """Run inside a launched rank: split ``DigitsCNN`` into ``world_size`` balanced stages and time GPipe steps.
 
     Every rank builds the same seeded model and keeps its own stage. For each m in ``config.micro_batches``:
     one warm-up step, then ``repeats`` timed steps; the fastest step's timeline is kept.
+
+    Args:
+        batch: :func:`training_batch` of ``config``, loaded by the caller (each rank loading it itself is slow).
 
     Returns:
         ``{"split_points", "grads": {m: this stage's flat gradient of one step}, "loss": {m: loss},
         "events": {m: [Event, ...] of this stage}}``.
     """
     from course import world
-    from course.data import load
     from course.models import DigitsCNN
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -274,8 +284,7 @@ def run_pipeline(config: Config = Config()) -> dict:
     points = balanced_split_points(model, world_size, (1, 8, 8))
     stages = split(model, points)
     stage = stages[rank].to(world.current().device)  # each device holds only its own stage
-    data = load("digits").train
-    inputs, targets = data.tensors[0][:config.batch_size], data.tensors[1][:config.batch_size]
+    inputs, targets = training_batch(config) if batch is None else batch
     result: dict = {"split_points": points, "grads": {}, "loss": {}, "events": {}}
     for m in config.micro_batches:
         timings = []
@@ -292,15 +301,20 @@ def run_pipeline(config: Config = Config()) -> dict:
 
 def unsplit_gradients(config: Config = Config()) -> tuple[float, torch.Tensor]:
     """The reference: loss and flat gradient of the whole model on the whole batch, in one process."""
-    from course.data import load
     from course.models import DigitsCNN
 
     torch.manual_seed(config.seed)
     model = DigitsCNN(width=config.width)
-    data = load("digits").train
-    loss = nn.functional.cross_entropy(model(data.tensors[0][:config.batch_size]), data.tensors[1][:config.batch_size])
+    inputs, targets = training_batch(config)
+    loss = nn.functional.cross_entropy(model(inputs), targets)
     loss.backward()
     return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def describe(stages: Sequence[nn.Module]) -> str:
+    """One line per stage listing its layers, e.g. ``stage 0: Conv2d ReLU Conv2d ReLU MaxPool2d``."""
+    return "\n".join(f"stage {s}: " + " ".join(type(layer).__name__ for layer in stage)
+                     for s, stage in enumerate(stages))
 
 
 def plot_timeline(events: Sequence[Event], ax: Axes | None = None, title: str = "") -> Axes:

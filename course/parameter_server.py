@@ -205,27 +205,37 @@ def run_async(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tens
     return result
 
 
-def compare_on_ranks(config: Config = Config(), async_delay_s: float = 0.002) -> dict:
+def batches(config: Config = Config()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The experiment's global batches of digits (load them once, before launching, and pass them in)."""
+    from course.data import load
+
+    return global_batches(load("digits").train, config.batch_size, config.steps, config.seed)
+
+
+def compare_on_ranks(config: Config = Config(), data: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                     async_delay_s: float = 0.002) -> dict:
     """Run inside a launched rank: allreduce data parallelism, then the sync and async parameter servers.
 
     All three start from the same model (seeded) and see the same global batches. Used by notebook 03 and
     its tests; one launch does all three, since starting ranks is the slow part.
 
+    Args:
+        data: :func:`batches` of ``config``, loaded by the caller (each rank loading the dataset itself is slow).
+
     Returns:
         ``{"allreduce": losses, "sync": run_sync(...), "async": run_async(...), "allreduce_params": flat,
         "gradient_bytes": G, "parameter_bytes": P}``.
     """
-    from course.data import load
     from course.models import DigitsCNN, gradient_bytes
 
     torch.manual_seed(config.seed)
     initial = DigitsCNN(width=config.width).to(world.current().device)
-    batches = global_batches(load("digits").train, config.batch_size, config.steps, config.seed)
+    data = batches(config) if data is None else data
     model = copy.deepcopy(initial)
-    allreduce = train_on_ranks(model, batches, config.lr)
+    allreduce = train_on_ranks(model, data, config.lr)
     allreduce_params = parameters_to_vector(model.parameters()).detach().cpu()
-    sync = run_sync(copy.deepcopy(initial), batches, config.lr)
-    asynchronous = run_async(copy.deepcopy(initial), batches, config.lr, async_delay_s)
+    sync = run_sync(copy.deepcopy(initial), data, config.lr)
+    asynchronous = run_async(copy.deepcopy(initial), data, config.lr, async_delay_s)
     return {"allreduce": allreduce, "allreduce_params": allreduce_params, "sync": sync, "async": asynchronous,
             "gradient_bytes": gradient_bytes(initial),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in initial.parameters())}

@@ -29,7 +29,7 @@ def _error(fn: Any, *args: Any) -> str:
     return ""
 
 
-def everything() -> dict[str, Any]:
+def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
     """On each of the 4 ranks: allreduce data parallelism and both parameter servers, the 4-stage pipeline,
     and the errors for a global batch that does not divide and stages that do not match the world size."""
     model = torch.nn.Linear(2, 2)
@@ -39,11 +39,12 @@ def everything() -> dict[str, Any]:
         "stages": _error(model_parallel.pipeline_step, [model, model], x, y, 1),
     }
     dist.barrier()
-    return {"ps": parameter_server.compare_on_ranks(PS, async_delay_s=0.003),
-            "pipe": model_parallel.run_pipeline(PIPE), "errors": errors}
+    return {"ps": parameter_server.compare_on_ranks(PS, ps_batches, async_delay_s=0.003),
+            "pipe": model_parallel.run_pipeline(PIPE, pipe_batch), "errors": errors}
 
 
 @functools.cache
 def report() -> list[dict[str, Any]]:
     """Per-rank results of :func:`everything`, launched once."""
-    return launch(everything, WORLD_SIZE, timeout_s=240)
+    return launch(everything, WORLD_SIZE, parameter_server.batches(PS), model_parallel.training_batch(PIPE),
+                  timeout_s=240)
