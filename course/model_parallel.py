@@ -179,6 +179,9 @@ def pipeline_step(stages: Sequence[nn.Module], inputs: torch.Tensor, targets: to
     if len(stages) != world_size:
         raise ValueError(f"a pipeline runs one stage per rank: got {len(stages)} stages on world_size={world_size}. "
                          f"Split the model at {world_size - 1} point(s), or launch {len(stages)} ranks.")
+    if not 1 <= num_micro_batches <= len(targets):
+        raise ValueError(f"num_micro_batches must be between 1 and the batch size ({len(targets)}), "
+                         f"got {num_micro_batches}.")
     stage = stages[rank]
     device = next(stage.parameters()).device
     micro = split_batch(inputs, targets, num_micro_batches)

@@ -37,6 +37,7 @@ def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
     errors = {
         "indivisible": _error(data_parallel.train_on_ranks, model, [(x, y)], 0.1),
         "stages": _error(model_parallel.pipeline_step, [model, model], x, y, 1),
+        "micro_batches": _error(model_parallel.pipeline_step, [model] * WORLD_SIZE, x, y, 7),
     }
     dist.barrier()
     return {"ps": parameter_server.compare_on_ranks(PS, ps_batches, async_delay_s=0.003),

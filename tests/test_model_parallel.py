@@ -85,6 +85,7 @@ def test_pipeline_timeline_has_every_micro_batch_in_gpipe_order(report):
                 [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))])
             assert all(e.stage == stage and 0 <= e.start <= e.end for e in events)
     assert "got 2 stages on world_size=4" in naive_ranks.report()[0]["errors"]["stages"]
+    assert "between 1 and the batch size (6), got 7" in naive_ranks.report()[0]["errors"]["micro_batches"]
 
 
 def test_bubble_exercise_checker_passes_the_answer_and_fails_wrong_ones(capsys):
