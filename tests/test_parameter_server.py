@@ -113,3 +113,17 @@ def test_plot_curves_draws_one_line_per_label():
     assert [line.get_label() for line in ax.lines] == ["a", "b"]
     assert list(ax.lines[1].get_ydata()) == [2.0, 1.5]
     plt.close(ax.figure)
+
+
+def test_a_server_without_workers_is_refused():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        batches = [(torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.int64))]
+        for run in (ps.run_sync, ps.run_async):
+            with pytest.raises(ValueError, match="world_size >= 2, got 1"):
+                run(DigitsCNN(width=4), batches, 0.1)
+    finally:
+        dist.destroy_process_group()
