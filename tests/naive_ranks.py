@@ -1,0 +1,51 @@
+"""Rank functions for the notebook-03 tests: every multi-rank check in ONE 4-rank launch (starting ranks is slow).
+
+``report()`` launches once per test session and caches the per-rank results, so test_data_parallel,
+test_parameter_server and test_model_parallel share one launch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from course import data_parallel, model_parallel, parameter_server
+from course.launch import launch
+
+WORLD_SIZE = 4
+PS = parameter_server.Config(steps=4, batch_size=24, lr=0.2, width=4, seed=1)
+PIPE = model_parallel.Config(batch_size=12, micro_batches=(1, 3, 12), width=4, repeats=1, seed=2)
+
+
+def _error(fn: Any, *args: Any) -> str:
+    """The message of the ValueError that ``fn(*args)`` raises, or '' if it does not raise."""
+    try:
+        fn(*args)
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
+    """On each of the 4 ranks: allreduce data parallelism and both parameter servers, the 4-stage pipeline,
+    and the errors for a global batch that does not divide and stages that do not match the world size."""
+    model = torch.nn.Linear(2, 2)
+    x, y = torch.zeros(6, 2), torch.zeros(6, dtype=torch.int64)
+    errors = {
+        "indivisible": _error(data_parallel.train_on_ranks, model, [(x, y)], 0.1),
+        "stages": _error(model_parallel.pipeline_step, [model, model], x, y, 1),
+        "micro_batches": _error(model_parallel.pipeline_step, [model] * WORLD_SIZE, x, y, 7),
+    }
+    dist.barrier()
+    return {"ps": parameter_server.compare_on_ranks(PS, ps_batches, async_delay_s=0.003),
+            "pipe": model_parallel.run_pipeline(PIPE, pipe_batch), "errors": errors}
+
+
+@functools.cache
+def report() -> list[dict[str, Any]]:
+    """Per-rank results of :func:`everything`, launched once."""
+    return launch(everything, WORLD_SIZE, parameter_server.batches(PS), model_parallel.training_batch(PIPE),
+                  timeout_s=240)

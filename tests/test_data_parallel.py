@@ -1,0 +1,117 @@
+"""course.data_parallel: by-hand data parallelism equals one process on the whole batch; replicas stay identical."""
+
+import copy
+
+import naive_ranks
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.nn.utils import parameters_to_vector
+
+from course import data_parallel as dp
+from course.data import load
+from course.models import MLP, DigitsCNN
+
+pytestmark = pytest.mark.unit3
+
+
+@given(batch=st.integers(1, 70), replicas=st.integers(1, 9), features=st.integers(1, 3))
+def test_split_batch_covers_the_batch_in_order_with_near_equal_shards(batch, replicas, features):
+    inputs, targets = torch.randn(batch, features), torch.arange(batch)
+    if batch < replicas:
+        with pytest.raises(ValueError, match=f"cannot feed {replicas} replicas"):
+            dp.split_batch(inputs, targets, replicas)
+        return
+    shards = dp.split_batch(inputs, targets, replicas)
+    sizes = [len(y) for _, y in shards]
+    assert len(shards) == replicas and max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    assert torch.equal(torch.cat([x for x, _ in shards]), inputs)
+    assert torch.equal(torch.cat([y for _, y in shards]), targets)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True])
+def test_split_batch_rejects_a_bad_number_of_replicas(bad):
+    with pytest.raises(ValueError, match="num_replicas must be a positive integer"):
+        dp.split_batch(torch.zeros(4, 1), torch.zeros(4), bad)
+
+
+def test_split_batch_rejects_mismatched_inputs_and_targets():
+    with pytest.raises(ValueError, match=r"same batch dimension, got shapes \(4, 1\) and \(3,\)"):
+        dp.split_batch(torch.zeros(4, 1), torch.zeros(3), 2)
+
+
+@pytest.mark.parametrize("num_replicas, batch_size", [(4, 32), (3, 31)])  # 31: shards of 11, 10, 10
+def test_train_step_equals_one_process_on_the_whole_batch(one_thread, num_replicas, batch_size):
+    torch.manual_seed(0)
+    model = DigitsCNN(width=4)
+    reference = copy.deepcopy(model)
+    replicas = dp.replicate(model, ["cpu"] * num_replicas)
+    optimizers = [torch.optim.SGD(r.parameters(), lr=0.3, momentum=0.9) for r in replicas]
+    single = torch.optim.SGD(reference.parameters(), lr=0.3, momentum=0.9)
+    batches = dp.global_batches(load("digits").train, batch_size, steps=5)
+    for x, y in batches:
+        loss = dp.train_step(replicas, optimizers, x, y)
+        expected = dp.train_step([reference], [single], x, y)
+        assert loss == pytest.approx(expected, rel=1e-5)
+    assert dp.max_replica_difference(replicas) == 0.0
+    moved = (parameters_to_vector(reference.parameters()) - parameters_to_vector(model.parameters())).abs().max()
+    assert moved > 1e-3  # training happened, so equality below is not trivial
+    assert torch.allclose(parameters_to_vector(replicas[0].parameters()),
+                          parameters_to_vector(reference.parameters()), atol=1e-5)
+
+
+def test_average_gradients_is_the_weighted_sum_on_every_replica():
+    replicas = dp.replicate(torch.nn.Linear(3, 1), ["cpu"] * 3)
+    for k, replica in enumerate(replicas):
+        for p in replica.parameters():
+            p.grad = torch.full_like(p, float(k + 1))
+    dp.average_gradients(replicas, [0.5, 0.25, 0.25])
+    for replica in replicas:
+        assert all(torch.equal(p.grad, torch.full_like(p, 1.75)) for p in replica.parameters())
+
+
+def test_average_gradients_names_what_is_missing():
+    replicas = dp.replicate(MLP(), ["cpu"] * 2)
+    with pytest.raises(ValueError, match="call backward on every replica first"):
+        dp.average_gradients(replicas)
+    with pytest.raises(ValueError, match=r"one weight per replica \(2\), got 3"):
+        dp.average_gradients(replicas, [1, 1, 1])
+
+
+def test_replicate_and_train_step_reject_bad_arguments():
+    with pytest.raises(ValueError, match="at least one device"):
+        dp.replicate(MLP(), [])
+    with pytest.raises(ValueError, match=r"one optimizer per replica \(2\), got 1"):
+        replicas = dp.replicate(MLP(), ["cpu"] * 2)
+        dp.train_step(replicas, [torch.optim.SGD(replicas[0].parameters(), lr=0.1)], torch.zeros(4, 1, 8, 8),
+                      torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        dp.global_batches(load("digits").train, 8, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_allreduce_on_ranks_equals_one_process_and_ranks_stay_identical():
+    report = naive_ranks.report()
+    config = naive_ranks.PS
+    torch.manual_seed(config.seed)
+    model = DigitsCNN(width=config.width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    batches = dp.global_batches(load("digits").train, config.batch_size, config.steps, config.seed)
+    losses = [dp.train_step([model], [optimizer], x, y) for x, y in batches]
+    expected = parameters_to_vector(model.parameters()).detach()
+    for rank in report:
+        assert torch.allclose(rank["ps"]["allreduce_params"], expected, atol=1e-6)
+        assert rank["ps"]["allreduce"] == pytest.approx(losses, rel=1e-5)
+    assert "not divisible by world_size 4" in report[0]["errors"]["indivisible"]
+
+
+def test_replica_devices_cycle_through_the_gpus_or_use_the_cpu():
+    from course import world
+
+    gpus = world.detect_hardware().gpu_count
+    devices = dp.replica_devices(5)
+    assert len(devices) == 5
+    expected = [torch.device("cuda", i % gpus) for i in range(5)] if gpus else [torch.device("cpu")] * 5
+    assert devices == expected

@@ -1,0 +1,129 @@
+"""course.parameter_server: the synchronous server equals data-parallel SGD; traffic matches the closed form."""
+
+import copy
+
+import naive_ranks
+import pytest
+import torch
+from torch.nn.utils import parameters_to_vector
+
+from course import data_parallel as dp
+from course import parameter_server as ps
+from course.data import load
+from course.models import DigitsCNN
+
+pytestmark = pytest.mark.unit3
+
+
+def test_server_traffic_grows_with_workers_and_allreduce_traffic_does_not():
+    assert ps.server_bytes_per_step(100, 80, 3) == (300, 240)
+    assert ps.allreduce_bytes_per_rank(100, 4) == pytest.approx(150.0)  # 2(n-1)/n = 1.5
+    assert ps.allreduce_bytes_per_rank(100, 64) < 200 < ps.server_bytes_per_step(100, 100, 2)[0] + 1
+    with pytest.raises(ValueError, match="at least one worker"):
+        ps.server_bytes_per_step(100, 100, 0)
+
+
+@pytest.fixture(scope="module")
+def stale_setup(one_thread):
+    torch.manual_seed(0)
+    data = load("digits")
+    batches = dp.global_batches(data.train, 32, steps=12)
+    return DigitsCNN(width=4), batches, data.val.tensors
+
+
+def test_staleness_zero_is_plain_sgd(stale_setup):
+    model, batches, val = stale_setup
+    stale, plain = copy.deepcopy(model), copy.deepcopy(model)
+    curve = ps.train_with_staleness(stale, batches, 0.2, 0, val, eval_every=4)
+    optimizer = torch.optim.SGD(plain.parameters(), lr=0.2)
+    for x, y in batches:
+        dp.train_step([plain], [optimizer], x, y)
+    assert [step for step, _ in curve] == [0, 4, 8, 12]
+    assert torch.allclose(parameters_to_vector(stale.parameters()), parameters_to_vector(plain.parameters()),
+                          atol=1e-6)
+
+
+def test_staleness_changes_the_trajectory_and_is_validated(stale_setup):
+    model, batches, val = stale_setup
+    fresh, stale = copy.deepcopy(model), copy.deepcopy(model)
+    ps.train_with_staleness(fresh, batches, 0.2, 0, val)
+    ps.train_with_staleness(stale, batches, 0.2, 3, val)
+    assert not torch.allclose(parameters_to_vector(fresh.parameters()), parameters_to_vector(stale.parameters()))
+    with pytest.raises(ValueError, match="staleness must be >= 0"):
+        ps.train_with_staleness(copy.deepcopy(model), batches, 0.2, -1, val)
+
+
+@pytest.fixture(scope="module")
+def report():
+    return [rank["ps"] for rank in naive_ranks.report()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sync_server_equals_allreduce_data_parallel(report):
+    server = report[0]
+    assert torch.allclose(server["sync"]["params"], report[0]["allreduce_params"], atol=1e-6)
+    assert server["sync"]["losses"] == pytest.approx(report[0]["allreduce"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_server_traffic_is_exactly_the_closed_form(report):
+    steps, workers = naive_ranks.PS.steps, naive_ranks.WORLD_SIZE - 1
+    g, p = report[0]["gradient_bytes"], report[0]["parameter_bytes"]
+    into, out = ps.server_bytes_per_step(g, p, workers)
+    loss_bytes = 4 * workers  # each push also carries the worker's float32 loss
+    assert (report[0]["sync"]["bytes_in"], report[0]["sync"]["bytes_out"]) == (steps * (into + loss_bytes), steps * out)
+    for worker in report[1:]:
+        assert (worker["sync"]["bytes_in"], worker["sync"]["bytes_out"]) == (steps * p, steps * (g + 4))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_async_server_applies_every_gradient_with_measured_staleness(report):
+    steps, workers = naive_ranks.PS.steps, naive_ranks.WORLD_SIZE - 1
+    run = report[0]["async"]
+    assert sorted(run["senders"]) == sorted(list(range(1, workers + 1)) * steps)
+    assert len(run["staleness"]) == steps * workers and min(run["staleness"]) >= 0
+    assert sum(run["staleness"]) > 0  # three workers, one a straggler: some gradients arrive late
+    assert all(rank["async"]["losses"] == [] for rank in report[1:])
+
+
+def test_modelled_step_time_server_grows_linearly_ring_stays_flat():
+    from course.cost_model import AlphaBeta, predict
+
+    link = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
+    times = {w: ps.modelled_seconds_per_step(10**6, w, link) for w in (1, 2, 8, 64)}
+    assert times[8]["parameter server"] == pytest.approx(8 * times[1]["parameter server"])
+    assert times[1]["parameter server"] == pytest.approx(2 * (1e-5 + 1e-3))
+    assert times[1]["ring allreduce"] == 0.0
+    assert times[64]["ring allreduce"] == pytest.approx(predict("ring", 10**6, 64, link))
+    bandwidth_only = AlphaBeta(alpha_s=0.0, beta_s_per_byte=1e-9)  # ring bytes per link: 2(n-1)/n < 2 for any n
+    ring = [ps.modelled_seconds_per_step(10**6, w, bandwidth_only)["ring allreduce"] for w in (2, 64)]
+    assert ring[0] == pytest.approx(1e-3) and ring[1] == pytest.approx(2 * 63 / 64 * 1e-3)
+
+
+def test_plot_curves_draws_one_line_per_label():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = ps.plot_curves({"a": [(0, 2.0), (10, 1.0)], "b": [(0, 2.0), (10, 1.5)]})
+    assert [line.get_label() for line in ax.lines] == ["a", "b"]
+    assert list(ax.lines[1].get_ydata()) == [2.0, 1.5]
+    plt.close(ax.figure)
+
+
+def test_a_server_without_workers_is_refused():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        batches = [(torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.int64))]
+        for run in (ps.run_sync, ps.run_async):
+            with pytest.raises(ValueError, match="world_size >= 2, got 1"):
+                run(DigitsCNN(width=4), batches, 0.1)
+    finally:
+        dist.destroy_process_group()
