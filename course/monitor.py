@@ -215,8 +215,8 @@ class WatchedRun:
     def stderr(self) -> str:
         return self.process.stderr
 
-    def summary(self, busy_threshold: float = utilization.BUSY_THRESHOLD) -> list[DeviceSummary]:
-        return utilization.summarize(self.history, busy_threshold)
+    def summary(self, threshold: float | None = None) -> list[DeviceSummary]:
+        return utilization.summarize(self.history, threshold)
 
 
 def run_and_watch(argv: Sequence[str], cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
@@ -244,18 +244,30 @@ def run_and_watch(argv: Sequence[str], cwd: str | os.PathLike | None = None, env
                 stdout, stderr = process.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 kill_tree(process)
-                stdout, stderr = process.communicate()
+                stdout, stderr = _remaining_output(process)
                 raise subprocess.TimeoutExpired(process.args, timeout_s, stdout, stderr) from None
     finally:
         kill_tree(process)  # a clean exit leaves nothing to kill; anything else must not outlive the run
     return WatchedRun(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), history)
 
 
-def format_summary(history: History, busy_threshold: float = utilization.BUSY_THRESHOLD) -> str:
+def _remaining_output(process: subprocess.Popen) -> tuple[str, str]:
+    """What a killed run printed; a process that escaped the kill (``setsid``) may hold the pipes open."""
+    try:
+        return process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        return "", ""
+
+
+def format_summary(history: History, threshold: float | None = None) -> str:
     """One line per device: mean utilization, fraction of the time busy, peak memory; first, what was measured."""
     lines = [_describe(history.kind)]
-    for s in utilization.summarize(history, busy_threshold):
-        lines.append(f"{s.label}: mean {s.mean_utilization:.0f}%, busy (>= {busy_threshold:g}%) "
+    devices, cores = len(history.devices()), os.cpu_count() or 1
+    if history.kind == "process" and threshold is None and devices > cores:
+        lines.append(f"{devices} processes share {cores} core(s), so each can get {100 * cores / devices:.0f}% at "
+                     "most; busy means at least half of that.")
+    for s in utilization.summarize(history, threshold):
+        lines.append(f"{s.label}: mean {s.mean_utilization:.0f}%, busy (>= {s.busy_threshold:.0f}%) "
                      f"{s.busy_fraction:.0%} of {s.readings} readings, "
                      f"peak memory {s.peak_memory_bytes / _MIB:,.0f} MiB")
     if len(lines) == 1:
@@ -263,10 +275,14 @@ def format_summary(history: History, busy_threshold: float = utilization.BUSY_TH
     return "\n".join(lines)
 
 
-def plot_timeline(history: History, busy_threshold: float = utilization.BUSY_THRESHOLD) -> Any:
-    """A matplotlib figure: each device's utilization over time, one row per device, the busy line dashed."""
+def plot_timeline(history: History, threshold: float | None = None) -> Any:
+    """A matplotlib figure: each device's utilization over time, one row per device, the busy line dashed.
+
+    ``threshold``: as in :func:`course.utilization.summarize`.
+    """
     import matplotlib.pyplot as plt
 
+    threshold = utilization.busy_threshold(history) if threshold is None else threshold
     devices = history.devices() or [0]
     top = max([100.0, *(r.utilization for r in history.readings)])
     fig, axes = plt.subplots(len(devices), 1, sharex=True, squeeze=False,
@@ -276,7 +292,7 @@ def plot_timeline(history: History, busy_threshold: float = utilization.BUSY_THR
         t_s, values = [r.t_s for r in readings], [r.utilization for r in readings]
         # A reading at t covers the interval that ends at t.
         ax.fill_between(t_s, values, step="pre", alpha=0.6)
-        ax.axhline(busy_threshold, color="grey", linestyle="--", linewidth=0.8)
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
         ax.set_ylim(0, top * 1.05)
         ax.set_ylabel(f"GPU {device}", rotation=0, ha="right", va="center")
     axes[-1, 0].set_xlabel("seconds since the run started")
@@ -285,12 +301,13 @@ def plot_timeline(history: History, busy_threshold: float = utilization.BUSY_THR
     return fig
 
 
-def report(history: History, busy_threshold: float = utilization.BUSY_THRESHOLD) -> Any:
-    """Print :func:`format_summary` and draw :func:`plot_timeline`; returns the figure."""
-    print(format_summary(history, busy_threshold))
-    fig = plot_timeline(history, busy_threshold)
-    if _in_jupyter():
-        import matplotlib.pyplot as plt
+def report(history: History, threshold: float | None = None) -> None:
+    """Print :func:`format_summary` and, in Jupyter, show :func:`plot_timeline` under it."""
+    import matplotlib.pyplot as plt
 
+    print(format_summary(history, threshold))
+    fig = plot_timeline(history, threshold)
+    if _in_jupyter():
         plt.show()
-    return fig
+    else:  # a script has nowhere to show it; plot_timeline is there to save one
+        plt.close(fig)

@@ -18,6 +18,7 @@ Two sources share one signature, ``read() -> list[Reading]``:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,8 +27,8 @@ from typing import Any, Protocol
 
 import psutil
 
-#: Utilization (percent) at or above which a device counts as busy in :func:`summarize`.
-BUSY_THRESHOLD = 50.0
+#: Percent of its fair share at or above which a device counts as busy (see :func:`busy_threshold`).
+BUSY_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -271,22 +272,40 @@ class Sampler:
 
 @dataclass(frozen=True)
 class DeviceSummary:
-    """One device over a run: ``busy_fraction`` is the share of its readings at or above the threshold."""
+    """One device over a run: ``busy_fraction`` is the share of its readings at or above ``busy_threshold``."""
 
     device: int
     label: str
     mean_utilization: float
     busy_fraction: float
+    busy_threshold: float
     peak_memory_bytes: int
     readings: int
 
 
-def summarize(history: History, busy_threshold: float = BUSY_THRESHOLD) -> list[DeviceSummary]:
+def busy_threshold(history: History, cpu_count: int | None = None) -> float:
+    """The utilization (percent) at or above which a device counts as busy: half of what it could get.
+
+    A GPU can reach 100%, so the bar is 50%. Emulated GPUs share the CPU: ``world_size`` processes on
+    ``cpu_count`` cores get at most ``100 * cpu_count / world_size`` percent each (4 on 2 cores: 50%), so the
+    bar is half of that share; otherwise a rank that works all the time could never count as busy.
+    """
+    if history.kind == "nvml":
+        return 100.0 * BUSY_SHARE
+    share = 100.0 * min(1.0, (cpu_count or os.cpu_count() or 1) / max(1, len(history.devices())))
+    return share * BUSY_SHARE
+
+
+def summarize(history: History, threshold: float | None = None) -> list[DeviceSummary]:
     """Mean utilization, fraction of time busy and peak memory of every device in ``history``.
+
+    Args:
+        threshold: utilization (percent) that counts as busy; ``None``: :func:`busy_threshold`.
 
     Readings come at a fixed interval, so a fraction of readings is a fraction of time. A device with no
     readings yet has mean 0 and busy fraction 0.
     """
+    threshold = busy_threshold(history) if threshold is None else threshold
     summaries = []
     for device in history.devices():
         values = [r.utilization for r in history.of(device)]
@@ -295,8 +314,8 @@ def summarize(history: History, busy_threshold: float = BUSY_THRESHOLD) -> list[
         summaries.append(DeviceSummary(
             device=device, label=history.labels.get(device, f"device {device}"),
             mean_utilization=sum(values) / n if n else 0.0,
-            busy_fraction=sum(v >= busy_threshold for v in values) / n if n else 0.0,
-            peak_memory_bytes=max(memory, default=0), readings=n,
+            busy_fraction=sum(v >= threshold for v in values) / n if n else 0.0,
+            busy_threshold=threshold, peak_memory_bytes=max(memory, default=0), readings=n,
         ))
     return summaries
 

@@ -170,13 +170,22 @@ def _history(values: dict[int, list[float]], kind: str = "process") -> History:
 def test_summary_by_hand():
     history = _history({0: [100, 80, 20, 0], 1: [0, 0, 0, 10]})
     history.labels[3] = "device 3"  # seen, never read
-    s0, s1, s3 = utilization.summarize(history, busy_threshold=50)
+    s0, s1, s3 = utilization.summarize(history, threshold=50)
     assert (s0.mean_utilization, s0.busy_fraction, s0.peak_memory_bytes, s0.readings) == (50.0, 0.5, 1000, 4)
     assert (s1.mean_utilization, s1.busy_fraction, s1.peak_memory_bytes) == (2.5, 0.0, 100)
     assert (s3.device, s3.mean_utilization, s3.busy_fraction, s3.readings) == (3, 0.0, 0.0, 0)
-    text = monitor.format_summary(history, busy_threshold=50)
+    text = monitor.format_summary(history, threshold=50)
     assert "device 0: mean 50%, busy (>= 50%) 50% of 4 readings" in text
     assert "device 1: mean 2%" in text  # 2.5 rounds half to even
+
+
+def test_busy_means_half_of_what_a_device_can_get():
+    four = _history({d: [0.0] for d in range(4)})
+    assert utilization.busy_threshold(_history({0: [0.0]}, kind="nvml")) == 50.0
+    assert utilization.busy_threshold(four, cpu_count=2) == 25.0  # 4 processes on 2 cores: 50% each at most
+    assert utilization.busy_threshold(four, cpu_count=8) == 50.0  # a core each, and to spare
+    s0 = utilization.summarize(_history({0: [30.0, 20.0], 1: [0.0], 2: [0.0], 3: [0.0]}))[0]
+    assert s0.busy_threshold == utilization.busy_threshold(four) and s0.busy_fraction in (0.5, 1.0)
 
 
 percent = st.floats(0, 400, allow_nan=False)
