@@ -108,13 +108,17 @@ class NvmlSource:
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
+        self._error = getattr(nvml, "NVMLError", Exception)
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
 
     def read(self, t_s: float) -> list[Reading]:
         readings = []
         for device, handle in enumerate(self._handles):
-            rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-            memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            except self._error:  # e.g. NotSupported on a MIG slice: no reading rather than a made-up one
+                continue
             readings.append(Reading(t_s, device, float(rates.gpu), int(memory.used)))
         return readings
 
@@ -133,7 +137,7 @@ def find_ranks(root: psutil.Process) -> dict[int, psutil.Process]:
     starting) are ranks in the order they were started.
     """
     ranks: dict[int, psutil.Process] = {}
-    spawned = []
+    spawned: list[tuple[float, int, psutil.Process]] = []
     for process in root.children(recursive=True):
         try:
             local_rank = process.environ().get("LOCAL_RANK")
@@ -141,7 +145,7 @@ def find_ranks(root: psutil.Process) -> dict[int, psutil.Process]:
                 cmdline = process.cmdline()
                 if process.ppid() == root.pid and "--multiprocessing-fork" in cmdline \
                         and "resource_tracker" not in " ".join(cmdline):
-                    spawned.append(process)
+                    spawned.append((process.create_time(), process.pid, process))
                 continue
             parent = process.parent()
             if parent is None or parent.pid == root.pid or parent.environ().get("LOCAL_RANK") != local_rank:
@@ -149,8 +153,7 @@ def find_ranks(root: psutil.Process) -> dict[int, psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
             continue
     if not ranks:
-        spawned.sort(key=lambda p: (p.create_time(), p.pid))
-        ranks = dict(enumerate(spawned))
+        ranks = dict(enumerate(process for _, _, process in sorted(spawned, key=lambda s: s[:2])))
     return ranks
 
 
@@ -207,6 +210,27 @@ def _with_children(process: psutil.Process) -> list[psutil.Process]:
         return [process, *process.children(recursive=True)]
     except psutil.Error:
         return [process]
+
+
+def source_for(root_pid: int, emulated: bool, nvml: Any = None) -> tuple[Source, str]:
+    """The source to watch a run with, and a note when it is not the obvious one.
+
+    Args:
+        root_pid: the run's top process (torchrun, or the launcher of :func:`course.launch.launch`).
+        emulated: ``course.world.detect_hardware().emulated``: ranks are CPU processes, so NVML would
+            measure GPUs the run does not use.
+        nvml: passed to :func:`open_nvml` (tests inject a fake).
+
+    Raises:
+        ValueError: ``root_pid`` is not a running process.
+    """
+    processes = ProcessSource(root_pid)  # checks the pid even when NVML will be used
+    if emulated:
+        return processes, ""
+    module, reason = open_nvml(nvml)
+    if module is None:
+        return processes, f"{reason}: showing the CPU% of each rank's process instead of GPU utilization."
+    return NvmlSource(module), ""
 
 
 # ---- Sampling in the background ----------------------------------------------------------------------------
@@ -318,24 +342,3 @@ def summarize(history: History, threshold: float | None = None) -> list[DeviceSu
             busy_threshold=threshold, peak_memory_bytes=max(memory, default=0), readings=n,
         ))
     return summaries
-
-
-def source_for(root_pid: int, emulated: bool, nvml: Any = None) -> tuple[Source, str]:
-    """The source to watch a run with, and a note when it is not the obvious one.
-
-    Args:
-        root_pid: the run's top process (torchrun, or the launcher of :func:`course.launch.launch`).
-        emulated: ``course.world.detect_hardware().emulated``: ranks are CPU processes, so NVML would
-            measure GPUs the run does not use.
-        nvml: passed to :func:`open_nvml` (tests inject a fake).
-
-    Raises:
-        ValueError: ``root_pid`` is not a running process.
-    """
-    processes = ProcessSource(root_pid)  # checks the pid even when NVML will be used
-    if emulated:
-        return processes, ""
-    module, reason = open_nvml(nvml)
-    if module is None:
-        return processes, f"{reason}: showing the CPU% of each rank's process instead of GPU utilization."
-    return NvmlSource(module), ""

@@ -120,7 +120,12 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
         return f"handle-{i}"
 
+    class NVMLError(Exception):
+        pass
+
     def nvmlDeviceGetUtilizationRates(self, handle: str) -> SimpleNamespace:
+        if self.util[int(handle[-1])] is None:
+            raise self.NVMLError("Not Supported")
         return SimpleNamespace(gpu=self.util[int(handle[-1])], memory=0)
 
     def nvmlDeviceGetMemoryInfo(self, handle: str) -> SimpleNamespace:
@@ -132,6 +137,13 @@ def test_nvml_readings_are_parsed_per_gpu():
     assert isinstance(source, utilization.NvmlSource) and note == ""
     assert source.read(1.5) == [Reading(1.5, 0, 97.0, 30 * 2**30), Reading(1.5, 1, 3.0, 2**30)]
     assert source.label(1) == "GPU 1 utilization (NVML)"
+
+
+def test_a_gpu_nvml_cannot_read_is_left_out_not_made_up():
+    nvml = FakeNvml()
+    nvml.util[0] = None
+    source = utilization.NvmlSource(nvml)
+    assert source.read(0.0) == [Reading(0.0, 1, 3.0, 2**30)]
 
 
 def test_without_a_driver_the_rank_processes_are_watched_and_the_note_says_so():
