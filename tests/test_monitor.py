@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -284,6 +286,28 @@ def test_an_interrupted_watch_kills_the_whole_tree(tmp_path):
     with pytest.raises(KeyboardInterrupt), monitor.watch(tree, display=False):
         raise KeyboardInterrupt
     assert _gone(pids) and tree.returncode is not None
+    assert live_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_run_and_watch_kills_the_whole_tree(tmp_path):
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    pid_file = tmp_path / "pids"
+    env = {**os.environ, "MONITOR_TREE_PIDS": str(pid_file)}
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    # Ctrl-C once the whole tree is up (SIGUSR1 stands in for SIGINT, which pytest handles itself).
+    waiter = threading.Thread(target=lambda: (_pids(pid_file, 4), os.kill(os.getpid(), signal.SIGUSR1)))
+    try:
+        waiter.start()
+        with pytest.raises(KeyboardInterrupt):
+            monitor.run_and_watch([sys.executable, TREE, "-1", "sleep", "loader"], env=env, timeout_s=60,
+                                  display=False)
+    finally:
+        waiter.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert _gone([int(p) for p in pid_file.read_text().split()])
     assert live_children() == []
 
 
