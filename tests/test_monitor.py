@@ -73,10 +73,10 @@ def test_ranks_are_found_by_local_rank_and_a_busy_one_shows_high_cpu_a_sleeping_
     finally:
         monitor.kill_tree(tree)
     means = {s.device: s.mean_utilization for s in utilization.summarize(history)}
-    # Generous: two shared cores, other jobs running. A spinning process still gets far more than a sleeping one.
-    assert means[0] > 25, means
-    assert means[1] < 10, means
-    assert means[2] > 25, means  # its worker's CPU counts for rank 2
+    # Generous: two cores shared with other jobs (a load of 6 leaves a spinner ~25%), but a sleeper gets ~0.
+    assert means[0] > 8 and means[2] > 8, means  # rank 2's worker's CPU counts for rank 2
+    assert means[1] < 4, means
+    assert min(means[0], means[2]) > 4 * means[1], means
     assert history.kind == "process"
     assert history.labels[1] == "CPU% of the process emulating GPU 1"
     assert all(r.memory_bytes > 1_000_000 for r in history.readings)  # a python process's RSS
