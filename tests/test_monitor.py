@@ -91,7 +91,7 @@ def test_a_real_torchrun_job_is_watched_to_the_end():
                                 display=False)
     assert run.returncode == 0, run.stderr
     assert run.history.devices() == [0, 1]
-    assert all(s.busy_fraction > 0 for s in run.summary()), run.summary()
+    assert all(s.mean_utilization > 5 for s in run.summary()), run.summary()  # both spun (on shared cores)
     assert live_children() == []
 
 
