@@ -236,6 +236,8 @@ def run_and_watch(argv: Sequence[str], cwd: str | os.PathLike | None = None, env
     """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
+    if not interval_s > 0:  # checked before anything starts, not by the sampler once the run is under way
+        raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}; try 0.5.")
     process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     try:

@@ -322,3 +322,6 @@ def test_bad_input_is_explained():
         utilization.Sampler(utilization.ProcessSource(psutil.Process().pid), interval_s=0)
     with pytest.raises(ValueError, match="timeout_s must be a positive"):
         monitor.run_and_watch([sys.executable, "-c", "pass"], timeout_s=-1)
+    with pytest.raises(ValueError, match="interval_s must be a positive"):
+        monitor.run_and_watch([sys.executable, "-c", "import time; time.sleep(60)"], interval_s=0)
+    assert live_children() == []  # refused before it started anything
