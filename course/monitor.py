@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -119,11 +120,12 @@ def _in_jupyter() -> bool:
     return getattr(get_ipython(), "kernel", None) is not None
 
 
-def kill_tree(process: subprocess.Popen | psutil.Process) -> None:
+def kill_tree(process: subprocess.Popen | psutil.Process, own_group: bool = False) -> None:
     """Stop ``process`` and everything it started, and reap it; nothing is left running.
 
-    The tree is frozen first (SIGSTOP) so that no process can start a new child between the look and the kill;
-    a process group the run leads (``start_new_session=True``) is killed as a whole besides.
+    The tree is frozen first (SIGSTOP) so that no process can start a new child between the look and the kill.
+    With ``own_group`` (it was started with ``start_new_session=True``) its process group is killed besides,
+    which also finds descendants orphaned by a parent that already exited.
     """
     pid = process.pid
     for _ in range(5):
@@ -142,8 +144,8 @@ def kill_tree(process: subprocess.Popen | psutil.Process) -> None:
             if sig == signal.SIGSTOP:  # children born before the freeze
                 victims += [c for v in victims for c in _children(v) if c not in victims]
         time.sleep(0.02)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if os.getpgid(pid) == pid != os.getpgrp():
+    if own_group and pid != os.getpgrp():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     if isinstance(process, subprocess.Popen):
         process.wait()
@@ -240,25 +242,38 @@ def run_and_watch(argv: Sequence[str], cwd: str | os.PathLike | None = None, env
         raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}; try 0.5.")
     process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
+    # Read the pipes aside and wait for the process itself: a child it left behind may hold them open.
+    stdout, stderr = _Drain(process.stdout), _Drain(process.stderr)
     try:
         with watch(process, interval_s, display, nvml) as history:
             try:
-                stdout, stderr = process.communicate(timeout=timeout_s)
+                process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                kill_tree(process)
-                stdout, stderr = _remaining_output(process)
-                raise subprocess.TimeoutExpired(process.args, timeout_s, stdout, stderr) from None
+                kill_tree(process, own_group=True)
+                raise subprocess.TimeoutExpired(process.args, timeout_s, stdout.text(), stderr.text()) from None
     finally:
-        kill_tree(process)  # a clean exit leaves nothing to kill; anything else must not outlive the run
-    return WatchedRun(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), history)
+        kill_tree(process, own_group=True)  # nothing the run started outlives it, even after a clean exit
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout.text(), stderr.text())
+    return WatchedRun(done, history)
 
 
-def _remaining_output(process: subprocess.Popen) -> tuple[str, str]:
-    """What a killed run printed; a process that escaped the kill (``setsid``) may hold the pipes open."""
-    try:
-        return process.communicate(timeout=10)
-    except subprocess.TimeoutExpired:
-        return "", ""
+class _Drain:
+    """Reads a pipe to its end in a thread, so the run never blocks on a full pipe."""
+
+    def __init__(self, pipe: Any) -> None:
+        self._pipe, self._chunks = pipe, []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(ValueError, OSError):  # the pipe was closed under us
+            for chunk in iter(lambda: self._pipe.read(8192), ""):
+                self._chunks.append(chunk)
+
+    def text(self, wait_s: float = 10.0) -> str:
+        """Everything read; waits for the end of the pipe, unless a process that escaped the kill holds it."""
+        self._thread.join(wait_s)
+        return "".join(self._chunks)
 
 
 def format_summary(history: History, threshold: float | None = None) -> str:

@@ -266,6 +266,17 @@ def test_run_and_watch_returns_what_subprocess_run_would():
     assert (run.returncode, run.stdout, run.stderr) == (3, "out\n", "")
 
 
+ORPHAN = """import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # holds the pipes
+print(child.pid)"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_orphaned_by_a_clean_exit_is_not_left_behind():
+    run = monitor.run_and_watch([sys.executable, "-c", ORPHAN], display=False, timeout_s=60)
+    assert run.returncode == 0 and _gone([int(run.stdout)])
+
+
 @pytest.mark.timeout(120)
 def test_a_timeout_kills_the_whole_tree(tmp_path):
     pid_file = tmp_path / "pids"
