@@ -10,7 +10,8 @@ real GPUs, the CPU% of each rank's process on emulated ones); this module only s
 
 or around a process you started yourself: ``with monitor.watch(popen) as history: popen.wait()``.
 In Jupyter the live view is an ipywidgets panel, updated from the sampler thread, so the kernel is never
-blocked by it; elsewhere it prints a line every few seconds. Taught in ``notebooks/06_assignment.ipynb``.
+blocked by it; elsewhere it prints a line every few seconds. Used in ``notebooks/05_ddp.ipynb`` and
+``notebooks/06_assignment.ipynb``.
 """
 
 from __future__ import annotations
@@ -172,7 +173,8 @@ def watch(target: subprocess.Popen | int | None = None, interval_s: float = 0.5,
 
     Args:
         target: a running ``subprocess.Popen`` (torchrun), a pid, or ``None`` for this process's own children
-            (wrap a :func:`course.launch.launch` call).
+            (wrap a blocking call that starts the ranks: :func:`course.launch.launch`, or
+            :func:`course.ddp.run_torchrun`).
         interval_s: seconds between readings.
         display: show the live view (widgets in Jupyter, text lines elsewhere); ``False`` only records.
         nvml: a pynvml-like module to use instead of ``pynvml`` (tests inject a fake one).
@@ -184,11 +186,11 @@ def watch(target: subprocess.Popen | int | None = None, interval_s: float = 0.5,
     """
     pid = os.getpid() if target is None else target if isinstance(target, int) else target.pid
     source, note = utilization.source_for(pid, world.detect_hardware().emulated, nvml)
-    view = None
+    sampler = utilization.Sampler(source, interval_s)
     if display:
         view = LiveView(source.kind, note) if _in_jupyter() else TextView(source.kind, note)
         view.show()
-    sampler = utilization.Sampler(source, interval_s, on_sample=view.update if view else None)
+        sampler.on_sample = view.update
     try:
         with sampler as history:
             yield history
