@@ -282,7 +282,7 @@ def test_a_timeout_kills_the_whole_tree(tmp_path):
     pid_file = tmp_path / "pids"
     env = {**os.environ, "MONITOR_TREE_PIDS": str(pid_file)}
     with pytest.raises(subprocess.TimeoutExpired):
-        monitor.run_and_watch([sys.executable, TREE, "-1", "sleep", "loader"], env=env, timeout_s=3,
+        monitor.run_and_watch([sys.executable, TREE, "-1", "sleep", "loader"], env=env, timeout_s=5,
                               display=False)
     pids = pid_file.read_text().split()
     assert len(pids) == 4, pids  # the launcher, two ranks, one worker: all started before the timeout
