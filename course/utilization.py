@@ -1,10 +1,11 @@
 """How busy is each GPU? Sample it: NVML on real GPUs, the rank processes' CPU on emulated ones.
 
 NVIDIA's multi-GPU course keeps ``nvidia-smi`` open next to every run, so you *see* four GPUs busy (or one busy
-and three idle, with a script that forgot to shard its work). This module is the measuring half of that
-picture and returns plain data; :mod:`course.monitor` draws it. Taught in ``notebooks/06_assignment.ipynb``.
+and three idle, when rank 0 works alone while the others wait for it). This module is the measuring half of that
+picture and returns plain data; :mod:`course.monitor` draws it. Used in ``notebooks/05_ddp.ipynb`` and
+``notebooks/06_assignment.ipynb``.
 
-Two sources share one signature, ``read() -> list[Reading]``:
+Two sources share one signature, ``read(t_s) -> list[Reading]``:
 
 * :class:`NvmlSource` reads **GPU utilization** (the percent of time a kernel was running) and device memory
   through NVML (``nvidia-ml-py``, imported as ``pynvml``): a real GPU measurement.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -271,7 +273,11 @@ class Sampler:
             self.history.labels.setdefault(reading.device, self.source.label(reading.device))
         self.history.readings.extend(readings)
         if self.on_sample is not None:
-            self.on_sample(self.history)
+            try:
+                self.on_sample(self.history)
+            except Exception as error:  # a broken display must not stop the measurement
+                warnings.warn(f"the live view failed ({error!r}); still sampling, without it", stacklevel=1)
+                self.on_sample = None
         return readings
 
     def start(self) -> Sampler:

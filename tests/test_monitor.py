@@ -322,6 +322,17 @@ def test_ctrl_c_during_run_and_watch_kills_the_whole_tree(tmp_path):
     assert live_children() == []
 
 
+def test_a_broken_display_does_not_stop_the_sampling():
+    def broken(history):
+        raise RuntimeError("comm closed")
+
+    sampler = utilization.Sampler(utilization.ProcessSource(psutil.Process().pid), 0.1, on_sample=broken)
+    with pytest.warns(UserWarning, match="comm closed"):
+        sampler.sample()
+    sampler.sample()  # no second warning, no error
+    assert sampler.on_sample is None
+
+
 def test_bad_input_is_explained():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
