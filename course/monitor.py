@@ -121,35 +121,49 @@ def _in_jupyter() -> bool:
     return getattr(get_ipython(), "kernel", None) is not None
 
 
-def kill_tree(process: subprocess.Popen | psutil.Process, own_group: bool = False) -> None:
-    """Stop ``process`` and everything it started, and reap it; nothing is left running.
+def kill_tree(process: subprocess.Popen | psutil.Process, own_group: bool = False, wait_s: float = 10.0) -> None:
+    """Stop ``process`` and everything it started, wait until they are gone, and reap it.
 
     The tree is frozen first (SIGSTOP) so that no process can start a new child between the look and the kill.
-    With ``own_group`` (it was started with ``start_new_session=True``) its process group is killed besides,
-    which also finds descendants orphaned by a parent that already exited.
+    With ``own_group`` (it was started with ``start_new_session=True``) every process of its process group is
+    killed too, which finds descendants orphaned by a parent that already exited.
     """
     pid = process.pid
-    for _ in range(5):
-        try:
-            root = psutil.Process(pid)
-            victims = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            victims = []
-        victims = [v for v in victims if _alive(v)]
-        if not victims:
-            break
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for victim in victims:
-                with contextlib.suppress(psutil.Error):
-                    victim.send_signal(sig)
-            if sig == signal.SIGSTOP:  # children born before the freeze
-                victims += [c for v in victims for c in _children(v) if c not in victims]
+    victims = _tree(pid) + (_group(pid) if own_group else [])
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for victim in victims:
+            with contextlib.suppress(psutil.Error):
+                victim.send_signal(sig)
+        if sig == signal.SIGSTOP:  # children born before the freeze
+            victims += [c for v in victims for c in _children(v) if c not in victims]
+    deadline = time.monotonic() + wait_s
+    while (alive := [v for v in victims if _alive(v)]) and time.monotonic() < deadline:
+        for victim in alive:  # SIGKILL takes a moment to empty a big process; a zombie counts as gone
+            with contextlib.suppress(psutil.Error):
+                victim.kill()
         time.sleep(0.02)
-    if own_group and pid != os.getpgrp():
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
     if isinstance(process, subprocess.Popen):
         process.wait()
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    """Every process of process group ``pgid`` (never this process's own group)."""
+    if pgid == os.getpgrp():
+        return []
+    members = []
+    for candidate in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
+            if os.getpgid(candidate.pid) == pgid:
+                members.append(candidate)
+    return members
 
 
 def _alive(process: psutil.Process) -> bool:
