@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, world
+from course import data, launch, world
 from course.distributed_optimizer import DistributedOptimizer, broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
 
@@ -83,12 +83,20 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
     # Each rank gets its share of the cores (torchrun would otherwise set 1 and warn about it).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     command = torchrun_command(script, nproc_per_node, script_args)
+    # Its own session, so a timeout (or Ctrl-C) stops torchrun's workers too, not just torchrun.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired as error:
-        tail = (error.stdout or b"")[-2000:]
-        raise RuntimeError(f"torchrun {Path(script).name} did not finish in {timeout_s:g} s; last output:\n"
-                           f"{tail.decode() if isinstance(tail, bytes) else tail}") from None
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        launch.kill_tree(process, own_group=True)
+        stdout, _ = process.communicate()
+        raise RuntimeError(f"torchrun {Path(script).name} did not finish in {timeout_s:g} s (all its ranks were "
+                           f"stopped); last output:\n{stdout[-2000:]}") from None
+    except BaseException:
+        launch.kill_tree(process, own_group=True)
+        raise
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     if done.returncode != 0:
         # A rank's own traceback comes first on stderr; torchrun's summary of the failure comes last.
         errors = done.stderr if len(done.stderr) < 4000 else done.stderr[:2500] + "\n...\n" + done.stderr[-1500:]

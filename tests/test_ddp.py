@@ -2,9 +2,11 @@
 
 import sys
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from processes import live_children
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
@@ -96,6 +98,22 @@ def test_a_failing_script_reports_its_output(tmp_path):
     script.write_text("raise SystemExit('deliberately broken')\n")
     with pytest.raises(RuntimeError, match="(?s)exited with code 1.*deliberately broken"):
         ddp.run_torchrun(script, 1, timeout_s=120)
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_stops_every_rank_not_just_torchrun(tmp_path):
+    script = tmp_path / "hangs.py"
+    started = tmp_path / "started"
+    started.mkdir()
+    script.write_text("import os, pathlib, sys, time\n"
+                      "pathlib.Path(sys.argv[1], os.environ['RANK']).touch()\n"
+                      "time.sleep(3600)\n")
+    with pytest.raises(RuntimeError, match="did not finish in 20 s"):
+        ddp.run_torchrun(script, 2, (str(started),), timeout_s=20)
+    assert live_children() == []
+    ranks_that_ran = len(list(started.iterdir()))
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in (p.info["cmdline"] or [])], \
+        f"{ranks_that_ran} rank(s) started and some outlived the timeout"
 
 
 @pytest.mark.slow

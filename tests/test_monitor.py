@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from processes import live_children
 
 from course import monitor, utilization
-from course.launch import launch
+from course.launch import kill_tree, launch
 from course.utilization import History, Reading
 
 matplotlib.use("Agg")
@@ -71,7 +71,7 @@ def test_ranks_are_found_by_local_rank_and_a_busy_one_shows_high_cpu_a_sleeping_
         with utilization.Sampler(utilization.ProcessSource(tree.pid), interval_s=0.4) as history:
             time.sleep(3.0)
     finally:
-        monitor.kill_tree(tree)
+        kill_tree(tree)
     means = {s.device: s.mean_utilization for s in utilization.summarize(history)}
     # Generous: two cores shared with other jobs (a load of 6 leaves a spinner ~25%), but a sleeper gets ~0.
     assert means[0] > 8 and means[2] > 8, means  # rank 2's worker's CPU counts for rank 2
