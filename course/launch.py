@@ -174,17 +174,8 @@ def _stop(processes: list[Any]) -> None:
     for process in processes:
         if process.pid is None:
             continue
-        try:
-            victims = psutil.Process(process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            victims = []
-        for victim in victims:
-            try:
-                victim.kill()
-            except psutil.NoSuchProcess:
-                pass
-        if process.is_alive():
-            process.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            kill_tree(psutil.Process(process.pid))
         process.join(timeout=10)
 
 
