@@ -185,6 +185,36 @@ def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
     return losses
 
 
+def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float
+                   ) -> list[float]:
+    """Run inside a launched rank: the naive way to "use" several GPUs, for contrast with :func:`train_on_ranks`.
+
+    Rank 0 trains on every whole global batch and broadcasts the new parameters; the other ranks only wait
+    for them. The result is one process's training (same losses, same parameters on every rank), at one
+    process's speed: one GPU busy, the others idle, which ``notebooks/03_naive_multi_gpu.ipynb`` watches with
+    :mod:`course.monitor`.
+
+    Returns:
+        The global-batch losses (rank 0's, on every rank).
+    """
+    device = next(model.parameters()).device
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for inputs, targets in batches:
+        loss = torch.zeros(1, device=device)
+        if dist.get_rank() == 0:
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
+            step_loss.backward()
+            optimizer.step()
+            loss = step_loss.detach().reshape(1)
+        for parameter in model.parameters():
+            dist.broadcast(parameter.data, src=0)
+        dist.broadcast(loss, src=0)
+        losses.append(float(loss))
+    return losses
+
+
 def replica_devices(num_replicas: int) -> list[torch.device]:
     """One device per replica: the GPUs in turn when there are some (``cuda:0, cuda:1, ...``), else the CPU."""
     from course import world

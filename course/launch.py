@@ -88,8 +88,9 @@ class _RankOutput(io.TextIOBase):
 
 
 def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout_s: float,
-              args: tuple, kwargs: dict, channel: Any) -> None:
+              arguments: bytes, channel: Any) -> None:
     """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``."""
+    args, kwargs = pickle.loads(arguments)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
@@ -191,8 +192,12 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     Returns:
         ``[result_of_rank_0, result_of_rank_1, ...]``; results must be picklable.
 
+    Every rank gets its own copy of ``args`` and ``kwargs`` (a model passed in and trained by the ranks is left
+    as it was in the caller); results come back by value.
+
     Raises:
         ValueError: bad ``world_size`` (see :func:`course.world.check_world_size`).
+        TypeError: arguments that cannot be pickled.
         RankFailed: a rank raised or died; the others were stopped.
         RankTimeout: ranks still running after ``timeout_s``; all were stopped.
     """
@@ -202,11 +207,19 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
             f"launch() needs an importable function, but {getattr(fn, '__qualname__', fn)!r} is defined in a "
             "notebook cell or inside another function. Put it in a .py module and import it."
         )
+    # Plain pickle: every rank gets its own copy of the arguments. The spawn context's pickler would put their
+    # tensors in shared memory, so a rank training a model it was passed would train everyone's (and yours).
+    try:
+        arguments = pickle.dumps((args, kwargs))
+    except Exception as error:  # noqa: BLE001 - any pickling failure means the same thing here
+        raise TypeError(f"launch() sends fn's arguments to every rank by pickling them, and they cannot be "
+                        f"pickled: {error}. Pass data (tensors, numbers, models, lists), not open files, locks or "
+                        "lambdas.") from None
     context = mp.get_context("spawn")
     channel = context.Queue()
     port = free_port()
     processes = [
-        context.Process(target=_run_rank, args=(fn, rank, world_size, port, timeout_s, args, kwargs, channel),
+        context.Process(target=_run_rank, args=(fn, rank, world_size, port, timeout_s, arguments, channel),
                         name=f"course-rank-{rank}")
         for rank in range(world_size)
     ]

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course import data_parallel, model_parallel, parameter_server
+from course import data_parallel, model_parallel, parameter_server, world
 from course.launch import launch
+from course.models import DigitsCNN
 
 WORLD_SIZE = 4
 PS = parameter_server.Config(steps=4, batch_size=24, lr=0.2, width=4, seed=1)
@@ -40,8 +41,13 @@ def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
         "micro_batches": _error(model_parallel.pipeline_step, [model] * WORLD_SIZE, x, y, 7),
     }
     dist.barrier()
+    torch.manual_seed(PS.seed)
+    naive_model = DigitsCNN(width=PS.width).to(world.current().device)
+    naive = data_parallel.train_on_rank0(naive_model, ps_batches, PS.lr)
     return {"ps": parameter_server.compare_on_ranks(PS, ps_batches, async_delay_s=0.003),
-            "pipe": model_parallel.run_pipeline(PIPE, pipe_batch), "errors": errors}
+            "pipe": model_parallel.run_pipeline(PIPE, pipe_batch), "errors": errors,
+            "rank0": {"losses": naive, "params": torch.nn.utils.parameters_to_vector(naive_model.parameters())
+                      .detach().cpu()}}
 
 
 @functools.cache

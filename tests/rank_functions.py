@@ -73,3 +73,11 @@ def slow_to_leave(marker_dir: str) -> int:
 
     world.shutdown = slow_shutdown
     return me.rank
+
+
+def add_rank_in_place(tensor: torch.Tensor) -> float:
+    """Adds rank + 1 to the tensor it was given, in place, once every rank has it; returns what it then holds."""
+    dist.barrier()
+    tensor.add_(world.current().rank + 1)
+    dist.barrier()
+    return tensor.sum().item()

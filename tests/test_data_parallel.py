@@ -104,6 +104,9 @@ def test_allreduce_on_ranks_equals_one_process_and_ranks_stay_identical():
     for rank in report:
         assert torch.allclose(rank["ps"]["allreduce_params"], expected, atol=1e-6)
         assert rank["ps"]["allreduce"] == pytest.approx(losses, rel=1e-5)
+        # The naive way: rank 0 does all the work and broadcasts; the same training, on every rank.
+        assert torch.allclose(rank["rank0"]["params"], expected, atol=1e-6)
+        assert rank["rank0"]["losses"] == pytest.approx(losses, rel=1e-5)
     assert "not divisible by world_size 4" in report[0]["errors"]["indivisible"]
 
 

@@ -1,9 +1,12 @@
 """course.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
 
 
+import threading
+
 import psutil
 import pytest
 import rank_functions as rf
+import torch
 from processes import live_children
 
 from course.launch import RankFailed, RankTimeout, launch
@@ -26,6 +29,19 @@ def test_ranks_leave_the_group_together_before_launch_returns(tmp_path, capfd):
     assert launch(rf.slow_to_leave, 2, str(tmp_path), timeout_s=60) == [0, 1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["left-0", "left-1"]
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_every_rank_gets_its_own_copy_of_the_arguments():
+    # The spawn context's pickler would share tensor memory between the caller and all ranks.
+    tensor = torch.zeros(3)
+    assert launch(rf.add_rank_in_place, 2, tensor, timeout_s=60) == [3.0, 6.0]
+    assert tensor.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_arguments_that_cannot_be_pickled_are_refused_clearly():
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        launch(rf.identity, 2, threading.Lock(), timeout_s=60)
+    assert live_children() == []
 
 
 def test_output_is_prefixed_by_rank(capsys):
