@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor, num_replicas: int
@@ -189,10 +190,10 @@ def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
                    ) -> list[float]:
     """Run inside a launched rank: the naive way to "use" several GPUs, for contrast with :func:`train_on_ranks`.
 
-    Rank 0 trains on every whole global batch and broadcasts the new parameters; the other ranks only wait
-    for them. The result is one process's training (same losses, same parameters on every rank), at one
-    process's speed: one GPU busy, the others idle, which ``notebooks/03_naive_multi_gpu.ipynb`` watches with
-    :mod:`course.monitor`.
+    Rank 0 trains on every whole global batch and broadcasts the new parameters (one flat message per step);
+    the other ranks only wait for them. The result is one process's training (same losses, same parameters on
+    every rank), at one process's speed: one GPU busy, the others idle, which
+    ``notebooks/03_naive_multi_gpu.ipynb`` watches with :mod:`course.monitor`.
 
     Returns:
         The global-batch losses (rank 0's, on every rank).
@@ -208,10 +209,10 @@ def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
             step_loss.backward()
             optimizer.step()
             loss = step_loss.detach().reshape(1)
-        for parameter in model.parameters():
-            dist.broadcast(parameter.data, src=0)
-        dist.broadcast(loss, src=0)
-        losses.append(float(loss))
+        flat = torch.cat([parameters_to_vector(model.parameters()).detach(), loss])  # one message per step
+        dist.broadcast(flat, src=0)
+        vector_to_parameters(flat[:-1], model.parameters())
+        losses.append(float(flat[-1]))
     return losses
 
 

@@ -109,6 +109,7 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, tim
         world.shutdown(barrier=False)
     else:
         world.shutdown()
+        channel.put(("left", rank))
 
 
 def kill_tree(process: subprocess.Popen | psutil.Process, own_group: bool = False, wait_s: float = 10.0) -> None:
@@ -224,6 +225,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         for rank in range(world_size)
     ]
     results: dict[int, Any] = {}
+    left: set[int] = set()  # ranks that have left the process group after reporting
     silent_since: dict[int, float] = {}
     try:
         for process in processes:
@@ -242,29 +244,34 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
                 sys.stdout.write(message[1])
             elif message[0] == "ok":
                 results[message[1]] = pickle.loads(message[2])
+            elif message[0] == "left":  # a quick rank can leave before the others' results are read
+                left.add(message[1])
             else:
                 raise _root_cause(message[1], message[2], processes)
-        _let_exit(processes, channel, deadline)
+        _let_exit(processes, channel, deadline, left)
         return [results[rank] for rank in range(world_size)]
     finally:
         sys.stdout.flush()
         _stop(processes)
 
 
-def _let_exit(processes: list[Any], channel: Any, deadline: float, grace_s: float = 30.0) -> None:
+def _let_exit(processes: list[Any], channel: Any, deadline: float, left: set[int], grace_s: float = 30.0) -> None:
     """Give ranks that have all reported the time to leave the process group together before any is killed.
 
     Killing a rank while a peer is still in ``world.shutdown()``'s barrier makes that peer print a
-    "Connection reset by peer" traceback. Output still in the channel is relayed meanwhile.
+    "Connection reset by peer" traceback. Once every rank has said it left, the rest of its exit (the
+    interpreter's teardown) is not waited for. Output still in the channel is relayed meanwhile.
     """
     until = min(deadline, time.monotonic() + grace_s)
-    while any(process.is_alive() for process in processes) and time.monotonic() < until:
+    while len(left) < len(processes) and any(p.is_alive() for p in processes) and time.monotonic() < until:
         try:
             message = channel.get(timeout=0.05)
         except queue.Empty:
             continue
         if message[0] == "out":
             sys.stdout.write(message[1])
+        elif message[0] == "left":
+            left.add(message[1])
 
 
 def _root_cause(rank: int, remote_traceback: str, processes: list[Any], wait_s: float = 1.0) -> RankFailed:
