@@ -6,12 +6,13 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from groups import single_rank_group
 from processes import live_children
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from course import ddp
-from course.launch import free_port, launch
+from course.launch import launch
 from course.models import DigitsCNN
 
 pytestmark = pytest.mark.unit5
@@ -56,8 +57,7 @@ def test_torchrun_commands_for_one_and_several_nodes():
 
 @pytest.mark.parametrize("bucket_cap_mb", [25.0, 0.1, 0.01])
 def test_bucket_report_counts_the_allreduces_ddp_really_issues(bucket_cap_mb):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
+    with single_rank_group():
         model = DistributedDataParallel(DigitsCNN(), bucket_cap_mb=bucket_cap_mb)
         calls = []
 
@@ -69,8 +69,6 @@ def test_bucket_report_counts_the_allreduces_ddp_really_issues(bucket_cap_mb):
         for _ in range(2):  # DDP rebuilds its buckets after the first iteration
             calls.clear()
             model(torch.randn(4, 1, 8, 8)).sum().backward()
-    finally:
-        dist.destroy_process_group()
     report = ddp.bucket_report(DigitsCNN(), bucket_cap_mb)
     assert report["buckets"] == len(calls)
     assert report["fill"] == pytest.approx(report["gradient_bytes"] / (bucket_cap_mb * 2**20), rel=1e-3)

@@ -3,14 +3,14 @@
 import distributed_optimizer_ranks as ranks
 import pytest
 import torch
-import torch.distributed as dist
+from groups import single_rank_group
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from course import ddp
 from course import distributed_optimizer as do
-from course.launch import free_port, launch
+from course.launch import launch
 
 pytestmark = pytest.mark.unit4
 
@@ -63,9 +63,8 @@ def test_broadcasts_metrics_and_overlap_on_two_ranks():
 
 @pytest.fixture
 def one_rank():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with single_rank_group():
+        yield
 
 
 def make(model, **options):
@@ -164,13 +163,10 @@ def test_events_record_every_gradient_and_every_bucket(one_rank):
 @settings(max_examples=25, deadline=None)
 @given(bucket_bytes=st.integers(1, 2000))
 def test_buckets_partition_the_parameters_in_backward_order(bucket_bytes):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
+    with single_rank_group():
         model = mlp()
         optimizer = make(model, bucket_bytes=bucket_bytes)
         optimizer.close()
-    finally:
-        dist.destroy_process_group()
     names = [n for b in optimizer.buckets for n in b.names]
     assert names == [n for n, _ in model.named_parameters()][::-1]
     for bucket in optimizer.buckets:

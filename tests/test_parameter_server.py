@@ -5,6 +5,7 @@ import copy
 import naive_ranks
 import pytest
 import torch
+from groups import single_rank_group
 from torch.nn.utils import parameters_to_vector
 
 from course import data_parallel as dp
@@ -116,14 +117,8 @@ def test_plot_curves_draws_one_line_per_label():
 
 
 def test_a_server_without_workers_is_refused():
-    import torch.distributed as dist
-
-    store = dist.HashStore()
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
+    with single_rank_group():
         batches = [(torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.int64))]
         for run in (ps.run_sync, ps.run_async):
             with pytest.raises(ValueError, match="world_size >= 2, got 1"):
                 run(DigitsCNN(width=4), batches, 0.1)
-    finally:
-        dist.destroy_process_group()
