@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 # The CPU build of torch 2.13.0 on machines without GPUs; pip picks the CUDA build where it is the default.
+# Unquoted below on purpose: TORCH="torch==2.13.0 --index-url URL" passes pip two words. A new TORCH needs
+# `make clean` first: an existing .venv is kept as it is.
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
@@ -11,7 +13,7 @@ BIN := $(VENV)/bin
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
