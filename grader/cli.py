@@ -19,7 +19,7 @@ from pathlib import Path
 
 from grader import reports
 from grader.results import Results
-from grader.runner import GradingConfig, grade
+from grader.runner import GradingConfig, grade, not_run
 
 
 def check(path: Path, config: GradingConfig | None = None) -> Results:
@@ -29,55 +29,139 @@ def check(path: Path, config: GradingConfig | None = None) -> Results:
     return results
 
 
-def submissions_in(folder: Path) -> list[Path]:
-    """Each entry of ``folder`` (a file or a folder per student), hidden entries skipped, sorted by name."""
-    if not Path(folder).is_dir():
+GRADER_ERROR = "grader error"
+# the grader's own failures, not the student's: --resume grades these submissions again
+RETRIED = (GRADER_ERROR, "error")
+SYSTEM_ENTRIES = ("__pycache__", "__MACOSX")  # left by Python and by macOS's zip, never a student's
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (README)
+
+
+def scan(folder: Path, out: Path | None = None) -> tuple[list[Path], list[str]]:
+    """The submissions in ``folder`` (a file or a folder per student, sorted by name) and what was skipped, why.
+
+    Skipped: hidden entries (``.name``), ``__pycache__``/``__MACOSX``, and the output folder ``out`` if it
+    lies inside ``folder``. Names starting with ``_`` are graded like any other.
+
+    Raises:
+        FileNotFoundError: ``folder`` is not a folder.
+        ValueError: ``out`` is ``folder`` itself (the outputs would be graded as submissions next time).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder of submissions (one file or folder per student).")
-    return sorted(p for p in Path(folder).iterdir() if not p.name.startswith((".", "_")))
+    out_resolved = Path(out).resolve() if out is not None else None
+    if out_resolved == folder.resolve():
+        raise ValueError(f"the output folder {out} is the submissions folder: pass another -o OUT.")
+    submissions, skipped = [], []
+    for path in sorted(folder.iterdir()):
+        if path.resolve() == out_resolved:
+            skipped.append(f"{path.name} (the output folder)")
+        elif path.name.startswith(".") or path.name in SYSTEM_ENTRIES:
+            skipped.append(f"{path.name} (hidden or system entry)")
+        else:
+            submissions.append(path)
+    return submissions, skipped
+
+
+def submissions_in(folder: Path, out: Path | None = None) -> list[Path]:
+    """The submissions :func:`scan` finds in ``folder``."""
+    return scan(folder, out)[0]
+
+
+def output_keys(submissions: list[Path]) -> dict[str, str]:
+    """Submission name -> the name of its output files: ``alice.py`` -> ``alice``, unless that is ambiguous.
+
+    When ``alice.py`` and a folder ``alice/`` (or ``alice.py/``...) are both submitted, each keeps its full
+    name (``alice.py``, ``alice``), so neither overwrites the other's results, feedback or Gradescope file.
+
+    Raises:
+        ValueError: two submissions would still share a name (``x.py.py`` next to ``x.py`` and ``x/``).
+    """
+    names = [p.name for p in submissions]
+    stems = [n.removesuffix(".py") for n in names]
+    keys = {n: (s if stems.count(s) == 1 else n) for n, s in zip(names, stems, strict=True)}
+    seen: dict[str, str] = {}
+    for name, key in keys.items():
+        other = seen.setdefault(key, name)
+        if other != name:
+            raise ValueError(f"submissions {other!r} and {name!r} would write the same output files "
+                             f"({key!r}): rename one of them.")
+    return keys
 
 
 def _grade_safely(path: Path, config: GradingConfig) -> Results:
     try:
         return grade(path, config)
     except Exception as error:  # noqa: BLE001  (one submission must never stop the batch)
-        return Results(path.name, "grader error", f"{type(error).__name__}: {error}")
+        return not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
 
 
-def save(results: Results, out: Path) -> None:
-    """Write one submission's raw results, Gradescope JSON and feedback under ``out``."""
-    stem = results.submission.removesuffix(".py")
+def save(results: Results, out: Path, key: str | None = None) -> None:
+    """Write one submission's raw results, Gradescope JSON and feedback under ``out``, named ``key``.
+
+    ``key`` defaults to the submission's name without ``.py``; :func:`output_keys` gives unique keys.
+    """
+    key = key or results.submission.removesuffix(".py")
     for folder in ("results", "feedback", "gradescope"):
         (out / folder).mkdir(parents=True, exist_ok=True)
-    results.save(out / "results" / f"{stem}.json")
-    reports.write_gradescope(results, out / "gradescope" / stem / "results.json")
-    (out / "feedback" / f"{stem}.txt").write_text(reports.feedback(results))
+    results.save(out / "results" / f"{key}.json")
+    reports.write_gradescope(results, out / "gradescope" / key / "results.json")
+    (out / "feedback" / f"{key}.txt").write_text(reports.feedback(results))
+
+
+def graded_before(out: Path, keys: dict[str, str]) -> dict[str, Results]:
+    """The saved results in ``out`` worth keeping: of a current submission (a name in ``keys``), graded cleanly.
+
+    Results of removed submissions, grader errors and unreadable files are left out (and on disk).
+    """
+    kept: dict[str, Results] = {}
+    for path in sorted(Path(out, "results").glob("*.json")):
+        try:
+            results = Results.load(path)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if results.submission not in keys or results.status in RETRIED:
+            continue
+        if results.submission not in kept or path.stem == keys[results.submission]:
+            kept[results.submission] = results
+    return kept
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | None = None,
                 progress: bool = True, resume: bool = False) -> list[Results]:
     """Grade every submission in ``folder``, ``jobs`` at a time; save each result as it completes.
 
-    The gradebook ``out/gradebook.csv`` is rewritten after every submission, so an interrupted batch loses
-    nothing already graded; ``resume=True`` skips submissions whose raw results already exist.
+    The gradebook ``out/gradebook.csv`` is rewritten after every submission and always lists exactly the
+    submissions now in ``folder``, so an interrupted batch loses nothing already graded. ``resume=True``
+    skips submissions already graded cleanly in ``out`` (a ``grader error`` is graded again).
+
+    Returns:
+        one Results per submission, in the order of :func:`submissions_in`.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`scan` and :func:`output_keys`.
     """
     from tqdm import tqdm
 
     out = Path(out)
-    done = {p.stem: Results.load(p) for p in sorted((out / "results").glob("*.json"))} if resume else {}
-    todo = [p for p in submissions_in(folder) if p.name.removesuffix(".py") not in done]
-    all_results = list(done.values())
+    submissions = submissions_in(folder, out)
+    keys = output_keys(submissions)
+    graded = graded_before(out, keys) if resume else {}
+    for name, results in graded.items():
+        save(results, out, keys[name])  # under its current name, which a new submission may have changed
+    todo = [p for p in submissions if p.name not in graded]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, \
             tqdm(total=len(todo), desc="grading", unit="submission", disable=not progress) as bar:
-        futures = {pool.submit(_grade_safely, path, config or GradingConfig()): path for path in todo}
+        futures = [pool.submit(_grade_safely, path, config or GradingConfig()) for path in todo]
         for future in as_completed(futures):
             results = future.result()
-            save(results, out)
-            all_results.append(results)
-            reports.write_gradebook(all_results, out / "gradebook.csv")
+            save(results, out, keys[results.submission])
+            graded[results.submission] = results
+            reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
             bar.set_postfix_str(f"{results.submission}: {results.status}")
             bar.update()
-    reports.write_gradebook(all_results, out / "gradebook.csv")
-    return all_results
+    reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
+    return [graded[p.name] for p in submissions]
 
 
 def run_autograder(submission: Path = Path("/autograder/submission"),
@@ -97,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     p_grade = sub.add_parser("grade", help="grade a folder of submissions")
     p_grade.add_argument("submissions", type=Path)
     p_grade.add_argument("-o", "--out", type=Path, default=Path("grading_out"))
-    p_grade.add_argument("-j", "--jobs", type=int, default=max(1, min(2, (os.cpu_count() or 1) // 2 or 1)))
-    p_grade.add_argument("--resume", action="store_true", help="skip submissions already graded in OUT")
+    p_grade.add_argument("-j", "--jobs", type=int, default=DEFAULT_JOBS,
+                         help=f"submissions graded at once, each running 4 ranks (default: min(2, CPUs) = "
+                              f"{DEFAULT_JOBS}; more only helps with more than 2 cores and memory to match)")
+    p_grade.add_argument("--resume", action="store_true",
+                         help="skip submissions already graded cleanly in OUT (grader errors are graded again)")
     p_report = sub.add_parser("report", help="re-render OUT/gradebook.csv from OUT/results/*.json")
     p_report.add_argument("out", type=Path)
     p_gs = sub.add_parser("gradescope", help="Gradescope's run_autograder entry")
@@ -110,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(c.passed for c in results.checks) else 1
     if args.command == "grade":
         try:
+            for note in scan(args.submissions, args.out)[1]:
+                print(f"grader: skipped {note}", file=sys.stderr)
             all_results = grade_class(args.submissions, args.out, args.jobs, resume=args.resume)
-        except FileNotFoundError as error:
+        except (FileNotFoundError, ValueError) as error:
             print(f"grader: {error}", file=sys.stderr)
             return 2
         print(f"graded {len(all_results)} submission(s): {args.out / 'gradebook.csv'}")

@@ -19,11 +19,15 @@ def feedback(results: Results, visible_only: bool = False) -> str:
     lines = [f"{results.submission}: {results.score:g} / {results.max_score:g} points   status: {results.status}"]
     if results.status != "ok":
         lines.append(f"  {results.detail}")
-    for check in results.checks:
-        if visible_only and check.visibility != "visible":
-            continue
-        mark = "PASS" if check.passed else "FAIL"
-        lines.append(f"  [{mark}] {check.title} ({check.score:g}/{check.max_score:g}): {check.message}")
+    shown = [c for c in results.checks if not visible_only or c.visibility == "visible"]
+    for check in shown:
+        if check.ran:
+            mark = "PASS" if check.passed else "FAIL"
+            lines.append(f"  [{mark}] {check.title} ({check.score:g}/{check.max_score:g}): {check.message}")
+    not_run = [c for c in shown if not c.ran]
+    if not_run:  # the reason is the detail above, said once
+        lines.append(f"  Not run, so 0 points ({len(not_run)} checks):")
+        lines += [f"  [NOT RUN] {c.title} (0/{c.max_score:g})" for c in not_run]
     if results.output.strip():
         lines += ["", results.output.rstrip()]
     return "\n".join(lines) + "\n"

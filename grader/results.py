@@ -24,6 +24,7 @@ class CheckResult:
     visibility: str  # visible / after_published / hidden (Gradescope's terms)
     passed: bool
     message: str  # what to tell the student, in the course's terms
+    ran: bool = True  # False when the submission was not run (bad submission, grader error): no verdict
 
 
 @dataclass

@@ -129,7 +129,7 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
     try:
         script = find_script(Path(submission), config.assignment)
     except BadSubmission as error:
-        return _finish(Results(name, BAD, str(error)), None, config, start)
+        return not_run(name, BAD, str(error), config, start)
     seed = submission_seed(script)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -257,17 +257,26 @@ def _evaluate(checkpoint: Path, tmp: Path, seed: int, ev: Evidence, config: Grad
     ev.checkpoint_error = verdict.get("error")
 
 
+def not_run(name: str, status: str, detail: str, config: GradingConfig = GradingConfig(),
+            start: float | None = None) -> Results:
+    """Results for a submission that was not run (``bad submission``, ``grader error``): every check of the
+    rubric listed as not run, with 0 points of its full ``max_score``, so the gradebook's totals stay right.
+    The reason is ``detail``, said once (not repeated in every check)."""
+    return _finish(Results(name, status, detail), None, config, time.monotonic() if start is None else start)
+
+
 def _finish(results: Results, evidence: Evidence | None, config: GradingConfig, start: float) -> Results:
     for check in CHECKS:
         if config.visible_only and check.visibility != "visible":
             continue
         if evidence is None:
-            passed, message = False, f"not run: {results.detail}"
-        else:
-            try:
-                passed, message = check.test(evidence, config.assignment)
-            except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
-                passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
+            results.checks.append(CheckResult(check.name, check.title, 0.0, check.points, check.visibility, False,
+                                              f"not run ({results.status}: see above).", ran=False))
+            continue
+        try:
+            passed, message = check.test(evidence, config.assignment)
+        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
+            passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
         results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
                                           check.points, check.visibility, passed, message))
     results.elapsed_s = time.monotonic() - start

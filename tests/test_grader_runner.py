@@ -6,6 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from grader import reports
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
 from grader.runner import BAD, STARTER, BadSubmission, find_script, grade, submission_seed
@@ -41,10 +42,12 @@ def test_bad_submissions_are_named_and_explained(tmp_path, make, phrase):
     path = make(tmp_path)
     with pytest.raises(BadSubmission, match=phrase):
         find_script(path)
-    results = grade(path)  # no run: returns at once, every check failed with the reason
+    results = grade(path)  # no run: returns at once, every check listed as not run
     assert results.status == BAD and phrase in results.detail
-    assert results.score == 0 and len(results.checks) == len(CHECKS)
-    assert all(phrase in c.message for c in results.checks)
+    assert results.score == 0 and len(results.checks) == len(CHECKS) and results.max_score == 100
+    assert not any(c.ran or c.passed for c in results.checks)
+    text = reports.feedback(results)
+    assert text.count(phrase) == 1 and text.count("[NOT RUN]") == len(CHECKS)  # the reason said once
 
 
 def test_the_syntax_error_says_where(tmp_path):
