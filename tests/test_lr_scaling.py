@@ -165,3 +165,17 @@ def test_scaling_efficiency_is_one_for_perfect_scaling_and_drops_after():
     assert ls.scaling_efficiency(results, "linear", 0) == pytest.approx({8: 1.0, 16: 1.0, 32: 0.5,
                                                                          128: 800 / 1280})
     assert ls.scaling_efficiency(results, "sqrt", 0) == {}
+
+
+def test_without_warmup_the_largest_linear_rate_diverges_and_with_warmup_it_trains():
+    # The warmup demo of notebook 02: global batch 1024, linear rule from 0.1 at batch 8 (lr 12.8).
+    splits = data.load()
+    train, val = ls.tensors(splits.train, torch.device("cpu")), ls.tensors(splits.val, torch.device("cpu"))
+    config = ls.SweepConfig(base_lr=0.1, base_batch_size=8, max_steps=100, diverged_loss=4 * math.log(10))
+    cold = ls.train_run(train, val, 1024, "linear", 0, config)
+    warm = ls.train_run(train, val, 1024, "linear", 20, config)
+    assert cold.lr == warm.lr == pytest.approx(12.8)
+    assert cold.diverged and cold.steps_to_target is None
+    assert len(cold.losses) < 10 and cold.losses[-1] > config.diverged_loss  # stopped at the first blow-up
+    assert not warm.diverged and warm.steps_to_target is not None
+    assert max(warm.losses) < config.diverged_loss
