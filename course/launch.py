@@ -13,14 +13,19 @@ finish in time, :class:`RankTimeout` names them. No process is left behind eithe
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import os
 import pickle
 import queue
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -45,15 +50,41 @@ class RankFailed(RuntimeError):
 
 
 class RankTimeout(TimeoutError):
-    """Some ranks did not finish within the time limit; ``ranks`` lists them."""
+    """Some ranks did not finish within the time limit; ``ranks`` lists the ones at fault.
 
-    def __init__(self, ranks: list[int], timeout_s: float) -> None:
+    A rank blocked in a collective (``all_reduce``, ``barrier``, ...) is waiting for a peer, not at fault: ``ranks``
+    names the ranks that were elsewhere (sleeping, computing, stuck), and ``waiting`` maps each rank that waited
+    to where (the collective's name, or ``"finished"`` for a rank that had returned its result). If every
+    unfinished rank was in a collective (they called different ones), all of them are at fault.
+    """
+
+    def __init__(self, ranks: list[int], timeout_s: float, waiting: dict[int, str] | None = None) -> None:
         self.ranks = ranks
-        names = ", ".join(str(r) for r in ranks)
+        self.waiting = dict(waiting or {})
         super().__init__(
-            f"rank(s) {names} did not finish within {timeout_s:g} s and were stopped. A rank that waits "
-            "in a collective (all_reduce, barrier, broadcast) that another rank never calls hangs like this."
+            f"rank(s) {', '.join(str(r) for r in ranks)} did not finish within {timeout_s:g} s"
+            f"{_why(ranks, self.waiting)}, and every rank was stopped. A rank that waits in a collective (all_reduce, "
+            "barrier, broadcast) that another rank never calls hangs like this."
         )
+
+
+def _why(ranks: list[int], waiting: dict[int, str]) -> str:
+    """``" (ranks 0, 2 were waiting for it in all_reduce)"``, or ``""`` when nobody was seen waiting."""
+    grouped: dict[tuple[bool, str], list[int]] = {}
+    for rank in sorted(waiting):
+        grouped.setdefault((rank in ranks, waiting[rank]), []).append(rank)
+    target = "it" if len(ranks) == 1 else "them"
+    parts = []
+    for (at_fault, where), group in grouped.items():
+        names = f"rank {group[0]}" if len(group) == 1 else f"ranks {', '.join(map(str, group))}"
+        was = "was" if len(group) == 1 else "were"
+        if at_fault:  # every unfinished rank waits in a collective: none of them can be the one that never came
+            parts.append(f"{names} {was} waiting in {where}, a collective no other rank joined")
+        elif where == "finished":
+            parts.append(f"{names} had finished and {was} waiting for {target}")
+        else:
+            parts.append(f"{names} {was} waiting for {target} in {where}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def free_port() -> int:
@@ -88,8 +119,9 @@ class _RankOutput(io.TextIOBase):
 
 
 def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout_s: float,
-              arguments: bytes, channel: Any) -> None:
+              arguments: bytes, channel: Any, stacks_path: str) -> None:
     """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``."""
+    _answer_stack_requests(stacks_path)
     args, kwargs = pickle.loads(arguments)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -110,6 +142,73 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, tim
     else:
         world.shutdown()
         channel.put(("left", rank))
+
+
+#: The launcher sends this to a rank to learn where it is stuck (see _answer_stack_requests).
+STACK_SIGNAL = signal.SIGUSR1
+_THREAD = re.compile(r"(?:Current thread|Thread) (0x[0-9a-f]+)")
+_FRAME = re.compile(r'\s+File "(.*)", line \d+ in (\S+)')
+
+
+def _answer_stack_requests(path: str) -> None:
+    """On :data:`STACK_SIGNAL`, write every thread's Python stack to ``path``.
+
+    faulthandler writes from the C signal handler, so this works while the rank is blocked inside a collective
+    (a Python-level handler would wait for the collective to return). The first line names the main thread.
+    """
+    stacks = open(path, "w")  # noqa: SIM115 - faulthandler holds it open for the life of the rank
+    stacks.write(f"main thread {threading.main_thread().ident:#x}\n")
+    stacks.flush()
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
+
+
+def _collective(stacks: str) -> str | None:
+    """The ``torch.distributed`` function the main thread of a faulthandler dump is blocked in, else None."""
+    lines = stacks.splitlines()
+    if not lines or not lines[0].startswith("main thread "):
+        return None
+    main, thread = int(lines[0].split()[-1], 16), None
+    for line in lines[1:]:
+        if header := _THREAD.match(line):
+            thread = int(header[1], 16)
+        elif thread == main and (frame := _FRAME.match(line)):  # innermost frame first
+            return frame[2] if "/torch/distributed/" in frame[1].replace(os.sep, "/") else None
+    return None
+
+
+def _where_blocked(processes: list[Any], ranks: list[int], stacks_dir: str, wait_s: float = 3.0
+                   ) -> dict[int, str]:
+    """Ask each of ``ranks`` for its stack; return the collective each one that is in a collective waits in."""
+    paths = {rank: os.path.join(stacks_dir, f"rank-{rank}.txt") for rank in ranks}
+    asked = []
+    for rank in ranks:
+        with contextlib.suppress(OSError, TypeError):  # TypeError: never started (pid None)
+            os.kill(processes[rank].pid, STACK_SIGNAL)
+            asked.append(rank)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all("most recent call first" in _read(paths[r]) for r in asked):
+        time.sleep(0.05)
+    time.sleep(0.1)  # let a dump that has begun finish
+    found = {rank: _collective(_read(paths[rank])) for rank in asked}
+    return {rank: where for rank, where in found.items() if where is not None}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], stacks_dir: str, timeout_s: float
+             ) -> RankTimeout:
+    """Blame the unfinished ranks that are not waiting in a collective: the others are waiting for them."""
+    unfinished = sorted(set(range(len(processes))) - set(results))
+    waiting = _where_blocked(processes, unfinished, stacks_dir)
+    at_fault = [rank for rank in unfinished if rank not in waiting] or unfinished
+    waiting.update({rank: "finished" for rank in results if rank not in left and processes[rank].is_alive()})
+    return RankTimeout(at_fault, timeout_s, waiting)
 
 
 def kill_tree(process: subprocess.Popen | psutil.Process, own_group: bool = False, wait_s: float = 10.0) -> None:
@@ -173,6 +272,10 @@ def _children(process: psutil.Process) -> list[psutil.Process]:
 
 def _stop(processes: list[Any]) -> None:
     """Kill every rank and everything it started (DataLoader workers included), then reap them."""
+    for process in processes:  # freeze all first: a rank that sees a peer die mid-collective prints a traceback
+        if process.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(process.pid, signal.SIGSTOP)
     for process in processes:
         if process.pid is None:
             continue
@@ -219,9 +322,11 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     context = mp.get_context("spawn")
     channel = context.Queue()
     port = free_port()
+    stacks_dir = tempfile.mkdtemp(prefix="course-launch-")
     processes = [
-        context.Process(target=_run_rank, args=(fn, rank, world_size, port, timeout_s, arguments, channel),
-                        name=f"course-rank-{rank}")
+        context.Process(target=_run_rank, name=f"course-rank-{rank}",
+                        args=(fn, rank, world_size, port, timeout_s, arguments, channel,
+                              os.path.join(stacks_dir, f"rank-{rank}.txt")))
         for rank in range(world_size)
     ]
     results: dict[int, Any] = {}
@@ -234,7 +339,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         while len(results) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RankTimeout(sorted(set(range(world_size)) - set(results)), timeout_s)
+                raise _timeout(processes, results, left, stacks_dir, timeout_s)
             try:
                 message = channel.get(timeout=min(0.2, remaining))
             except queue.Empty:
@@ -253,6 +358,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     finally:
         sys.stdout.flush()
         _stop(processes)
+        shutil.rmtree(stacks_dir, ignore_errors=True)
 
 
 def _let_exit(processes: list[Any], channel: Any, deadline: float, left: set[int], grace_s: float = 30.0) -> None:

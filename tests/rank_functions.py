@@ -81,3 +81,12 @@ def add_rank_in_place(tensor: torch.Tensor) -> float:
     tensor.add_(world.current().rank + 1)
     dist.barrier()
     return tensor.sum().item()
+
+
+def sleep_while_peers_all_reduce(bad_rank: int) -> int:
+    """Rank ``bad_rank`` sleeps; every other rank waits for it in an all_reduce that cannot complete."""
+    me = world.current()
+    if me.rank == bad_rank:
+        time.sleep(3600)
+    dist.all_reduce(torch.ones(1))
+    return me.rank

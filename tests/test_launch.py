@@ -60,10 +60,31 @@ def test_a_crashing_rank_is_named_and_the_others_are_stopped():
 
 def test_a_hanging_rank_times_out_by_name():
     with pytest.raises(RankTimeout) as caught:
-        launch(rf.hang_on, 3, 1, timeout_s=40)
+        launch(rf.hang_on, 3, 1, timeout_s=20)
     assert caught.value.ranks == [1]
-    assert "rank(s) 1 did not finish within 40 s" in str(caught.value)
+    assert caught.value.waiting == {0: "finished", 2: "finished"}
+    assert "rank(s) 1 did not finish within 20 s (ranks 0, 2 had finished and were waiting for it)" in str(
+        caught.value)
     assert live_children() == []
+
+
+def test_a_hanging_rank_is_told_apart_from_the_peers_waiting_for_it_in_a_collective():
+    with pytest.raises(RankTimeout) as caught:
+        launch(rf.sleep_while_peers_all_reduce, 4, 1, timeout_s=20)
+    assert caught.value.ranks == [1]
+    assert caught.value.waiting == {0: "all_reduce", 2: "all_reduce", 3: "all_reduce"}
+    assert "rank(s) 1 did not finish within 20 s (ranks 0, 2, 3 were waiting for it in all_reduce)" in str(
+        caught.value)
+    assert live_children() == []
+
+
+def test_ranks_all_stuck_in_collectives_are_all_named():
+    # Ranks that called different collectives each wait for the others: nobody is outside a collective to blame.
+    error = RankTimeout([0, 1], 5, {0: "all_reduce", 1: "barrier", 2: "finished"})
+    assert str(error).startswith(
+        "rank(s) 0, 1 did not finish within 5 s (rank 0 was waiting in all_reduce, a collective no other rank "
+        "joined; rank 1 was waiting in barrier, a collective no other rank joined; rank 2 had finished and was "
+        "waiting for them)")
 
 
 def test_a_rank_that_dies_without_reporting_is_named():
@@ -76,7 +97,7 @@ def test_a_rank_that_dies_without_reporting_is_named():
 
 def test_dataloader_workers_of_a_hung_rank_are_killed_too(capsys):
     with pytest.raises(RankTimeout):
-        launch(rf.spawn_worker_then_hang, 1, timeout_s=30)
+        launch(rf.spawn_worker_then_hang, 1, timeout_s=15)
     assert live_children() == []
     pids = [int(p) for p in capsys.readouterr().out.split("[")[-1].strip(" ]\n").split(",")]
     assert pids and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
