@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,19 @@ def load_digits(seed: int = 0, n_val: int = 300, n_test: int = 300) -> Splits:
     return Splits(train, val, test, num_classes=10, name="digits")
 
 
-def _open(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, decompressed if its name ends in ``.gz``."""
+    if path.suffix != ".gz":
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as handle:
+            return handle.read()
+    except gzip.BadGzipFile:
+        raise DatasetError(f"{path} is not a gzip file, though its name ends in .gz: expected a gzipped IDX file. "
+                           "Decompress it yourself and drop the .gz, or download it again.") from None
+    except (EOFError, zlib.error) as error:
+        raise DatasetError(f"{path} is a damaged or truncated gzip file ({error}): expected a complete gzipped IDX "
+                           "file. Download it again.") from None
 
 
 def _find(root: Path, stem: str, expected: str) -> Path:
@@ -86,13 +98,15 @@ def _find(root: Path, stem: str, expected: str) -> Path:
 
 def read_idx(path: Path, expected_dims: int) -> np.ndarray:
     """Read an IDX file (the MNIST format: magic, dimension sizes, then unsigned bytes), gzipped or not."""
-    with _open(path) as handle:
-        raw = handle.read()
+    raw = _read_bytes(path)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DatasetError(f"{path} is not an unsigned-byte IDX file (it should start with 00 00 08).")
     dims = raw[3]
     if dims != expected_dims:
         raise DatasetError(f"{path} has {dims} dimension(s); expected {expected_dims}.")
+    if len(raw) < 4 + 4 * dims:
+        raise DatasetError(f"{path} is truncated inside its header: an IDX file with {dims} dimension(s) starts "
+                           f"with {4 + 4 * dims} bytes (magic, then one 4-byte size per dimension), found {len(raw)}.")
     shape = struct.unpack(f">{dims}I", raw[4:4 + 4 * dims])
     body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims)
     if body.size != int(np.prod(shape)):
@@ -129,6 +143,9 @@ def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             f"{path} is not a CIFAR-10 python batch (a pickled dict with b'data' of shape (N, 3072) and "
             f"b'labels'): {error}"
         ) from None
+    if len(images) != len(labels):
+        raise DatasetError(f"{path} holds {len(images)} images but {len(labels)} labels: a CIFAR-10 python batch has "
+                           "one label per row of b'data'. Download the batch again.")
     return images, labels
 
 

@@ -80,6 +80,27 @@ def test_fashion_mnist_errors_name_the_file_and_the_format(tmp_path):
         data.load("fashion-mnist")
 
 
+def test_an_idx_header_cut_short_is_named(tmp_path):
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(bytes([0, 0, 8, 3]) + struct.pack(">I", 5))
+    with pytest.raises(data.DatasetError, match=r"train-images-idx3-ubyte is truncated inside its header: .* "
+                                                r"starts with 16 bytes .*, found 8"):
+        data.load("fashion-mnist", root=tmp_path)
+
+
+def test_a_gz_file_that_is_not_gzip_is_named(tmp_path):
+    _write_idx(tmp_path / "train-images-idx3-ubyte.gz", np.zeros((5, 28, 28)), compress=False)
+    with pytest.raises(data.DatasetError, match=r"train-images-idx3-ubyte.gz is not a gzip file.*drop the .gz"):
+        data.load("fashion-mnist", root=tmp_path)
+
+
+def test_a_truncated_gz_file_is_named(tmp_path):
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    _write_idx(path, np.random.default_rng(0).integers(0, 256, (50, 28, 28)), compress=True)
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(data.DatasetError, match=r"train-images-idx3-ubyte.gz is a damaged or truncated gzip file"):
+        data.load("fashion-mnist", root=tmp_path)
+
+
 def _write_cifar(path, n: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), b"labels": list(range(n))}
@@ -101,6 +122,10 @@ def test_cifar10_errors_name_the_file(tmp_path):
         data.load("cifar10", root=tmp_path)
     (tmp_path / "data_batch_1").write_bytes(pickle.dumps({"wrong": 1}))
     with pytest.raises(data.DatasetError, match="data_batch_1 is not a CIFAR-10 python batch"):
+        data.load("cifar10", root=tmp_path)
+    batch = {b"data": np.zeros((4, 3072), dtype=np.uint8), b"labels": [0, 1, 2]}
+    (tmp_path / "data_batch_1").write_bytes(pickle.dumps(batch))
+    with pytest.raises(data.DatasetError, match="data_batch_1 holds 4 images but 3 labels"):
         data.load("cifar10", root=tmp_path)
 
 
