@@ -53,10 +53,13 @@ class Splits:
 
 def _split(images: torch.Tensor, labels: torch.Tensor, n_val: int, n_test: int, seed: int
            ) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
+    for what, size in (("n_val", n_val), ("n_test", n_test)):
+        if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
+            raise DatasetError(f"{what} must be a whole number of samples, 0 or more, got {size!r}.")
     if n_val + n_test >= len(labels):
         raise DatasetError(
             f"only {len(labels)} samples, but {n_val} are asked for validation and {n_test} for test; "
-            "leave some for training (pass a smaller n_val / n_test)."
+            "leave some for training (pass a smaller n_val / n_test to data.load)."
         )
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     test, val, train = order[:n_test], order[n_test:n_test + n_val], order[n_test + n_val:]
@@ -170,19 +173,33 @@ def _existing_dir(root: str | Path | None, what: str) -> Path:
     return path
 
 
-def load(name: str = "digits", root: str | Path | None = None, seed: int = 0) -> Splits:
+def load(name: str = "digits", root: str | Path | None = None, seed: int = 0, n_val: int | None = None,
+         n_test: int | None = None) -> Splits:
     """Load a dataset by name: ``digits`` (embedded), ``fashion-mnist`` or ``cifar10`` (from ``root``).
 
+    Args:
+        root: the directory holding your own Fashion-MNIST or CIFAR-10 files; the digits take none.
+        seed: fixes which samples go to which split.
+        n_val: validation samples taken from the training data (default 300 for the digits, 5000 otherwise).
+        n_test: test samples, for the digits only (default 300); the other datasets come with their own test set.
+
     Raises:
-        DatasetError: unknown name, missing directory or file, or a file in the wrong format.
+        DatasetError: unknown name, missing directory or file, a file in the wrong format, a split that leaves
+            nothing to train on, or an argument the dataset does not take.
     """
+    if name not in DATASETS:
+        raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}.")
     if name == "digits":
-        return load_digits(seed=seed)
-    if name == "fashion-mnist":
-        return load_fashion_mnist(root, seed=seed)
-    if name == "cifar10":
-        return load_cifar10(root, seed=seed)
-    raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}.")
+        if root is not None:
+            raise DatasetError(f"the digits ship with scikit-learn and are never read from a directory, but "
+                               f"root={str(root)!r} was given. Drop root=, or pass name='fashion-mnist' or "
+                               "name='cifar10' to load your own files from it.")
+        return load_digits(seed=seed, n_val=300 if n_val is None else n_val, n_test=300 if n_test is None else n_test)
+    if n_test is not None:
+        raise DatasetError(f"{name} comes with its own test set, so n_test={n_test!r} cannot apply; drop n_test= "
+                           "(n_val= sets how many training samples are held out for validation).")
+    reader = load_fashion_mnist if name == "fashion-mnist" else load_cifar10
+    return reader(root, seed=seed, n_val=5000 if n_val is None else n_val)
 
 
 def loader(dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0, **kwargs) -> DataLoader:

@@ -133,8 +133,30 @@ def test_a_split_larger_than_the_data_is_refused(tmp_path):
     for i in range(1, 6):
         _write_cifar(tmp_path / f"data_batch_{i}", 4, i)
     _write_cifar(tmp_path / "test_batch", 3, 0)
-    with pytest.raises(data.DatasetError, match="only 20 samples"):
+    with pytest.raises(data.DatasetError, match=r"only 20 samples.*pass a smaller n_val / n_test to data.load"):
         data.load("cifar10", root=tmp_path)
+    splits = data.load("cifar10", root=tmp_path, n_val=6)  # the fix the message gives
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (14, 6, 3)
+    with pytest.raises(data.DatasetError, match="cifar10 comes with its own test set, so n_test=5 cannot apply"):
+        data.load("cifar10", root=tmp_path, n_val=6, n_test=5)
+
+
+def test_load_passes_split_sizes_to_the_digits():
+    splits = data.load(seed=3, n_val=100, n_test=50)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (1647, 100, 50)
+    reference = data.load_digits(seed=3, n_val=100, n_test=50)
+    assert torch.equal(splits.test.tensors[0], reference.test.tensors[0])
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_split_sizes_must_be_whole_numbers(bad):
+    with pytest.raises(data.DatasetError, match=f"n_val must be a whole number of samples, 0 or more, got {bad!r}"):
+        data.load(n_val=bad)
+
+
+def test_a_root_for_the_digits_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(data.DatasetError, match="digits ship with scikit-learn.*name='fashion-mnist'"):
+        data.load(root=tmp_path)
 
 
 def test_unknown_dataset_lists_the_choices():
