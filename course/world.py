@@ -153,6 +153,7 @@ def init_from_env(timeout_s: float = 300.0) -> Rank:
 
     Raises:
         RuntimeError: the torchrun variables are missing (the script was run with plain ``python``).
+        ValueError: ``LOCAL_RANK`` names a GPU this machine does not have (more ranks per node than GPUs).
     """
     missing = [name for name in TORCHRUN_ENV if name not in os.environ]
     if missing:
@@ -163,6 +164,15 @@ def init_from_env(timeout_s: float = 300.0) -> Rank:
     hardware = detect_hardware()
     local_rank = _env_int("LOCAL_RANK")
     world_size = _env_int("WORLD_SIZE")
+    if not hardware.emulated and local_rank >= hardware.gpu_count:
+        # CUDA itself would only say "invalid device ordinal".
+        local_world = os.environ.get("LOCAL_WORLD_SIZE", "more")
+        raise ValueError(
+            f"LOCAL_RANK={local_rank} needs GPU cuda:{local_rank}, but this machine has {hardware.gpu_count} GPU(s): "
+            f"{local_world} ranks were started on this node. Start at most {hardware.gpu_count} per node "
+            f"(torchrun --nproc_per_node={hardware.gpu_count}), or set {EMULATE_ENV}=1 to emulate GPUs with CPU "
+            "processes."
+        )
     device = device_for(local_rank, hardware)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -54,6 +54,33 @@ def test_init_from_env_without_torchrun_explains_how_to_launch(monkeypatch):
         world.init_from_env()
 
 
+def _torchrun_env(monkeypatch, local_rank: int, local_world_size: int) -> None:
+    for name, value in dict(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(local_world_size),
+                            LOCAL_WORLD_SIZE=str(local_world_size), MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT="29500").items():
+        monkeypatch.setenv(name, value)
+
+
+def test_more_ranks_per_node_than_gpus_are_refused_before_cuda_is_touched(monkeypatch):
+    # torchrun --nproc_per_node=4 on a 2-GPU node: rank 3 would get CUDA's bare "invalid device ordinal".
+    monkeypatch.setattr(world, "detect_hardware", lambda: TWO_GPUS)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail(f"set_device({device}) was called"))
+    _torchrun_env(monkeypatch, local_rank=3, local_world_size=4)
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=3 needs GPU cuda:3, but this machine has 2 GPU\(s\): 4 ranks "
+                                         r"were started on this node.*--nproc_per_node=2.*COURSE_EMULATE=1"):
+        world.init_from_env()
+
+
+def test_a_local_rank_with_a_gpu_gets_that_gpu_and_nccl(monkeypatch):
+    monkeypatch.setattr(world, "detect_hardware", lambda: TWO_GPUS)
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(world.dist, "init_process_group", lambda backend, timeout: calls.append(("init", backend)))
+    _torchrun_env(monkeypatch, local_rank=1, local_world_size=2)
+    world.init_from_env()
+    assert calls == [("set_device", torch.device("cuda", 1)), ("init", "nccl")]
+
+
 def test_init_from_env_joins_a_one_rank_group(monkeypatch):
     from course.launch import free_port
 
