@@ -34,11 +34,11 @@ OPS = ("sum", "avg")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
 _CHECKED_DIMS = 6
-#: The ring passes each chunk on in pieces of at least this many bytes, so a piece travels on while the
-#: next one arrives (pipelining). On emulated GPUs (CPU-bound, measured in benchmarks/allreduce.py) smaller
-#: pieces only added per-message cost, hence the large default; where copying and adding run on separate
-#: engines (GPUs) smaller pieces can pay off.
-RING_PIECE_BYTES = 16 << 20
+#: The ring cuts each chunk into pieces of about this many bytes and passes a piece on as soon as it is
+#: reduced, while the next piece is still arriving (pipelining: the sends of piece k overlap the adding of
+#: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more; 2 MB measured best on emulated
+#: GPUs in benchmarks/allreduce.py (16 MB on 4 ranks: two pieces per chunk, as gloo's own ring uses).
+RING_PIECE_BYTES = 2 << 20
 MAX_RING_PIECES = 16
 _scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+import course.allreduce
 from course import world
 from course.allreduce import ALGORITHMS, compare_with_reference
 
@@ -179,12 +180,29 @@ def from_a_thread(numel: int = 4099) -> list[bool]:
     return outcome
 
 
+def ring_in_pieces(piece_bytes: int = 64) -> list[bool]:
+    """The ring with tiny pieces (many per chunk, pipelined), on sizes around chunk and piece edges."""
+    saved, course.allreduce.RING_PIECE_BYTES = course.allreduce.RING_PIECE_BYTES, piece_bytes
+    try:
+        outcome = []
+        for numel in (1, 7, 63, 64 * world.current().world_size + 3, 10_007):
+            generator = torch.Generator().manual_seed(numel * 64 + world.current().rank)
+            mine = torch.randint(-8, 9, (numel,), generator=generator).float()
+            expected = mine.clone()
+            dist.all_reduce(expected)
+            outcome.append(torch.equal(course.allreduce.ring_allreduce(mine), expected))
+        return outcome
+    finally:
+        course.allreduce.RING_PIECE_BYTES = saved
+
+
 def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
     """All of the above in one launch."""
     return {
         "sizes": every_algorithm_and_size(),
         "mismatches": mismatches(bad_rank),
         "thread": from_a_thread(),
+        "pieces": ring_in_pieces(),
         "reference": compare_with_reference(1001),
         "hypothesis": hypothesis_cases(max_examples),
     }

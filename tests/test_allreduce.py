@@ -62,6 +62,12 @@ def test_safe_from_a_communication_thread(report):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_ring_pipelined_in_many_pieces_matches_dist_all_reduce(report):
+    assert [rank["pieces"] for rank in report] == [[True] * 5] * WORLD_SIZE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_compare_with_reference_reports_float64_rounding_only(report):
     for rank in report:
         assert set(rank["reference"]) == set(ALGORITHMS)
