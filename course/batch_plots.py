@@ -67,13 +67,13 @@ def warmup_losses(cold: RunResult, warm: RunResult, steps: int = 30) -> Figure:
     return fig
 
 
-def accuracy_against_batch_size(runs: Sequence[RunResult], epochs: int) -> Figure:
-    """Final training and validation accuracy against global batch size, all trained for ``epochs`` epochs."""
+def accuracy_against_batch_size(runs: Sequence[RunResult], title: str) -> Figure:
+    """Final training and validation accuracy against global batch size; ``title`` says how long each trained."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     sizes = [r.batch_size for r in runs]
     ax.plot(sizes, [r.train_accuracy for r in runs], marker="o", label="training")
     ax.plot(sizes, [r.val_accuracy for r in runs], marker="s", label="validation")
-    ax.set(xscale="log", xlabel="global batch size", ylabel="accuracy", title=f"after {epochs} epochs each")
+    ax.set(xscale="log", xlabel="global batch size", ylabel="accuracy", title=title)
     ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.legend()
     fig.tight_layout()

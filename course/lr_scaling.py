@@ -148,11 +148,16 @@ class SweepConfig:
     momentum: float = 0.9
     trust_coefficient: float = 0.001  # LARS only (eta; 0.001 as in You et al.)
     max_steps: int = 200  # step budget per run
-    target_accuracy: float = 0.95  # validation accuracy that counts as "trained"
+    target_accuracy: float = 0.95  # accuracy that counts as "trained"
+    target_split: str = "val"  # whose accuracy must reach the target: "val" or "train"
     stop_at_target: bool = True  # False: always train max_steps (to compare final accuracies)
     diverged_loss: float = 1e4  # a training loss above this (or not finite) counts as diverged; training stops
     model: str = "linear"  # course.models.build name
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.target_split not in ("val", "train"):
+            raise ValueError(f"target_split must be 'val' or 'train', got {self.target_split!r}.")
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,7 @@ class RunResult:
     Attributes:
         batch_size: global batch size. rule, warmup_steps, lr: the rule, warmup and the peak rate it gave.
         steps_to_target, epochs_to_target: first step (and epoch, = steps * batch_size / N) at which the
-            validation accuracy reached the target; None if it never did.
+            accuracy on ``config.target_split`` (validation by default) reached the target; None if it never did.
         diverged: the training loss blew up; training stopped there.
         train_accuracy, val_accuracy, train_loss, val_loss: at the end of training.
         losses: the training loss (on each step's batch) at every step.
@@ -215,9 +220,9 @@ def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor,
     """Train one model at global ``batch_size`` with a scaled rate and a linear warmup.
 
     Each epoch is a fresh shuffle cut into ``N // batch_size`` full batches (the remainder is dropped, so
-    every step sees exactly ``batch_size`` samples). Validation accuracy is checked after every step until
-    it reaches the target; training stops there (``config.stop_at_target``), at ``config.max_steps``, or
-    when the loss blows up.
+    every step sees exactly ``batch_size`` samples). The accuracy on ``config.target_split`` (validation by
+    default) is checked after every step until it reaches the target; training stops there
+    (``config.stop_at_target``), at ``config.max_steps``, or when the loss blows up.
 
     Args:
         train, val: ``(inputs, targets)`` tensors, on the device to train on.
@@ -237,6 +242,7 @@ def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor,
     optimizer = _optimizer(model, lr, config)
     scheduler = warmup_scheduler(optimizer, warmup_steps)
     losses: list[float] = []
+    probe = {"val": val, "train": train}[config.target_split]
     steps_to_target, diverged = None, False
     for batch in _batches(n, batch_size, config.max_steps, torch.Generator().manual_seed(config.seed)):
         batch = batch.to(train[0].device)
@@ -249,7 +255,7 @@ def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor,
         if not math.isfinite(losses[-1]) or losses[-1] > config.diverged_loss:
             diverged = True
             break
-        if steps_to_target is None and _accuracy_and_loss(model, *val)[0] >= config.target_accuracy:
+        if steps_to_target is None and _accuracy_and_loss(model, *probe)[0] >= config.target_accuracy:
             steps_to_target = len(losses)
             if config.stop_at_target:
                 break
@@ -306,6 +312,16 @@ def same_epochs(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tenso
     return [train_run(train, val, batch_size, rule, warmup_steps,
                       replace(config, max_steps=epochs * max(1, n // batch_size), stop_at_target=False))
             for batch_size in batch_sizes]
+
+
+def same_train_accuracy(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
+                        batch_sizes: Iterable[int], train_accuracy: float, rule: str = "sqrt", warmup_steps: int = 10,
+                        config: SweepConfig = SweepConfig()) -> list[RunResult]:
+    """Train at each global batch size until the *training* accuracy reaches ``train_accuracy`` (at most
+    ``config.max_steps`` steps), and keep the final accuracies: validation accuracies compared at equal fit, so
+    a difference is a generalization gap and not underfitting. A run that missed has ``steps_to_target`` None."""
+    config = replace(config, target_accuracy=train_accuracy, target_split="train", stop_at_target=True)
+    return [train_run(train, val, batch_size, rule, warmup_steps, config) for batch_size in batch_sizes]
 
 
 def scaling_efficiency(results: Iterable[RunResult], rule: str, warmup_steps: int) -> dict[int, float]:

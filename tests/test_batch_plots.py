@@ -39,7 +39,7 @@ def test_noise_scale_plot_shows_both_estimates():
 def test_other_views_draw_each_run():
     runs = [run(16, "sqrt", 10, 5), run(256, "sqrt", 10, None)]
     for fig, lines in ((batch_plots.warmup_losses(runs[0], runs[1]), 2),
-                       (batch_plots.accuracy_against_batch_size(runs, epochs=3), 2),
+                       (batch_plots.accuracy_against_batch_size(runs, "after 3 epochs each"), 2),
                        (batch_plots.optimizers_against_lr({"sgd": runs, "lars": runs}, 100), 3)):
         assert len(fig.axes[0].lines) == lines
         plt.close(fig)

@@ -179,3 +179,18 @@ def test_without_warmup_the_largest_linear_rate_diverges_and_with_warmup_it_trai
     assert len(cold.losses) < 10 and cold.losses[-1] > config.diverged_loss  # stopped at the first blow-up
     assert not warm.diverged and warm.steps_to_target is not None
     assert max(warm.losses) < config.diverged_loss
+
+
+def test_same_train_accuracy_stops_each_run_at_the_training_threshold():
+    train, val = digits_like(256), digits_like(64, seed=1)
+    config = ls.SweepConfig(base_lr=0.5, base_batch_size=32, max_steps=200)
+    runs = ls.same_train_accuracy(train, val, (16, 64), train_accuracy=0.9, rule="linear", warmup_steps=0,
+                                  config=config)
+    for run in runs:
+        assert 1 < run.steps_to_target == len(run.losses) and run.train_accuracy >= 0.9
+        probe = ls.train_run(train, val, run.batch_size, "linear", 0,
+                             ls.SweepConfig(base_lr=0.5, base_batch_size=32, max_steps=run.steps_to_target - 1,
+                                            stop_at_target=False))
+        assert probe.train_accuracy < 0.9  # one step earlier the threshold was not reached yet
+    with pytest.raises(ValueError, match="target_split must be 'val' or 'train', got 'test'"):
+        ls.SweepConfig(target_split="test")
