@@ -1,6 +1,7 @@
 """course.ddp: the step scripts and their diffs, torchrun, no_sync and batch-norm statistics vs DDP."""
 
 import sys
+import time
 
 import psutil
 import pytest
@@ -96,6 +97,32 @@ def test_a_failing_script_reports_its_output(tmp_path):
     script.write_text("raise SystemExit('deliberately broken')\n")
     with pytest.raises(RuntimeError, match="(?s)exited with code 1.*deliberately broken"):
         ddp.run_torchrun(script, 1, timeout_s=120)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_rank_that_raises_in_the_final_step_ends_the_run_promptly_with_its_error(tmp_path):
+    # Rank 1 fails before DDP's first collective; the other rank waits there. Without a barrier on the failure
+    # path rank 1 leaves at once, torchrun stops rank 0 and reports rank 1's error (a barrier would hang).
+    script = tmp_path / "step7_rank1_fails.py"
+    script.write_text(
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('step7', {str(ddp.step_scripts()[-1])!r})\n"
+        "step7 = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(step7)\n"
+        "def run(args, rank):\n"
+        "    if rank.rank == 1:\n"
+        "        raise RuntimeError('rank 1 fails on purpose')\n"
+        "    real_run(args, rank)\n"
+        "step7.run, real_run = run, step7.run\n"
+        "sys.argv[1:] = ['--out-dir', sys.argv[1], '--epochs', '1']\n"
+        "step7.main()\n"
+    )
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)exited with code.*rank 1 fails on purpose"):
+        ddp.run_torchrun(script, 2, (str(tmp_path),), timeout_s=90)
+    assert time.monotonic() - started < 60
+    assert live_children() == []
 
 
 @pytest.mark.timeout(120)

@@ -80,9 +80,10 @@ def main() -> None:
     rank = world.init_from_env()  # reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT
     try:
         run(args, rank)
-        dist.barrier()  # leave together: no rank closes its sockets while another still uses them
-    finally:
-        world.shutdown()  # destroy_process_group, even after an error: no hang, no leaked sockets
+    except BaseException:
+        world.shutdown(barrier=False)  # the other ranks may never reach a barrier: leave at once, then fail
+        raise
+    world.shutdown()  # barrier, then destroy_process_group: no rank closes sockets a peer still uses
 
 
 if __name__ == "__main__":
