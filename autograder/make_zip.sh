@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Build the zip for Gradescope's "Configure Autograder" page: setup.sh and run_autograder at its root, next to
+# what they install (pyproject.toml, README.md, course/, grader/, notebooks/assignment/).
+#   autograder/make_zip.sh [OUT.zip]          (default: ./autograder.zip)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
+out="$(realpath -m "${1:-autograder.zip}")"
+rm -f "$out"
+(cd "$here" && zip -q "$out" setup.sh run_autograder)
+(cd "$repo" && zip -q -r "$out" pyproject.toml README.md course grader notebooks/assignment \
+    -x '*__pycache__*' '*.pyc')
+echo "$out"
