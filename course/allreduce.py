@@ -3,7 +3,7 @@
 Every rank holds a tensor; afterwards every rank holds the element-wise sum (or average) of all of them,
 exactly what ``dist.all_reduce(tensor)`` does. The three algorithms share one signature and one shape::
 
-    flat, comm = _begin(tensor, op, group, check)     # validate, agree on shapes, view as 1-D
+    flat, comm = _begin("ring", tensor, op, group, check)  # validate, agree on shapes, view as 1-D
     ... the algorithm, on comm.send / recv / isend / irecv ...
     return _finish(tensor, op, comm)                  # divide by world_size for "avg"
 
@@ -95,17 +95,21 @@ def naive_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGr
         op: ``"sum"``, or ``"avg"`` (the sum divided by the world size).
         group: process group to reduce over; ``None`` for the default group (or, outside any process
             group, a world of one: a no-op).
-        check: first exchange numel/shape/dtype/op with every rank and raise if any rank disagrees
-            (one small collective, ~1-4 ms on emulated GPUs, a fixed cost per call; without it a mismatch
-            can hang or crash). Must be the same on every rank.
+        check: first exchange numel/shape/dtype/op/algorithm with every rank and raise if any rank
+            disagrees (one small collective, ~1-4 ms on emulated GPUs, a fixed cost per call). Must be the
+            same on every rank. ``check=False`` means *you promise* that every rank passes the same shape,
+            dtype, op and algorithm, e.g. because it was verified once, as ``DistributedOptimizer`` does at
+            construction; if the promise is broken the result is undefined: gloo may abort the process
+            (SIGABRT) or the ranks may hang.
 
     Returns:
         ``tensor`` itself, now holding the reduction on every rank.
 
     Raises:
-        ValueError: bad ``op``, dtype or layout, or (with ``check``) ranks that disagree, naming them.
+        ValueError: bad ``op``, dtype or layout, or (with ``check``) ranks that disagree on the shape,
+            dtype, op or algorithm, naming them.
     """
-    flat, comm = _begin(tensor, op, group, check)
+    flat, comm = _begin("naive", tensor, op, group, check)
     if comm.world_size > 1 and flat.numel() > 0:
         if comm.rank == 0:
             incoming = torch.empty_like(flat)
@@ -133,7 +137,7 @@ def ring_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGro
 
     Args, returns and raises: as :func:`naive_allreduce`.
     """
-    flat, comm = _begin(tensor, op, group, check)
+    flat, comm = _begin("ring", tensor, op, group, check)
     n, rank = comm.world_size, comm.rank
     if n > 1 and flat.numel() > 0:
         chunks = [flat[start:stop] for start, stop in chunk_bounds(flat.numel(), n)]  # views, no copies
@@ -172,7 +176,7 @@ def tree_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGro
 
     Args, returns and raises: as :func:`naive_allreduce`.
     """
-    flat, comm = _begin(tensor, op, group, check)
+    flat, comm = _begin("tree", tensor, op, group, check)
     n, rank = comm.world_size, comm.rank
     if n > 1 and flat.numel() > 0:
         incoming = torch.empty_like(flat)
@@ -234,9 +238,10 @@ def _pieces(chunk: torch.Tensor) -> list[tuple[int, int]]:
     return chunk_bounds(chunk.numel(), count)
 
 
-def _begin(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, check: bool
+def _begin(algorithm: str, tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, check: bool
            ) -> tuple[torch.Tensor, _Comm]:
-    """Validate the arguments, find this rank in ``group``, check agreement, and view the tensor as 1-D."""
+    """Validate the arguments, find this rank in ``group``, check agreement (also on which ``algorithm``
+    every rank runs: their messages differ), and view the tensor as 1-D."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}.")
     if not isinstance(tensor, torch.Tensor):
@@ -253,7 +258,7 @@ def _begin(tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, check
     else:
         comm = _Comm(dist.get_rank(group), dist.get_world_size(group), group)
     if check and comm.world_size > 1:
-        _check_agreement(tensor, op, comm)
+        _check_agreement(tensor, op, algorithm, comm)
     return tensor.view(-1), comm
 
 
@@ -263,32 +268,35 @@ def _finish(tensor: torch.Tensor, op: str, comm: _Comm) -> torch.Tensor:
     return tensor
 
 
-def _metadata(tensor: torch.Tensor, op: str) -> list[int]:
+def _metadata(tensor: torch.Tensor, op: str, algorithm: str) -> list[int]:
     shape = list(tensor.shape[:_CHECKED_DIMS]) + [0] * max(0, _CHECKED_DIMS - tensor.dim())
     if tensor.dim() > _CHECKED_DIMS:
         shape[-1] = math.prod(tensor.shape[_CHECKED_DIMS - 1:])
-    return [tensor.numel(), DTYPES.index(tensor.dtype), OPS.index(op), tensor.dim(), *shape]
+    return [tensor.numel(), DTYPES.index(tensor.dtype), OPS.index(op), list(ALGORITHMS).index(algorithm),
+            tensor.dim(), *shape]
 
 
 def _describe(metadata: list[int]) -> str:
-    numel, dtype, op, dim, *shape = metadata
-    return f"numel {numel}, shape {tuple(shape[:dim])}, {DTYPES[dtype]}, op {OPS[op]!r}"
+    numel, dtype, op, algorithm, dim, *shape = metadata
+    return (f"numel {numel}, shape {tuple(shape[:dim])}, {DTYPES[dtype]}, op {OPS[op]!r}, "
+            f"{list(ALGORITHMS)[algorithm]} allreduce")
 
 
-def _check_agreement(tensor: torch.Tensor, op: str, comm: _Comm) -> None:
-    """All-gather every rank's (numel, dtype, op, shape) and raise on every rank if any differ.
+def _check_agreement(tensor: torch.Tensor, op: str, algorithm: str, comm: _Comm) -> None:
+    """All-gather every rank's (numel, dtype, op, algorithm, shape) and raise on every rank if any differ.
 
     Without this, a rank with a shorter tensor would wait forever for bytes nobody sends (or receive more
     than it has room for): this turns a silent hang into an error that names the rank.
     """
-    mine = torch.tensor(_metadata(tensor, op), dtype=torch.int64, device=tensor.device)
+    mine = torch.tensor(_metadata(tensor, op, algorithm), dtype=torch.int64, device=tensor.device)
     gathered = [torch.empty_like(mine) for _ in range(comm.world_size)]
     dist.all_gather(gathered, mine, group=comm.group)
     everyone = [g.tolist() for g in gathered]
     odd = [r for r, meta in enumerate(everyone) if meta != everyone[0]]
     if odd:
         raise ValueError(
-            f"allreduce needs the same tensor shape, dtype and op on every rank, but rank {odd[0]} has "
+            f"allreduce needs the same tensor shape, dtype, op and algorithm on every rank, but rank {odd[0]} has "
             f"{_describe(everyone[odd[0]])} while rank 0 has {_describe(everyone[0])} (ranks that differ "
-            f"from rank 0: {odd}; I am rank {comm.rank}). Pass the same-shaped tensor on every rank."
+            f"from rank 0: {odd}; I am rank {comm.rank}). Call the same allreduce with the same-shaped tensor on "
+            "every rank."
         )

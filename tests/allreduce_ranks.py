@@ -142,21 +142,23 @@ def every_algorithm_and_size(numel: int = 1001) -> list[tuple[str, int, bool]]:
 
 
 def mismatches(bad_rank: int) -> dict[str, list[str]]:
-    """Each algorithm with one rank disagreeing (numel, shape, dtype, op); the error each rank raised."""
+    """Each algorithm with one rank disagreeing (numel, shape, dtype, op, or running the next algorithm);
+    the error each rank raised."""
     me = world.current()
     shape, dtype, op = (6, 4), torch.float32, "sum"
-    variants = {
-        "numel": dict(shape=(6, 5)), "shape": dict(shape=(4, 6)), "dtype": dict(dtype=torch.float64),
-        "op": dict(op="avg"),
-    }
+    names = sorted(ALGORITHMS)
     errors: dict[str, list[str]] = {}
-    for name, allreduce in sorted(ALGORITHMS.items()):
+    for name in names:
+        variants = {
+            "numel": dict(shape=(6, 5)), "shape": dict(shape=(4, 6)), "dtype": dict(dtype=torch.float64),
+            "op": dict(op="avg"), "algorithm": dict(name=names[(names.index(name) + 1) % len(names)]),
+        }
         for what, change in variants.items():
-            mine = {"shape": shape, "dtype": dtype, "op": op}
+            mine = {"shape": shape, "dtype": dtype, "op": op, "name": name}
             if me.rank == bad_rank:
                 mine.update(change)
             try:
-                allreduce(torch.ones(mine["shape"], dtype=mine["dtype"]), op=mine["op"])
+                ALGORITHMS[mine["name"]](torch.ones(mine["shape"], dtype=mine["dtype"]), op=mine["op"])
                 errors.setdefault(f"{name}/{what}", []).append("no error")
             except ValueError as error:
                 errors.setdefault(f"{name}/{what}", []).append(str(error))

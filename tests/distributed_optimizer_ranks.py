@@ -54,14 +54,17 @@ def overlap_times(bucket_bytes: int = 1) -> dict[str, float]:
 
 
 def disagreements() -> dict[str, str]:
-    """The construction error on this rank when rank 1 builds a different model, or passes a different op."""
+    """The construction error on this rank when rank 1 builds a different model, or passes a different op or
+    algorithm (steps then run with check=False, so this one-time check is all that stands before a hang)."""
     me = world.current()
     messages = {}
-    for what in ("model", "op"):
+    for what in ("model", "op", "algorithm"):
         model = nn.Linear(3, 4 if (what == "model" and me.rank == 1) else 2)
         op = "sum" if (what == "op" and me.rank == 1) else "avg"
+        algorithm = "tree" if (what == "algorithm" and me.rank == 1) else "ring"
         try:
-            do.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), op=op)
+            do.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), op=op,
+                                    algorithm=algorithm)
         except ValueError as error:
             messages[what] = str(error)
     return messages

@@ -45,13 +45,15 @@ def test_hypothesis_cases_match_dist_all_reduce(report):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("what", ["numel", "shape", "dtype", "op"])
+@pytest.mark.parametrize("what", ["numel", "shape", "dtype", "op", "algorithm"])
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_a_rank_that_disagrees_is_named_on_every_rank(report, name, what):
     for rank in report:
         (message,) = rank["mismatches"][f"{name}/{what}"][:1]
         assert f"rank {BAD_RANK} has" in message, message
-        assert "same tensor shape, dtype and op on every rank" in message
+        if what == "algorithm":  # the odd rank runs the next algorithm in ALGORITHMS
+            assert f"{name} allreduce" in message and " allreduce while rank 0 has" in message
+        assert "same tensor shape, dtype, op and algorithm on every rank" in message
 
 
 @pytest.mark.slow

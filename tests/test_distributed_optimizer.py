@@ -59,6 +59,9 @@ def test_broadcasts_metrics_and_overlap_on_two_ranks():
         model, op = result["disagreements"]["model"], result["disagreements"]["op"]
         assert "rank 1 differs from rank 0 in bucket 0: bias [4], weight [4, 3] (torch.float32) vs bias [2]," in model
         assert "'op': 'sum'" in op and "'op': 'avg'" in op
+        algorithm = result["disagreements"]["algorithm"]
+        assert "rank 1 differs" in algorithm
+        assert "'algorithm': 'tree'" in algorithm and "'algorithm': 'ring'" in algorithm
 
 
 @pytest.fixture
