@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from typing import Any
 
 import psutil
@@ -44,7 +45,7 @@ class RankFailed(RuntimeError):
         self.rank = rank
         self.remote_traceback = remote_traceback
         super().__init__(
-            f"rank {rank} failed; the other ranks were stopped.\n--- traceback on rank {rank} ---\n"
+            f"rank {rank} failed; the other ranks were stopped.\n--- on rank {rank} ---\n"
             f"{remote_traceback.rstrip()}"
         )
 
@@ -176,10 +177,10 @@ def _collective(stacks: str) -> str | None:
     return None
 
 
-def _where_blocked(processes: list[Any], ranks: list[int], stacks_dir: str, wait_s: float = 3.0
+def _where_blocked(processes: list[Any], ranks: list[int], run_dir: str, wait_s: float = 5.0
                    ) -> dict[int, str]:
     """Ask each of ``ranks`` for its stack; return the collective each one that is in a collective waits in."""
-    paths = {rank: os.path.join(stacks_dir, f"rank-{rank}.txt") for rank in ranks}
+    paths = {rank: os.path.join(run_dir, f"rank-{rank}.stacks") for rank in ranks}
     asked = []
     for rank in ranks:
         with contextlib.suppress(OSError, TypeError):  # TypeError: never started (pid None)
@@ -201,14 +202,52 @@ def _read(path: str) -> str:
         return ""
 
 
-def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], stacks_dir: str, timeout_s: float
+def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, timeout_s: float
              ) -> RankTimeout:
     """Blame the unfinished ranks that are not waiting in a collective: the others are waiting for them."""
     unfinished = sorted(set(range(len(processes))) - set(results))
-    waiting = _where_blocked(processes, unfinished, stacks_dir)
+    waiting = _where_blocked(processes, unfinished, run_dir)
     at_fault = [rank for rank in unfinished if rank not in waiting] or unfinished
     waiting.update({rank: "finished" for rank in results if rank not in left and processes[rank].is_alive()})
     return RankTimeout(at_fault, timeout_s, waiting)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """Point this process's fd 2 at ``path`` while a rank starts: the rank, and all it starts, write there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as target:
+        os.dup2(target.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _StderrRelay:
+    """Copies each rank's stderr file to ``sys.stderr`` (so it reaches a notebook), each line prefixed by rank."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        self.sent = [0] * len(paths)
+
+    def relay(self, final: bool = False) -> None:
+        """Write what the ranks added since the last call; whole lines only, unless ``final``."""
+        for rank, path in enumerate(self.paths):
+            with contextlib.suppress(OSError), open(path, "rb") as handle:
+                handle.seek(self.sent[rank])
+                new = handle.read()
+                new = new if final else new[:new.rfind(b"\n") + 1]
+                self.sent[rank] += len(new)
+                for line in new.decode(errors="replace").splitlines():
+                    sys.stderr.write(f"[rank {rank}] {line}\n")
+
+    def tail(self, rank: int, lines: int = 40) -> str:
+        """The end of a rank's stderr, from its last traceback if it printed one."""
+        text = _read(self.paths[rank]).rstrip()
+        return "\n".join(text[max(0, text.rfind("Traceback (most recent call last)")):].splitlines()[-lines:])
 
 
 def kill_tree(process: subprocess.Popen | psutil.Process, own_group: bool = False, wait_s: float = 10.0) -> None:
@@ -322,43 +361,49 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     context = mp.get_context("spawn")
     channel = context.Queue()
     port = free_port()
-    stacks_dir = tempfile.mkdtemp(prefix="course-launch-")
+    run_dir = tempfile.mkdtemp(prefix="course-launch-")  # per rank: stack dumps on request, stderr
     processes = [
         context.Process(target=_run_rank, name=f"course-rank-{rank}",
                         args=(fn, rank, world_size, port, timeout_s, arguments, channel,
-                              os.path.join(stacks_dir, f"rank-{rank}.txt")))
+                              os.path.join(run_dir, f"rank-{rank}.stacks")))
         for rank in range(world_size)
     ]
+    stderr = _StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
     results: dict[int, Any] = {}
     left: set[int] = set()  # ranks that have left the process group after reporting
     silent_since: dict[int, float] = {}
     try:
-        for process in processes:
-            process.start()
+        resource_tracker.ensure_running()  # started now, it keeps this process's stderr, not a rank's
+        for rank, process in enumerate(processes):
+            with _stderr_to(stderr.paths[rank]):
+                process.start()
         deadline = time.monotonic() + timeout_s
         while len(results) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _timeout(processes, results, left, stacks_dir, timeout_s)
+                raise _timeout(processes, results, left, run_dir, timeout_s)
             try:
                 message = channel.get(timeout=min(0.2, remaining))
             except queue.Empty:
-                _check_silent_deaths(processes, results, silent_since)
-                continue
-            if message[0] == "out":
+                message = ("quiet",)
+            if message[0] == "quiet":
+                stderr.relay()
+                _check_silent_deaths(processes, results, silent_since, stderr, run_dir)
+            elif message[0] == "out":
                 sys.stdout.write(message[1])
             elif message[0] == "ok":
                 results[message[1]] = pickle.loads(message[2])
             elif message[0] == "left":  # a quick rank can leave before the others' results are read
                 left.add(message[1])
             else:
-                raise _root_cause(message[1], message[2], processes)
+                raise _root_cause(message[1], message[2], processes, stderr, run_dir)
         _let_exit(processes, channel, deadline, left)
         return [results[rank] for rank in range(world_size)]
     finally:
         sys.stdout.flush()
         _stop(processes)
-        shutil.rmtree(stacks_dir, ignore_errors=True)
+        stderr.relay(final=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _let_exit(processes: list[Any], channel: Any, deadline: float, left: set[int], grace_s: float = 30.0) -> None:
@@ -380,21 +425,21 @@ def _let_exit(processes: list[Any], channel: Any, deadline: float, left: set[int
             left.add(message[1])
 
 
-def _root_cause(rank: int, remote_traceback: str, processes: list[Any], wait_s: float = 1.0) -> RankFailed:
+def _root_cause(rank: int, remote_traceback: str, processes: list[Any], stderr: _StderrRelay, run_dir: str,
+                wait_s: float = 1.0) -> RankFailed:
     """The failure to report: a rank that died silently first makes its peers fail in collectives, so blame it."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         for other, process in enumerate(processes):
             if other != rank and process.exitcode not in (None, 0):
                 last_line = remote_traceback.strip().splitlines()[-1]
-                return RankFailed(other, f"process exited with code {process.exitcode} without reporting a result; "
-                                         f"rank {rank} then failed with: {last_line}")
+                return _died(other, process.exitcode, stderr, run_dir, f"rank {rank} then failed with: {last_line}")
         time.sleep(0.05)
     return RankFailed(rank, remote_traceback)
 
 
 def _check_silent_deaths(processes: list[Any], results: dict[int, Any], silent_since: dict[int, float],
-                         grace_s: float = 2.0) -> None:
+                         stderr: _StderrRelay, run_dir: str, grace_s: float = 2.0) -> None:
     """Raise for a rank whose process ended without reporting (killed, segfault, ``os._exit``).
 
     A rank that exits normally has already queued its report; the grace period lets it arrive.
@@ -404,4 +449,23 @@ def _check_silent_deaths(processes: list[Any], results: dict[int, Any], silent_s
         if rank in results or process.exitcode is None:
             continue
         if now - silent_since.setdefault(rank, now) > grace_s:
-            raise RankFailed(rank, f"process exited with code {process.exitcode} without reporting a result.")
+            raise _died(rank, process.exitcode, stderr, run_dir)
+
+
+def _died(rank: int, exitcode: int, stderr: _StderrRelay, run_dir: str, then: str = "") -> RankFailed:
+    """RankFailed for a rank that ended without reporting: how it ended, the end of its stderr, and the likely fix."""
+    how = f"exited with code {exitcode}"
+    if exitcode < 0:
+        with contextlib.suppress(ValueError):
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+    reason = f"process {how} without reporting a result"
+    if not os.path.exists(os.path.join(run_dir, f"rank-{rank}.stacks")):  # _run_rank never began
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        reason += (
+            ", before it could call fn. Each rank is a fresh Python process that first imports your script"
+            f"{f' ({main})' if main else ''} and fn's module; if the script calls launch() at top level, put that "
+            "call under `if __name__ == \"__main__\":`, and check that fn's module imports without error"
+        )
+    text = f"{reason}{'; ' + then if then else '.'}"
+    tail = stderr.tail(rank)
+    return RankFailed(rank, f"{text}\n--- end of rank {rank}'s stderr ---\n{tail}" if tail else text)

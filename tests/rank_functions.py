@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch
@@ -33,6 +34,7 @@ def hang_on(bad_rank: int) -> int:
 def vanish_on(bad_rank: int) -> int:
     me = world.current()
     if me.rank == bad_rank:
+        print(f"rank {me.rank} is about to vanish", file=sys.stderr, flush=True)
         os._exit(3)
     dist.barrier()
     return me.rank

@@ -1,7 +1,11 @@
 """course.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
 
 
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import psutil
 import pytest
@@ -70,10 +74,10 @@ def test_a_hanging_rank_times_out_by_name():
 
 def test_a_hanging_rank_is_told_apart_from_the_peers_waiting_for_it_in_a_collective():
     with pytest.raises(RankTimeout) as caught:
-        launch(rf.sleep_while_peers_all_reduce, 4, 1, timeout_s=20)
+        launch(rf.sleep_while_peers_all_reduce, 4, 1, timeout_s=30)
     assert caught.value.ranks == [1]
     assert caught.value.waiting == {0: "all_reduce", 2: "all_reduce", 3: "all_reduce"}
-    assert "rank(s) 1 did not finish within 20 s (ranks 0, 2, 3 were waiting for it in all_reduce)" in str(
+    assert "rank(s) 1 did not finish within 30 s (ranks 0, 2, 3 were waiting for it in all_reduce)" in str(
         caught.value)
     assert live_children() == []
 
@@ -91,8 +95,25 @@ def test_a_rank_that_dies_without_reporting_is_named():
     with pytest.raises(RankFailed) as caught:
         launch(rf.vanish_on, 2, 1, timeout_s=60)
     assert caught.value.rank == 1
-    assert "exited with code 3" in str(caught.value)
+    assert "exited with code 3 without reporting a result" in str(caught.value)
+    assert "--- end of rank 1's stderr ---\nrank 1 is about to vanish" in str(caught.value)
     assert live_children() == []
+
+
+@pytest.mark.timeout(180)
+def test_a_script_that_launches_without_a_main_guard_is_told_the_fix(tmp_path):
+    # Each spawned rank re-imports the script; unguarded, its launch() call fails inside every rank at start-up.
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                      "import rank_functions\nfrom course.launch import launch\n"
+                      "launch(rank_functions.identity, 2, None, timeout_s=60)\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert result.returncode == 1
+    error = result.stderr[result.stderr.index("course.launch.RankFailed"):]
+    assert re.search(r"rank \d failed; .*\n--- on rank \d ---\n"
+                     r"process exited with code 1 without reporting a result, before it could call fn", error)
+    assert f"imports your script ({script})" in error and 'under `if __name__ == "__main__":`' in error
+    assert "--- end of rank" in error and "bootstrapping phase" in error  # the rank's own error, quoted
 
 
 def test_dataloader_workers_of_a_hung_rank_are_killed_too(capsys):
