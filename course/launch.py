@@ -344,7 +344,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         RankFailed: a rank raised or died; the others were stopped.
         RankTimeout: ranks still running after ``timeout_s``; all were stopped.
     """
-    world.check_world_size(world_size)
+    world_size = world.check_world_size(world_size)
     if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
         raise ValueError(
             f"launch() needs an importable function, but {getattr(fn, '__qualname__', fn)!r} is defined in a "

@@ -15,6 +15,7 @@ Inside a torchrun script::
 from __future__ import annotations
 
 import datetime
+import operator
 import os
 import platform
 from dataclasses import dataclass
@@ -81,12 +82,24 @@ def detect_hardware() -> Hardware:
 def check_world_size(world_size: object, hardware: Hardware | None = None) -> int:
     """Validate a requested number of ranks against this machine.
 
+    Args:
+        world_size: any integer type (``int``, a numpy integer); not a bool, float or string.
+
+    Returns:
+        ``world_size`` as a plain ``int``.
+
     Raises:
         ValueError: ``world_size`` is not a positive integer, exceeds the GPUs present, or is more
             processes than emulation can sensibly run.
     """
     hardware = hardware or detect_hardware()
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    try:
+        if isinstance(world_size, bool):  # True is an int to Python, but never a number of ranks
+            raise TypeError
+        world_size = operator.index(world_size)
+    except TypeError:
+        raise ValueError(f"world_size must be a positive whole number of ranks, got {world_size!r}.") from None
+    if world_size < 1:
         raise ValueError(f"world_size must be a positive whole number of ranks, got {world_size!r}.")
     if not hardware.emulated and world_size > hardware.gpu_count:
         raise ValueError(

@@ -7,6 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import rank_functions as rf
@@ -21,6 +22,10 @@ pytestmark = [pytest.mark.unit0, pytest.mark.slow]
 def test_results_come_back_in_rank_order():
     assert launch(rf.identity, 3, "x", timeout_s=60) == [(0, "x"), (1, "x"), (2, "x")]
     assert live_children() == []
+
+
+def test_a_numpy_integer_world_size_is_accepted():
+    assert launch(rf.identity, np.int64(2), "x", timeout_s=60) == [(0, "x"), (1, "x")]
 
 
 def test_tensor_results_arrive_by_value():

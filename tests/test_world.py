@@ -1,5 +1,6 @@
 """course.world: GPUs found or emulated, world sizes checked, torchrun's environment read."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,18 @@ def test_course_emulate_hides_gpus(monkeypatch):
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "4", None, True])
 def test_bad_world_sizes_say_what_was_wrong(bad):
+    with pytest.raises(ValueError, match=r"positive whole number of ranks, got"):
+        world.check_world_size(bad, EMULATED)
+
+
+@pytest.mark.parametrize("good", [np.int64(3), np.uint8(3), 3])
+def test_numpy_integers_are_world_sizes(good):
+    checked = world.check_world_size(good, EMULATED)
+    assert checked == 3 and type(checked) is int
+
+
+@pytest.mark.parametrize("bad", [np.bool_(True), np.float64(3.0), np.int64(0)])
+def test_numpy_non_integers_and_zero_are_refused(bad):
     with pytest.raises(ValueError, match=r"positive whole number of ranks, got"):
         world.check_world_size(bad, EMULATED)
 
