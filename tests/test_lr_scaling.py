@@ -171,7 +171,8 @@ def test_without_warmup_the_largest_linear_rate_diverges_and_with_warmup_it_trai
     # The warmup demo of notebook 02: global batch 1024, linear rule from 0.1 at batch 8 (lr 12.8).
     splits = data.load()
     train, val = ls.tensors(splits.train, torch.device("cpu")), ls.tensors(splits.val, torch.device("cpu"))
-    config = ls.SweepConfig(base_lr=0.1, base_batch_size=8, max_steps=100, diverged_loss=4 * math.log(10))
+    config = ls.SweepConfig(base_lr=0.1, base_batch_size=8, max_steps=100, target_accuracy=0.95,
+                            diverged_loss=4 * math.log(10))
     cold = ls.train_run(train, val, 1024, "linear", 0, config)
     warm = ls.train_run(train, val, 1024, "linear", 20, config)
     assert cold.lr == warm.lr == pytest.approx(12.8)
@@ -194,3 +195,15 @@ def test_same_train_accuracy_stops_each_run_at_the_training_threshold():
         assert probe.train_accuracy < 0.9  # one step earlier the threshold was not reached yet
     with pytest.raises(ValueError, match="target_split must be 'val' or 'train', got 'test'"):
         ls.SweepConfig(target_split="test")
+
+
+def test_default_sweep_scales_perfectly_for_two_doublings_then_loses_efficiency():
+    # What notebook 02's sweep shows for the linear rule with warmup (only that rule is run here, for speed).
+    splits = data.load()
+    train, val = ls.tensors(splits.train, torch.device("cpu")), ls.tensors(splits.val, torch.device("cpu"))
+    results = ls.sweep(train, val, ls.SweepConfig(rules=("linear",), warmup_steps=(10,)))
+    efficiency = ls.scaling_efficiency(results, "linear", 10)
+    assert list(efficiency) == [16, 32, 64, 128, 256, 512, 1024]  # every batch size reached the target
+    assert min(efficiency[b] for b in (16, 32, 64)) >= 0.9
+    assert efficiency[128] < 0.9 and efficiency[1024] < 0.5
+    assert efficiency[1024] < efficiency[256] < efficiency[128]  # diminishing returns
