@@ -30,9 +30,10 @@ def notebooks_dir() -> Path:
     )
 
 
-def info_lines(world_size: int = 4) -> list[str]:
-    """The lines ``course info`` prints."""
-    hardware = world.detect_hardware()
+def info_lines(world_size: int = 4, hardware: world.Hardware | None = None) -> list[str]:
+    """The lines ``course info`` prints: the hardware found (default: detected now), what ``world_size`` ranks
+    will run on, and the library versions."""
+    hardware = hardware or world.detect_hardware()
     if hardware.emulated:
         found = "no GPU found" if os.environ.get(world.EMULATE_ENV) != "1" else f"GPUs hidden by {world.EMULATE_ENV}=1"
     else:
@@ -40,10 +41,19 @@ def info_lines(world_size: int = 4) -> list[str]:
     lines = [
         f"hardware    : {found}; {hardware.cpu_count} CPU core(s)",
         f"backend     : {hardware.backend}",
-        f"with {world_size} ranks: {hardware.describe(min(world_size, hardware.gpu_count or world_size))}",
+        f"with {world_size} ranks: {plan(world_size, hardware)}",
     ]
     lines += [f"{name:<12}: {version}" for name, version in world.versions().items()]
     return lines
+
+
+def plan(world_size: int, hardware: world.Hardware) -> str:
+    """What launching ``world_size`` ranks on ``hardware`` will do, or why it will be refused."""
+    try:
+        world.check_world_size(world_size, hardware)
+    except ValueError as refusal:
+        return f"will be refused: {refusal}"
+    return hardware.describe(world_size)
 
 
 def lab_command(extra: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ Inside a torchrun script::
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import operator
 import os
 import platform
@@ -228,18 +229,23 @@ def shutdown(barrier: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def versions() -> dict[str, str]:
-    """Library versions that matter to the course, by name."""
-    import numpy
-    import sklearn
+#: The installed distributions ``course info`` reports, by distribution name (as pip knows them).
+DISTRIBUTIONS = ("torch", "numpy", "scikit-learn", "jupyterlab", "ipywidgets", "nvidia-ml-py", "psutil")
 
-    cuda = torch.version.cuda or "none (CPU build)"
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": cuda,
-        "numpy": numpy.__version__,
-        "scikit-learn": sklearn.__version__,
-        "gloo": str(dist.is_gloo_available()),
-        "nccl": str(dist.is_nccl_available()),
-    }
+
+def versions() -> dict[str, str]:
+    """Versions of Python, the libraries the course needs and CUDA, and which backends this torch has.
+
+    A library that is not installed shows as ``"not installed"`` rather than raising: ``course info`` is what
+    a user runs to find out what is missing.
+    """
+    found = {"python": platform.python_version()}
+    for name in DISTRIBUTIONS:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    found["cuda"] = torch.version.cuda or "none (CPU build)"
+    found["gloo"] = str(dist.is_gloo_available())
+    found["nccl"] = str(dist.is_nccl_available())
+    return found

@@ -9,21 +9,43 @@ import urllib.request
 
 import pytest
 
-from course import cli
+from course import cli, world
 from course.hello import hello
 from course.launch import free_port, launch
 
 pytestmark = pytest.mark.unit0
 
 
-def test_info_names_the_hardware_backend_and_versions():
-    text = "\n".join(cli.info_lines())
-    assert "backend" in text and "torch" in text and "CPU core" in text
+def test_info_reports_the_detected_hardware_what_will_run_and_the_versions():
+    hardware = world.detect_hardware()
+    lines = cli.info_lines(4)
+    assert lines[0].endswith(f"; {hardware.cpu_count} CPU core(s)")
+    assert lines[1] == f"backend     : {hardware.backend}"
+    assert lines[2] == f"with 4 ranks: {cli.plan(4, hardware)}"
+    assert lines[3:] == [f"{name:<12}: {version}" for name, version in world.versions().items()]
+
+
+def test_info_on_emulated_hardware_says_cpu_processes_on_gloo(monkeypatch):
+    monkeypatch.setenv(world.EMULATE_ENV, "1")
+    lines = cli.info_lines(4, world.Hardware(gpu_names=(), cpu_count=2))
+    assert lines[:3] == ["hardware    : GPUs hidden by COURSE_EMULATE=1; 2 CPU core(s)", "backend     : gloo",
+                         "with 4 ranks: 4 emulated GPUs: 4 CPU processes on the gloo backend, sharing 2 CPU core(s). "
+                         "Timings here are CPU timings, not GPU timings."]
+
+
+def test_info_with_fewer_gpus_than_ranks_says_they_will_be_refused():
+    two_gpus = world.Hardware(gpu_names=("A100", "A100"), cpu_count=32)
+    assert cli.info_lines(4, two_gpus)[:3] == [
+        "hardware    : 2 GPU(s): A100, A100; 32 CPU core(s)", "backend     : nccl",
+        "with 4 ranks: will be refused: world_size=4 but this machine has 2 GPU(s). Use world_size <= 2, or set "
+        "COURSE_EMULATE=1 to emulate GPUs with CPU processes."]
+    assert cli.info_lines(2, two_gpus)[2] == "with 2 ranks: 2 real GPUs on the nccl backend (A100, A100)."
 
 
 def test_info_runs_as_a_console_command():
     result = subprocess.run([sys.executable, "-m", "course.cli", "info"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "backend" in result.stdout
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == cli.info_lines()
 
 
 @pytest.mark.slow

@@ -112,8 +112,34 @@ def test_init_from_env_joins_a_one_rank_group(monkeypatch):
     assert world.current().world_size == 1  # outside a group: rank 0 of 1
 
 
-def test_versions_name_torch():
-    assert world.versions()["torch"] == torch.__version__
+def test_versions_are_those_the_libraries_report_themselves():
+    import platform
+
+    import ipywidgets
+    import jupyterlab
+    import numpy
+    import psutil
+    import sklearn
+
+    found = world.versions()
+    modules = {"torch": torch, "numpy": numpy, "scikit-learn": sklearn, "jupyterlab": jupyterlab,
+               "ipywidgets": ipywidgets, "psutil": psutil}
+    assert {name: found[name] for name in modules} == {name: m.__version__ for name, m in modules.items()}
+    assert found["python"] == platform.python_version()
+    assert found["nvidia-ml-py"][0].isdigit()  # the pynvml module carries no version of its own
+    assert found["gloo"] == str(torch.distributed.is_gloo_available())
+
+
+def test_a_missing_library_is_reported_not_raised(monkeypatch):
+    real = world.importlib.metadata.version
+
+    def version(name):
+        if name == "ipywidgets":
+            raise world.importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(world.importlib.metadata, "version", version)
+    assert world.versions()["ipywidgets"] == "not installed"
 
 
 @pytest.mark.slow
