@@ -2,7 +2,8 @@
 
 The criterion: the first record at which the loss is within ``eps`` of the optimal loss and stays within
 it for ``k`` consecutive records. One lucky noisy step of SGD must not count, hence ``k``. Taught in
-``notebooks/01_gd_vs_sgd.ipynb`` (exercise); the notebook ships a working answer.
+``notebooks/01_gd_vs_sgd.ipynb`` (exercise): the notebook ships a stub for the student to fill in, and its
+later cells use :func:`updates_to_converge`, the library's version.
 
     check_updates_to_converge(updates_to_converge)   # prints which cases pass, and a hint for the first miss
 """
@@ -17,8 +18,14 @@ import numpy as np
 Criterion = Callable[[Sequence[float], float, float, int], "int | None"]
 
 
-def _reference(loss: Sequence[float], optimum: float, eps: float, k: int) -> int | None:
-    run = 0
+def updates_to_converge(loss: Sequence[float], optimum: float, eps: float, k: int) -> int | None:
+    """Index of the first of ``k`` consecutive records with ``|loss - optimum| <= eps``; None if there is none.
+
+    Args:
+        loss: ``(R,)`` the loss at each record, ``loss[0]`` before any update (e.g. ``Trajectory.loss``).
+        optimum: the optimal loss. eps: the tolerance, inclusive. k: records in a row required, >= 1.
+    """
+    run = 0  # records in a row within eps so far
     for index, value in enumerate(loss):
         run = run + 1 if abs(value - optimum) <= eps else 0
         if run == k:
@@ -35,29 +42,26 @@ class Case:
     optimum: float
     eps: float
     k: int
+    expected: int | None  # worked out by hand, so that a bug in updates_to_converge cannot hide here
     hint: str
-
-    @property
-    def expected(self) -> int | None:
-        return _reference(self.loss, self.optimum, self.eps, self.k)
 
 
 CASES = (
-    Case("converges and stays", (5.0, 3.0, 1.5, 1.2, 1.1, 1.05), 1.0, 0.25, 2,
+    Case("converges and stays", (5.0, 3.0, 1.5, 1.2, 1.1, 1.05), 1.0, 0.25, 2, 3,
          "return the index of the FIRST of the k records, not the last one."),
-    Case("a lucky dip does not count", (5.0, 1.1, 3.0, 2.0, 1.1, 1.1, 1.1), 1.0, 0.25, 3,
+    Case("a lucky dip does not count", (5.0, 1.1, 3.0, 2.0, 1.1, 1.1, 1.1), 1.0, 0.25, 3, 4,
          "the k records within eps must be consecutive: restart counting when the loss leaves the band."),
-    Case("never converges", (5.0, 4.0, 3.0, 2.0), 1.0, 0.25, 1,
+    Case("never converges", (5.0, 4.0, 3.0, 2.0), 1.0, 0.25, 1, None,
          "return None when no run of k records within eps exists (not -1, not 0, not len(loss))."),
-    Case("too few records left at the end", (5.0, 4.0, 1.1, 1.1), 1.0, 0.25, 3,
+    Case("too few records left at the end", (5.0, 4.0, 1.1, 1.1), 1.0, 0.25, 3, None,
          "a run that is cut off by the end of the loss curve is shorter than k: it does not count."),
-    Case("already converged at the start", (1.0, 1.1, 1.0), 1.0, 0.25, 2,
+    Case("already converged at the start", (1.0, 1.1, 1.0), 1.0, 0.25, 2, 0,
          "record 0 (the loss before any update) counts: the answer can be 0."),
-    Case("exactly eps away counts as within", (3.0, 1.5, 1.5), 1.0, 0.5, 2,
+    Case("exactly eps away counts as within", (3.0, 1.5, 1.5), 1.0, 0.5, 2, 1,
          "within eps means |loss - optimum| <= eps (inclusive)."),
-    Case("below the optimum is also a distance", (3.0, 0.25, 0.25, 0.9, 0.95), 1.0, 0.25, 2,
+    Case("below the optimum is also a distance", (3.0, 0.25, 0.25, 0.9, 0.95), 1.0, 0.25, 2, 3,
          "measure the distance |loss - optimum|: a loss far below the given optimum is not within eps."),
-    Case("k = 1: the first record within eps", (9.0, 8.0, 1.2, 7.0), 1.0, 0.25, 1,
+    Case("k = 1: the first record within eps", (9.0, 8.0, 1.2, 7.0), 1.0, 0.25, 1, 2,
          "with k = 1 the answer is simply the first record within eps."),
 )
 
@@ -68,6 +72,7 @@ class CheckResult:
 
     passed: bool
     lines: list[str] = field(default_factory=list)
+    attempted: bool = True  # False while the criterion is still the notebook's stub
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
@@ -97,13 +102,20 @@ def check_updates_to_converge(criterion: Criterion, verbose: bool = True) -> Che
         verbose: print the feedback as well as returning it.
 
     Returns:
-        A :class:`CheckResult`: one line per case, and a hint for each case that failed.
+        A :class:`CheckResult`: one line per case, and a hint for each case that failed; "not attempted yet"
+        (``attempted=False``) for a stub that raises ``NotImplementedError``.
     """
     if not callable(criterion):
         raise ValueError(f"expected a function criterion(loss, optimum, eps, k), got {type(criterion).__name__}.")
     lines, passed = [], 0
     for case in CASES:
         got, problem = _run(criterion, case)
+        if problem is not None and problem.startswith("raised NotImplementedError"):
+            result = CheckResult(False, ["Not attempted yet: the function still raises NotImplementedError. Replace "
+                                         "the raise with your code, then run this check again."], attempted=False)
+            if verbose:
+                print(result)
+            return result
         if problem is None and got == case.expected:
             passed += 1
             lines.append(f"  ok    {case.name}")

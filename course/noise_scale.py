@@ -278,8 +278,8 @@ def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch
 
 def check_two_batch_exercise(fn: Callable[[float, float, int, int], tuple[float, float]]) -> bool:
     """Check a student's ``fn(small_norm_sq, big_norm_sq, small_batch_size, big_batch_size) -> (trace_sigma,
-    grad_norm_sq)`` against :func:`two_batch_estimate`. Prints feedback on the first case that differs; returns
-    True if all agree."""
+    grad_norm_sq)`` against :func:`two_batch_estimate`. Prints feedback on the first case that differs ("not
+    attempted yet" for a stub that raises ``NotImplementedError``); returns True if all agree."""
     cases = [(small, big, b_small, b_big) for small, big in ((2.0, 1.0), (0.5, 0.45), (10.0, 0.1), (1.0, 1.0))
              for b_small, b_big in ((8, 32), (1, 2), (64, 1024))]
     for small, big, b_small, b_big in cases:
@@ -287,6 +287,10 @@ def check_two_batch_exercise(fn: Callable[[float, float, int, int], tuple[float,
         call = f"fn({small}, {big}, {b_small}, {b_big})"
         try:
             trace_sigma, grad_norm_sq = fn(small, big, b_small, b_big)
+        except NotImplementedError:
+            print("Not attempted yet: the function still raises NotImplementedError. Replace the raise with your "
+                  "code, then run this check again.")
+            return False
         except Exception as error:  # noqa: BLE001 - the student's error is the feedback
             print(f"{call} raised {type(error).__name__}: {error}. It must return (trace_sigma, grad_norm_sq).")
             return False

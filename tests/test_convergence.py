@@ -1,11 +1,11 @@
-"""course.convergence: the reference criterion, and a checker that passes right answers and catches wrong ones."""
+"""course.convergence: the library criterion, and a checker that passes right answers and catches wrong ones."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course.convergence import CASES, _reference, check_updates_to_converge
+from course.convergence import CASES, check_updates_to_converge, updates_to_converge
 
 pytestmark = pytest.mark.unit1
 
@@ -22,13 +22,22 @@ def windowed(loss, optimum, eps, k):
 @settings(max_examples=200, deadline=None)
 @given(loss=st.lists(st.sampled_from([0.5, 0.9, 1.0, 1.1, 1.25, 1.5, 3.0]), max_size=12),
        eps=st.sampled_from([0.1, 0.25, 0.5]), k=st.integers(1, 4))
-def test_reference_matches_a_sliding_window(loss, eps, k):
-    assert _reference(loss, 1.0, eps, k) == windowed(loss, 1.0, eps, k)
+def test_library_criterion_matches_a_sliding_window(loss, eps, k):
+    assert updates_to_converge(loss, 1.0, eps, k) == windowed(loss, 1.0, eps, k)
 
 
-def test_cases_cover_both_answers_and_every_k_they_claim():
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_each_hand_written_answer_agrees_with_the_sliding_window(case):
+    assert case.expected == windowed(case.loss, case.optimum, case.eps, case.k)
+
+
+def test_cases_cover_none_zero_a_later_index_and_every_k_from_1_to_3():
     expected = [case.expected for case in CASES]
-    assert None in expected and 0 in expected and len({case.name for case in CASES}) == len(CASES)
+    assert None in expected and 0 in expected and any(e is not None and e > 0 for e in expected)
+    assert {case.k for case in CASES} == {1, 2, 3}
+    # for every k, some case has an answer, so an implementation that mishandles one k fails a case
+    assert {case.k for case in CASES if case.expected is not None} == {1, 2, 3}
+    assert len({case.name for case in CASES}) == len({case.hint for case in CASES}) == len(CASES)
 
 
 def correct(loss, optimum, eps, k):
@@ -91,8 +100,8 @@ def returns_a_float(loss, optimum, eps, k):
     return None if answer is None else float(answer)
 
 
-def test_the_shipped_answer_passes(capsys):
-    result = check_updates_to_converge(correct)
+def test_the_library_answer_passes(capsys):
+    result = check_updates_to_converge(updates_to_converge)
     assert result.passed
     assert capsys.readouterr().out.startswith(f"All {len(CASES)} of {len(CASES)} cases pass.")
 
@@ -122,3 +131,14 @@ def test_each_wrong_answer_is_caught_with_a_useful_hint(wrong, hint):
 def test_checker_refuses_something_that_is_not_a_function():
     with pytest.raises(ValueError, match="expected a function criterion.*got int"):
         check_updates_to_converge(3)
+
+
+def test_the_notebook_stub_is_reported_as_not_attempted_not_as_failing(capsys):
+    def stub(loss, optimum, eps, k):
+        raise NotImplementedError("write updates_to_converge")
+
+    result = check_updates_to_converge(stub)
+    assert not result.passed and not result.attempted
+    out = capsys.readouterr().out
+    assert out.startswith("Not attempted yet") and "FAIL" not in out
+    assert check_updates_to_converge(correct, verbose=False).attempted

@@ -157,6 +157,14 @@ def test_checker_accepts_the_answer_and_rejects_a_wrong_one(capsys):
     assert "expected" in capsys.readouterr().out
 
 
+def test_warmup_checker_reports_the_notebook_stub_as_not_attempted(capsys):
+    def stub(step, base_lr, base_batch_size, batch_size, warmup_steps):
+        raise NotImplementedError("write linear_with_warmup")
+
+    assert not ls.check_warmup_exercise(stub)
+    assert capsys.readouterr().out.startswith("Not attempted yet")
+
+
 def test_scaling_efficiency_is_one_for_perfect_scaling_and_drops_after():
     def run(batch_size, steps):
         return ls.RunResult(batch_size, "linear", 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])

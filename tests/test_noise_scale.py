@@ -124,6 +124,14 @@ def test_checker_accepts_the_answer_and_rejects_a_wrong_one(capsys):
     assert "expected" in capsys.readouterr().out
 
 
+def test_checker_reports_the_notebook_stub_as_not_attempted(capsys):
+    def stub(small, big, b_small, b_big):
+        raise NotImplementedError("write two_batch")
+
+    assert not ns.check_two_batch_exercise(stub)
+    assert capsys.readouterr().out.startswith("Not attempted yet")
+
+
 def test_whole_dataset_mode_uses_the_exact_mean_and_covariance():
     grads = torch.tensor([[1.0, 0.0], [3.0, 2.0]], dtype=torch.float64)  # mean (2, 1), deviations (+-1, +-1)
     whole = ns.from_per_sample(grads, whole_dataset=True)
