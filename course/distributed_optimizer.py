@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -450,7 +450,7 @@ def allreduce_metric(value: float | torch.Tensor, op: str = "avg", algorithm: st
 
 
 # -- for notebook 04b -------------------------------------------------------------------------------------------
-def check_assign_buckets(candidate) -> None:
+def check_assign_buckets(candidate: Callable[[list[int], int], list[list[int]]]) -> None:
     """Exercise checker: does ``candidate(grad_bytes, bucket_bytes)`` bucket like :func:`assign_buckets`?
 
     Prints ``correct`` or raises ``AssertionError`` naming the first case that differs.
@@ -461,6 +461,45 @@ def check_assign_buckets(candidate) -> None:
         if got != expected:
             raise AssertionError(f"for grad_bytes={sizes}, bucket_bytes={cap}: expected {expected}, got {got}.")
     print(f"correct: all {len(cases)} cases bucket like course.distributed_optimizer.assign_buckets")
+
+
+def horovod_recipe(steps: int = 5, batch_size: int = 16, seed: int = 0) -> dict[str, object]:
+    """Rank function for notebook 04b: the whole Horovod recipe, from differing random starts to one metric.
+
+    Every rank builds its model with its own seed and its optimizer with its own learning rate (as if
+    misconfigured), then: :func:`init`, :func:`broadcast_parameters` and :func:`broadcast_optimizer_state` from
+    rank 0, ``steps`` steps of :class:`DistributedOptimizer` on this rank's shard of a synthetic regression
+    (``batch_size`` samples per rank per step), and :func:`allreduce_metric` of the shard's loss.
+
+    Returns:
+        Plain numbers: ``lr_before``/``lr_after``, the first weight ``weight_before``/``weight_after`` the
+        broadcast, ``weights`` after training (all of them), this rank's ``loss`` and the ``avg_loss`` over ranks.
+    """
+    rank = init()
+    torch.manual_seed(seed + rank.rank)  # a different start on every rank ...
+    model = torch.nn.Linear(4, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05 * (rank.rank + 1), momentum=0.9)
+    weight_before, lr_before = model.weight[0, 0].item(), inner.param_groups[0]["lr"]
+    broadcast_parameters(model.state_dict(), root_rank=0)  # ... until rank 0's wins
+    optimizer = DistributedOptimizer(inner, model.named_parameters())
+    broadcast_optimizer_state(optimizer, root_rank=0)
+    generator = torch.Generator().manual_seed(seed)  # one dataset; each rank takes its own rows
+    x = torch.randn(steps * batch_size * rank.world_size, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(len(x), 1, generator=generator)
+    x, y = x[rank.rank::rank.world_size], y[rank.rank::rank.world_size]  # (steps * batch_size, 4), (.., 1)
+    try:
+        for step in range(steps):
+            rows = slice(step * batch_size, (step + 1) * batch_size)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
+            optimizer.step()
+    finally:
+        optimizer.close()
+    with torch.no_grad():
+        loss = torch.nn.functional.mse_loss(model(x), y).item()
+    return {"lr_before": lr_before, "lr_after": optimizer.param_groups[0]["lr"], "weight_before": weight_before,
+            "weight_after": model.weight[0, 0].item(), "weights": model.weight.flatten().tolist(),
+            "loss": loss, "avg_loss": allreduce_metric(loss)}
 
 
 def misuse_message() -> str:

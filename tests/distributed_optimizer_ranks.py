@@ -95,4 +95,5 @@ def helpers() -> dict[str, object]:
         "tensor": do.allreduce_metric(torch.tensor([1.0, me.rank]), op="sum").tolist(),
         "overlap": overlap_times(),
         "disagreements": disagreements(),
+        "recipe": do.horovod_recipe(steps=3),
     }

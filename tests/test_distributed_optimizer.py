@@ -59,6 +59,14 @@ def test_broadcasts_metrics_and_overlap_on_two_ranks():
         model, op = result["disagreements"]["model"], result["disagreements"]["op"]
         assert "rank 1 differs from rank 0 in bucket 0: bias [4], weight [4, 3] (torch.float32) vs bias [2]," in model
         assert "'op': 'sum'" in op and "'op': 'avg'" in op
+    # Notebook 04b's whole recipe: each rank starts from its own model and lr; rank 0's win, then lock-step.
+    for rank, result in enumerate((zero, one)):
+        assert (result["recipe"]["lr_before"], result["recipe"]["lr_after"]) == (pytest.approx(0.05 * (rank + 1)), 0.05)
+        assert result["recipe"]["avg_loss"] == pytest.approx((zero["recipe"]["loss"] + one["recipe"]["loss"]) / 2)
+    assert zero["recipe"]["weight_before"] != one["recipe"]["weight_before"]
+    assert zero["recipe"]["weight_after"] == one["recipe"]["weight_after"]
+    assert zero["recipe"]["weights"] == one["recipe"]["weights"]
+    for result in (zero, one):
         algorithm = result["disagreements"]["algorithm"]
         assert "rank 1 differs" in algorithm
         assert "'algorithm': 'tree'" in algorithm and "'algorithm': 'ring'" in algorithm
