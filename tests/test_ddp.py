@@ -1,7 +1,9 @@
 """course.ddp: the step scripts and their diffs, torchrun, no_sync and batch-norm statistics vs DDP."""
 
+import importlib.util
 import sys
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -11,8 +13,9 @@ from groups import single_rank_group
 from processes import live_children
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
 
-from course import ddp
+from course import ddp, world
 from course.launch import launch
 from course.models import DigitsCNN
 
@@ -90,6 +93,37 @@ def test_final_step_trains_and_checkpoints_once_under_torchrun(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
     model = DigitsCNN()
     model.load_state_dict(torch.load(tmp_path / "checkpoint.pt"))  # no "module." prefix: saved unwrapped
+
+
+class _ValLoaderBuilt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("step", [6, 7])
+def test_metric_steps_count_every_validation_sample_exactly_once(step, monkeypatch):
+    # Run the script's own run() up to its validation DataLoader on each of 8 ranks (300 samples: 8 does not
+    # divide 300, so DistributedSampler would pad with 4 repeats), and collect the samples each rank evaluates.
+    path = ddp.step_scripts()[step]
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    val = TensorDataset(torch.arange(300))
+    monkeypatch.setattr(script.data, "load", lambda: SimpleNamespace(train=TensorDataset(torch.arange(1000)), val=val))
+    seen = []
+
+    def loader(dataset, batch_size=1, sampler=None, **kwargs):
+        if dataset is val or getattr(dataset, "dataset", None) is val:  # the validation loader: record, stop
+            for (batch,) in DataLoader(dataset, batch_size=batch_size, sampler=sampler):
+                seen.extend(batch.tolist())
+            raise _ValLoaderBuilt
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+
+    monkeypatch.setattr(script, "DataLoader", loader)
+    args = SimpleNamespace(epochs=1, batch_size=32, lr=0.05, base_batch_size=32, warmup_steps=10, out_dir=None)
+    for rank in range(8):
+        with pytest.raises(_ValLoaderBuilt):
+            script.run(args, world.Rank(rank, rank, 8, torch.device("cpu"), "gloo"))
+    assert sorted(seen) == list(range(300))
 
 
 def test_a_failing_script_reports_its_output(tmp_path):

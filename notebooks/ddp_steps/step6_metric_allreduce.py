@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from course import data, models, train, world
 
@@ -49,8 +49,10 @@ def run(args: argparse.Namespace, rank: world.Rank) -> None:
     splits = data.load()
     sampler = DistributedSampler(splits.train, num_replicas=rank.world_size, rank=rank.rank, shuffle=True, seed=0)
     train_loader = DataLoader(splits.train, batch_size=args.batch_size, sampler=sampler)
-    val_sampler = DistributedSampler(splits.val, num_replicas=rank.world_size, rank=rank.rank, shuffle=False)
-    val_loader = DataLoader(splits.val, batch_size=100, sampler=val_sampler)
+    # Each validation sample on exactly one rank. (DistributedSampler pads with repeats so every rank gets as many:
+    # 300 samples on 8 ranks would count 4 of them twice in the metric.) Shards may differ by one sample.
+    val_shard = Subset(splits.val, range(rank.rank, len(splits.val), rank.world_size))
+    val_loader = DataLoader(val_shard, batch_size=100)
     model = models.DigitsCNN().to(device)
     model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     global_batch_size = args.batch_size * rank.world_size
