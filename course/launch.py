@@ -2,10 +2,11 @@
 
 ``launch(fn, world_size=4)`` starts one process per rank, joins them into a process group (gloo on
 emulated GPUs, nccl on real ones), calls ``fn`` on every rank and returns the per-rank results in rank
-order. Output printed by a rank appears in the notebook prefixed with ``[rank k]``. If any rank raises,
-every other rank is stopped and :class:`RankFailed` names the rank and shows its traceback; if ranks do not
-finish in time, :class:`RankTimeout` names them. No process is left behind either way. Taught in
-``notebooks/00_start_here.ipynb``.
+order. Output printed by a rank (stdout and stderr) appears in the notebook prefixed with ``[rank k]``. If any
+rank raises, every other rank is stopped and :class:`RankFailed` names the rank and shows its traceback (or,
+for a rank that died without a word, how it ended and the end of its stderr); if ranks do not finish in time,
+:class:`RankTimeout` names the ones that were not waiting in a collective, and says which ranks waited for
+them and where. No process is left behind either way. Taught in ``notebooks/00_start_here.ipynb``.
 
 ``fn`` must be importable (defined in a module, not in a notebook cell): each rank is a fresh process.
 """
@@ -342,7 +343,8 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         ValueError: bad ``world_size`` (see :func:`course.world.check_world_size`).
         TypeError: arguments that cannot be pickled.
         RankFailed: a rank raised or died; the others were stopped.
-        RankTimeout: ranks still running after ``timeout_s``; all were stopped.
+        RankTimeout: ranks still running after ``timeout_s``; all were stopped. ``ranks`` names those not
+            waiting in a collective (the ones the others waited for).
     """
     world_size = world.check_world_size(world_size)
     if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
