@@ -14,19 +14,15 @@ them and where. No process is left behind either way. Taught in ``notebooks/00_s
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import io
 import os
 import pickle
 import queue
-import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -36,7 +32,8 @@ from typing import Any
 import psutil
 import torch.multiprocessing as mp
 
-from course import world
+from course import rank_stacks, world
+from course.process_tree import kill_tree
 
 
 class RankFailed(RuntimeError):
@@ -123,7 +120,7 @@ class _RankOutput(io.TextIOBase):
 def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout_s: float,
               arguments: bytes, channel: Any, stacks_path: str) -> None:
     """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``."""
-    _answer_stack_requests(stacks_path)
+    rank_stacks.answer_requests(stacks_path)
     args, kwargs = pickle.loads(arguments)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -146,68 +143,11 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, tim
         channel.put(("left", rank))
 
 
-#: The launcher sends this to a rank to learn where it is stuck (see _answer_stack_requests).
-STACK_SIGNAL = signal.SIGUSR1
-_THREAD = re.compile(r"(?:Current thread|Thread) (0x[0-9a-f]+)")
-_FRAME = re.compile(r'\s+File "(.*)", line \d+ in (\S+)')
-
-
-def _answer_stack_requests(path: str) -> None:
-    """On :data:`STACK_SIGNAL`, write every thread's Python stack to ``path``.
-
-    faulthandler writes from the C signal handler, so this works while the rank is blocked inside a collective
-    (a Python-level handler would wait for the collective to return). The first line names the main thread.
-    """
-    stacks = open(path, "w")  # noqa: SIM115 - faulthandler holds it open for the life of the rank
-    stacks.write(f"main thread {threading.main_thread().ident:#x}\n")
-    stacks.flush()
-    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
-
-
-def _collective(stacks: str) -> str | None:
-    """The ``torch.distributed`` function the main thread of a faulthandler dump is blocked in, else None."""
-    lines = stacks.splitlines()
-    if not lines or not lines[0].startswith("main thread "):
-        return None
-    main, thread = int(lines[0].split()[-1], 16), None
-    for line in lines[1:]:
-        if header := _THREAD.match(line):
-            thread = int(header[1], 16)
-        elif thread == main and (frame := _FRAME.match(line)):  # innermost frame first
-            return frame[2] if "/torch/distributed/" in frame[1].replace(os.sep, "/") else None
-    return None
-
-
-def _where_blocked(processes: list[Any], ranks: list[int], run_dir: str, wait_s: float = 5.0
-                   ) -> dict[int, str]:
-    """Ask each of ``ranks`` for its stack; return the collective each one that is in a collective waits in."""
-    paths = {rank: os.path.join(run_dir, f"rank-{rank}.stacks") for rank in ranks}
-    asked = []
-    for rank in ranks:
-        with contextlib.suppress(OSError, TypeError):  # TypeError: never started (pid None)
-            os.kill(processes[rank].pid, STACK_SIGNAL)
-            asked.append(rank)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and not all("most recent call first" in _read(paths[r]) for r in asked):
-        time.sleep(0.05)
-    time.sleep(0.1)  # let a dump that has begun finish
-    found = {rank: _collective(_read(paths[rank])) for rank in asked}
-    return {rank: where for rank, where in found.items() if where is not None}
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
 def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, timeout_s: float
              ) -> RankTimeout:
     """Blame the unfinished ranks that are not waiting in a collective: the others are waiting for them."""
     unfinished = sorted(set(range(len(processes))) - set(results))
-    waiting = _where_blocked(processes, unfinished, run_dir)
+    waiting = rank_stacks.where_blocked(processes, unfinished, run_dir)
     at_fault = [rank for rank in unfinished if rank not in waiting] or unfinished
     waiting.update({rank: "finished" for rank in results if rank not in left and processes[rank].is_alive()})
     return RankTimeout(at_fault, timeout_s, waiting)
@@ -247,67 +187,8 @@ class _StderrRelay:
 
     def tail(self, rank: int, lines: int = 40) -> str:
         """The end of a rank's stderr, from its last traceback if it printed one."""
-        text = _read(self.paths[rank]).rstrip()
+        text = rank_stacks.read_text(self.paths[rank]).rstrip()
         return "\n".join(text[max(0, text.rfind("Traceback (most recent call last)")):].splitlines()[-lines:])
-
-
-def kill_tree(process: subprocess.Popen | psutil.Process, own_group: bool = False, wait_s: float = 10.0) -> None:
-    """Stop ``process`` and everything it started, wait until they are gone, and reap it.
-
-    The tree is frozen first (SIGSTOP) so that no process can start a new child between the look and the kill.
-    With ``own_group`` (it was started with ``start_new_session=True``) every process of its process group is
-    killed too, which finds descendants orphaned by a parent that already exited.
-    """
-    pid = process.pid
-    victims = _tree(pid) + (_group(pid) if own_group else [])
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for victim in victims:
-            with contextlib.suppress(psutil.Error):
-                victim.send_signal(sig)
-        if sig == signal.SIGSTOP:  # children born before the freeze
-            victims += [c for v in victims for c in _children(v) if c not in victims]
-    deadline = time.monotonic() + wait_s
-    while (alive := [v for v in victims if _alive(v)]) and time.monotonic() < deadline:
-        for victim in alive:  # SIGKILL takes a moment to empty a big process; a zombie counts as gone
-            with contextlib.suppress(psutil.Error):
-                victim.kill()
-        time.sleep(0.02)
-    if isinstance(process, subprocess.Popen):
-        process.wait()
-
-
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _group(pgid: int) -> list[psutil.Process]:
-    """Every process of process group ``pgid`` (never this process's own group)."""
-    if pgid == os.getpgrp():
-        return []
-    members = []
-    for candidate in psutil.process_iter():
-        with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
-            if os.getpgid(candidate.pid) == pgid:
-                members.append(candidate)
-    return members
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _children(process: psutil.Process) -> list[psutil.Process]:
-    try:
-        return process.children(recursive=True)
-    except psutil.Error:
-        return []
 
 
 def _stop(processes: list[Any]) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from course import utilization, world
-from course.launch import kill_tree
+from course.process_tree import kill_tree
 from course.utilization import DeviceSummary, History
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"

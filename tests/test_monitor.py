@@ -21,7 +21,8 @@ from histories import history_of
 from processes import live_children
 
 from course import monitor, utilization
-from course.launch import kill_tree, launch
+from course.launch import launch
+from course.process_tree import kill_tree
 from course.utilization import History, Reading
 
 matplotlib.use("Agg")
