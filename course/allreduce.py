@@ -31,6 +31,9 @@ import torch.distributed as dist
 from course import world
 
 OPS = ("sum", "avg")
+#: ``op`` may also be torch's own constant, as in ``dist.all_reduce(tensor, op=dist.ReduceOp.SUM)``.
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
+Op = str | dist.ReduceOp | dist.ReduceOp.RedOpType
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
 _CHECKED_DIMS = 6
@@ -85,14 +88,15 @@ def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def naive_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGroup | None = None, *,
+def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
                     check: bool = True) -> torch.Tensor:
     """Allreduce through rank 0, the parameter-server pattern: gather, reduce, broadcast.
 
     Args:
         tensor: contiguous float16/bfloat16/float32/float64 tensor, any shape, same shape and dtype on every
             rank, on this rank's device. Overwritten with the result.
-        op: ``"sum"``, or ``"avg"`` (the sum divided by the world size).
+        op: ``"sum"``, or ``"avg"`` (the sum divided by the world size); or, as for ``dist.all_reduce``,
+            ``dist.ReduceOp.SUM`` or ``dist.ReduceOp.AVG``.
         group: process group to reduce over; ``None`` for the default group (or, outside any process
             group, a world of one: a no-op).
         check: first exchange numel/shape/dtype/op/algorithm with every rank and raise if any rank
@@ -124,7 +128,7 @@ def naive_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGr
     return _finish(tensor, op, comm)
 
 
-def ring_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGroup | None = None, *,
+def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
                    check: bool = True) -> torch.Tensor:
     """Allreduce around a ring: reduce-scatter, then all-gather, one chunk per step.
 
@@ -165,7 +169,7 @@ def ring_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGro
     return _finish(tensor, op, comm)
 
 
-def tree_allreduce(tensor: torch.Tensor, op: str = "sum", group: dist.ProcessGroup | None = None, *,
+def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
                    check: bool = True) -> torch.Tensor:
     """Allreduce on a binomial tree: reduce up to rank 0, then broadcast back down.
 
@@ -238,12 +242,11 @@ def _pieces(chunk: torch.Tensor) -> list[tuple[int, int]]:
     return chunk_bounds(chunk.numel(), count)
 
 
-def _begin(algorithm: str, tensor: torch.Tensor, op: str, group: dist.ProcessGroup | None, check: bool
+def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | None, check: bool
            ) -> tuple[torch.Tensor, _Comm]:
     """Validate the arguments, find this rank in ``group``, check agreement (also on which ``algorithm``
     every rank runs: their messages differ), and view the tensor as 1-D."""
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}.")
+    op = _op_name(op)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce needs a torch.Tensor, got {type(tensor).__name__}.")
     if tensor.dtype not in DTYPES:
@@ -262,8 +265,20 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: str, group: dist.ProcessGro
     return tensor.view(-1), comm
 
 
-def _finish(tensor: torch.Tensor, op: str, comm: _Comm) -> torch.Tensor:
-    if op == "avg" and comm.world_size > 1:
+def _op_name(op: Op) -> str:
+    """``"sum"`` or ``"avg"`` for either spelling of ``op``; raise naming the allowed values otherwise."""
+    if isinstance(op, str) and op in OPS:
+        return op
+    if isinstance(op, dist.ReduceOp | dist.ReduceOp.RedOpType):  # not ints: ReduceOp.SUM == 0 is True
+        for name, reduce_op in REDUCE_OPS.items():
+            if op == reduce_op:
+                return name
+    raise ValueError(f"op must be one of {OPS} or dist.ReduceOp.SUM / dist.ReduceOp.AVG, got {op!r}. "
+                     "(max, min and product are not taught here: use dist.all_reduce for them.)")
+
+
+def _finish(tensor: torch.Tensor, op: Op, comm: _Comm) -> torch.Tensor:
+    if _op_name(op) == "avg" and comm.world_size > 1:
         tensor.div_(comm.world_size)
     return tensor
 

@@ -198,6 +198,18 @@ def ring_in_pieces(piece_bytes: int = 64) -> list[bool]:
         course.allreduce.RING_PIECE_BYTES = saved
 
 
+def with_reduce_ops() -> list[bool]:
+    """Each algorithm with torch's op constants, dist.ReduceOp.SUM and dist.ReduceOp.AVG, as dist.all_reduce takes."""
+    me = world.current()
+    n = me.world_size
+    outcome = []
+    for name in sorted(ALGORITHMS):
+        for op, expected in ((dist.ReduceOp.SUM, n * (n + 1) / 2), (dist.ReduceOp.AVG, (n + 1) / 2)):
+            tensor = ALGORITHMS[name](torch.full((11,), float(me.rank + 1)), op=op)
+            outcome.append(bool(torch.all(tensor == expected)))
+    return outcome
+
+
 def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
     """All of the above in one launch."""
     return {
@@ -205,6 +217,7 @@ def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
         "mismatches": mismatches(bad_rank),
         "thread": from_a_thread(),
         "pieces": ring_in_pieces(),
+        "reduce_ops": with_reduce_ops(),
         "reference": compare_with_reference(1001),
         "hypothesis": hypothesis_cases(max_examples),
     }

@@ -7,6 +7,7 @@ sub-groups of it); the tests below read its report.
 import allreduce_ranks
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -70,6 +71,12 @@ def test_ring_pipelined_in_many_pieces_matches_dist_all_reduce(report):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_torch_reduce_op_constants_work_like_the_strings(report):
+    assert [rank["reduce_ops"] for rank in report] == [[True] * 2 * len(ALGORITHMS)] * WORLD_SIZE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_compare_with_reference_reports_float64_rounding_only(report):
     for rank in report:
         assert set(rank["reference"]) == set(ALGORITHMS)
@@ -87,7 +94,7 @@ def test_chunk_bounds_cover_the_tensor_in_near_equal_contiguous_chunks(numel, wo
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("op", ["sum", "avg", dist.ReduceOp.SUM, dist.ReduceOp.AVG])
 def test_without_a_process_group_it_is_a_world_of_one(name, op):
     tensor = torch.arange(5.0)
     assert ALGORITHMS[name](tensor, op=op) is tensor
@@ -97,8 +104,10 @@ def test_without_a_process_group_it_is_a_world_of_one(name, op):
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_bad_arguments_are_refused_with_the_fix(name):
     allreduce = ALGORITHMS[name]
-    with pytest.raises(ValueError, match="op must be one of"):
-        allreduce(torch.ones(3), op="max")
+    allowed = r"op must be one of \('sum', 'avg'\) or dist.ReduceOp.SUM / dist.ReduceOp.AVG, got"
+    for op in ("max", dist.ReduceOp.MAX, 0):  # 0 == dist.ReduceOp.SUM in torch, but it is no op
+        with pytest.raises(ValueError, match=allowed):
+            allreduce(torch.ones(3), op=op)
     with pytest.raises(ValueError, match="supports dtypes"):
         allreduce(torch.ones(3, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"contiguous tensor.*x.contiguous\(\)"):
