@@ -33,7 +33,14 @@ def _by_batch(results: Sequence[RunResult], rule: str, warmup_steps: int) -> lis
 
 def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: float) -> Figure:
     """Steps- and epochs-to-target against global batch size, one line per rule x warmup; runs that never
-    reached the target are left out. The dotted line is perfect scaling from the smallest batch."""
+    reached the target are left out. The dotted line is perfect scaling from the smallest batch.
+
+    Raises:
+        ValueError: no run reached the target (there is nothing to draw).
+    """
+    if not any(r.steps_to_target for r in results):
+        raise ValueError(f"none of the {len(results)} runs reached {target_accuracy:.1%} accuracy, so there are no "
+                         f"steps-to-target to plot: raise SweepConfig.max_steps or lower target_accuracy.")
     fig, (steps_ax, epochs_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for rule in dict.fromkeys(r.rule for r in results):
         for warmup in sorted({r.warmup_steps for r in results}):

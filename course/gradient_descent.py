@@ -14,6 +14,7 @@ Taught in ``notebooks/01_gd_vs_sgd.ipynb``.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from torch import nn
+
+from course.validation import check_count, check_model_fits_data
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -80,10 +83,9 @@ def check_problem(x: torch.Tensor, y: torch.Tensor, lr: float, epochs: int,
         )
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
         raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a positive integer, got {epochs!r}.")
-    if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= len(x)):
+    check_count("epochs", epochs)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
+                                   or not 1 <= batch_size <= len(x)):
         raise ValueError(
             f"batch_size must be an integer from 1 to the number of samples ({len(x)}), got {batch_size!r}. "
             f"Use batch_size={len(x)} (or gradient_descent) for full batch."
@@ -146,8 +148,7 @@ class Recorder:
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor,
                  batch_size: int, record_every: int, record_params: bool, total_updates: int) -> None:
-        if isinstance(record_every, bool) or not isinstance(record_every, int) or record_every < 1:
-            raise ValueError(f"record_every must be a positive integer, got {record_every!r}.")
+        record_every = check_count("record_every", record_every)
         self.model, self.loss_fn, self.x, self.y = model, loss_fn, x, y
         self.batch_size, self.record_every, self.total_updates = batch_size, record_every, total_updates
         self.record_params = record_params
@@ -197,9 +198,12 @@ def gradient_descent(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torc
         The :class:`Trajectory`, ``epochs + 1`` rows when ``record_every=1``.
 
     Raises:
-        ValueError: mismatched ``x``/``y``, ``lr <= 0``, ``epochs < 1`` (message says expected vs got).
+        ValueError: mismatched ``x``/``y``, a model that does not fit them, ``lr <= 0``, ``epochs < 1``
+            (message says expected vs got).
     """
     check_problem(x, y, lr, epochs)
+    check_model_fits_data(model, loss_fn, x, y)
+    epochs = int(epochs)
     recorder = Recorder(model, loss_fn, x, y, len(x), record_every, record_params, total_updates=epochs)
     for epoch in range(1, epochs + 1):
         step(model, loss_fn, x, y, lr)
@@ -222,9 +226,12 @@ def sgd(model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor, *, 
         The :class:`Trajectory`, ``epochs * ceil(N / batch_size) + 1`` rows when ``record_every=1``.
 
     Raises:
-        ValueError: ``batch_size`` outside 1..N, mismatched ``x``/``y``, ``lr <= 0``, ``epochs < 1``.
+        ValueError: ``batch_size`` outside 1..N, mismatched ``x``/``y``, a model that does not fit them (wrong
+            sample shape, labels beyond its outputs), ``lr <= 0``, ``epochs < 1``.
     """
     check_problem(x, y, lr, epochs, batch_size)
+    check_model_fits_data(model, loss_fn, x, y)
+    epochs, batch_size = int(epochs), int(batch_size)
     generator = torch.Generator().manual_seed(seed)
     total_updates = epochs * math.ceil(len(x) / batch_size)
     recorder = Recorder(model, loss_fn, x, y, batch_size, record_every, record_params, total_updates)

@@ -14,6 +14,7 @@ per-batch statistics: BatchNorm normalises per rank and breaks it.) Taught in ``
 from __future__ import annotations
 
 import copy
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from course import launch, world
+from course.validation import check_model_fits_data
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Parameters = dict[str, torch.Tensor]
@@ -69,8 +71,9 @@ def split_batch(inputs: torch.Tensor, targets: torch.Tensor, world_size: int) ->
             (unequal shards would weight samples unequally and break the equivalence).
     """
     batch_size = check_batch(inputs, targets)
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}.")
+    world_size = int(world_size)
     if batch_size % world_size:
         raise ValueError(
             f"a global batch of {batch_size} samples does not split evenly over {world_size} ranks; use a global "
@@ -107,9 +110,12 @@ def single_process_step(model: nn.Module, inputs: torch.Tensor, targets: torch.T
     """One SGD step on the whole global batch in one process; returns the new parameters (``model`` untouched).
 
     Raises:
-        ValueError: empty or mismatched batch, or a negative ``lr``.
+        ValueError: empty or mismatched batch, a model that does not fit it (sample shape, labels beyond its
+            outputs), or a negative ``lr``.
     """
     lr = check_lr(lr)
+    check_batch(inputs, targets)
+    check_model_fits_data(model, loss_fn, inputs, targets)
     model = copy.deepcopy(model)
     sgd_update(model, gradients(model, inputs, targets, loss_fn), lr)
     return parameters(model)
@@ -130,6 +136,7 @@ def simulated_data_parallel_step(model: nn.Module, inputs: torch.Tensor, targets
     """
     lr = check_lr(lr)
     shards = split_batch(inputs, targets, world_size)
+    check_model_fits_data(model, loss_fn, inputs, targets)
     replicas = [copy.deepcopy(model) for _ in range(world_size)]
     per_rank = [gradients(replica, x, y, loss_fn) for replica, (x, y) in zip(replicas, shards, strict=True)]
     averaged = [torch.stack(grads).mean(dim=0) for grads in zip(*per_rank, strict=True)]

@@ -11,6 +11,7 @@ watched update by update. Taught in ``notebooks/01_gd_vs_sgd.ipynb``.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,9 @@ def noisy_line(n: int = 64, w: float = 2.0, b: float = -1.0, noise: float = 0.5,
     Raises:
         ValueError: ``n < 2`` (a line needs two points) or ``noise < 0``.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 2:
         raise ValueError(f"n must be an integer >= 2 (a line needs two points), got {n!r}.")
+    n = int(n)
     if not noise >= 0:
         raise ValueError(f"noise must be a standard deviation >= 0, got {noise!r}.")
     generator = torch.Generator().manual_seed(seed)
@@ -50,9 +52,10 @@ def _columns(x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray) -> tupl
     """``x`` and ``y`` as float64 vectors of equal length N, from ``(N,)`` or ``(N, 1)``."""
     xs = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
     ys = np.asarray(y.detach().cpu() if isinstance(y, torch.Tensor) else y, dtype=np.float64)
-    if xs.shape[1:] not in ((), (1,)) or ys.shape[1:] not in ((), (1,)) or xs.ndim == 0 or len(xs) != len(ys):
+    if (xs.shape[1:] not in ((), (1,)) or ys.shape[1:] not in ((), (1,)) or xs.ndim == 0 or ys.ndim == 0
+            or len(xs) != len(ys) or len(xs) == 0):
         raise ValueError(f"expected x and y of shape (N,) or (N, 1) with the same N, got x {xs.shape} and "
-                         f"y {ys.shape}.")
+                         f"y {ys.shape}; N must be at least 1.")
     return xs.reshape(-1), ys.reshape(-1)
 
 
@@ -111,13 +114,22 @@ def plot_loss_surface(x: torch.Tensor, y: torch.Tensor, trajectories: Sequence[T
 
     Returns:
         The matplotlib axes.
+
+    Raises:
+        ValueError: a trajectory without recorded parameters, or not of a two-parameter neuron.
     """
     import matplotlib.pyplot as plt
+
+    for traj in trajectories:
+        if traj.params is None or traj.params.shape[1:] != (2,):
+            got = "no parameters (record_params=False)" if traj.params is None else f"params {traj.params.shape}"
+            raise ValueError(f"trajectory {traj.label!r} has {got}: expected the (w, b) path of a neuron, "
+                             f"shape (R, 2); rerun it with record_params=True on ln.neuron().")
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 5))
     w_opt, b_opt = least_squares(x, y)
-    points = np.concatenate([[[w_opt, b_opt]]] + [t.params for t in trajectories if t.params is not None])
+    points = np.concatenate([[[w_opt, b_opt]]] + [t.params for t in trajectories])
     low, high = points.min(axis=0), points.max(axis=0)
     pad = margin * np.maximum(high - low, 0.5)
     ws, bs = np.meshgrid(np.linspace(low[0] - pad[0], high[0] + pad[0], 200),

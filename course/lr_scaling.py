@@ -13,6 +13,7 @@ epochs-to-target: perfect scaling first, diminishing returns past the critical b
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
@@ -22,14 +23,15 @@ from torch.nn import functional as F
 
 from course import models, world
 from course.large_batch import check_batch, check_lr
+from course.validation import check_count, check_model_fits_data
 
 RULES = ("none", "linear", "sqrt")
 
 
 def _check_batch_size(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a positive integer number of samples, got {value!r}.")
-    return value
+    return int(value)
 
 
 def scaled_lr(base_lr: float, base_batch_size: int, batch_size: int, rule: str = "linear") -> float:
@@ -160,6 +162,16 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if self.target_split not in ("val", "train"):
             raise ValueError(f"target_split must be 'val' or 'train', got {self.target_split!r}.")
+        check_count("max_steps", self.max_steps)
+        if not self.batch_sizes:
+            raise ValueError("batch_sizes is empty: give at least one global batch size, e.g. (16, 32, 64).")
+        for batch_size in (*self.batch_sizes, self.base_batch_size):
+            _check_batch_size("batch sizes", batch_size)
+        for warmup in self.warmup_steps:
+            check_count("warmup_steps", warmup, minimum=0)
+        unknown = [rule for rule in self.rules if rule not in RULES]
+        if unknown:
+            raise ValueError(f"unknown rules {unknown}; choose from {', '.join(RULES)}.")
 
 
 @dataclass(frozen=True)
@@ -237,15 +249,23 @@ def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor,
         warmup_steps: length of the linear warmup, in steps.
 
     Raises:
-        ValueError: ``batch_size`` 0 or larger than the training set, or a bad rule, rate or optimizer.
+        ValueError: ``batch_size`` 0 or larger than the training set, a negative warmup, a bad rule, rate or
+            optimizer, or data the model cannot take (sample shape, labels beyond its outputs).
     """
     n = check_batch(*train)
     check_batch(*val)
-    if _check_batch_size("batch_size", batch_size) > n:
+    batch_size = _check_batch_size("batch_size", batch_size)
+    if batch_size > n:
         raise ValueError(f"batch_size={batch_size} is larger than the {n} training samples; use at most {n}.")
+    warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
     lr = scaled_lr(config.base_lr, config.base_batch_size, batch_size, rule)
     torch.manual_seed(config.seed)
     model = models.build(config.model, tuple(train[0].shape[1:])).to(train[0].device)
+    if train[0].shape[1:] != val[0].shape[1:]:
+        raise ValueError(f"training samples have shape {tuple(train[0].shape[1:])} but validation samples "
+                         f"{tuple(val[0].shape[1:])}: expected the same shape; split both from one dataset.")
+    check_model_fits_data(model, F.cross_entropy, *train)
+    check_model_fits_data(model, F.cross_entropy, *val)
     optimizer = _optimizer(model, lr, config)
     scheduler = warmup_scheduler(optimizer, warmup_steps)
     losses: list[float] = []
@@ -319,7 +339,12 @@ def same_epochs(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tenso
                 batch_sizes: Iterable[int], epochs: int, rule: str = "sqrt", warmup_steps: int = 10,
                 config: SweepConfig = SweepConfig()) -> list[RunResult]:
     """Train at each global batch size for the same number of ``epochs`` (so a bigger batch takes fewer steps)
-    and keep the final accuracies: the setting in which the large-batch generalization gap is measured."""
+    and keep the final accuracies: the setting in which the large-batch generalization gap is measured.
+
+    Raises:
+        ValueError: ``epochs`` not a positive integer, or any error of :func:`train_run`.
+    """
+    epochs = check_count("epochs", epochs)
     n = check_batch(*train)
     return [train_run(train, val, batch_size, rule, warmup_steps,
                       replace(config, max_steps=epochs * max(1, n // batch_size), stop_at_target=False))

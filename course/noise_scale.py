@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
 from course.large_batch import check_batch, check_lr, gradients, sgd_update, split_batch
+from course.validation import check_model_fits_data
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -71,9 +73,11 @@ def per_sample_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.
         ``(B, P)`` on the model's device, P = number of trainable parameters, in ``named_parameters`` order.
 
     Raises:
-        ValueError: empty or mismatched batch.
+        ValueError: empty or mismatched batch, or a model that does not fit it (sample shape, labels beyond
+            its outputs).
     """
     check_batch(inputs, targets)
+    check_model_fits_data(model, loss_fn, inputs, targets)
     params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     frozen = {name: p.detach() for name, p in model.named_parameters() if not p.requires_grad}
     buffers = {name: b.detach() for name, b in model.named_buffers()}
@@ -127,14 +131,14 @@ def two_batch_estimate(small_norm_sq: float, big_norm_sq: float, small_batch_siz
             negative squared norm.
     """
     for name, size in (("small_batch_size", small_batch_size), ("big_batch_size", big_batch_size)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
             raise ValueError(f"{name} must be a positive integer, got {size!r}.")
     if small_batch_size >= big_batch_size:
         raise ValueError(f"small_batch_size ({small_batch_size}) must be smaller than big_batch_size "
                          f"({big_batch_size}); with equal sizes the two equations are the same one.")
     if small_norm_sq < 0 or big_norm_sq < 0:
         raise ValueError(f"squared norms cannot be negative, got {small_norm_sq} and {big_norm_sq}.")
-    b_small, b_big = small_batch_size, big_batch_size
+    b_small, b_big = int(small_batch_size), int(big_batch_size)
     grad_norm_sq = (b_big * big_norm_sq - b_small * small_norm_sq) / (b_big - b_small)
     trace_sigma = (small_norm_sq - big_norm_sq) / (1 / b_small - 1 / b_big)
     return NoiseScale(trace_sigma, grad_norm_sq)
@@ -180,8 +184,9 @@ def linear_regression_data(n: int, true_weight: torch.Tensor, noise_std: float,
                            input_cov: torch.Tensor | None = None,
                            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` samples ``(x, y)`` of the model in :func:`linear_regression_noise_scale`: ``(n, D)`` and ``(n,)``."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}.")
+    n = int(n)
     dim = len(true_weight)
     x = torch.randn(n, dim, dtype=torch.float64, generator=generator)
     if input_cov is not None:
@@ -253,8 +258,10 @@ def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch
     """
     n = check_batch(inputs, targets)
     lr = check_lr(lr)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= n:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or not 1 <= batch_size <= n:
         raise ValueError(f"batch_size must be an integer in 1..{n} (the number of samples), got {batch_size!r}.")
+    batch_size = int(batch_size)
+    check_model_fits_data(model, loss_fn, inputs, targets)
     if not 1 <= every <= steps:
         raise ValueError(f"every must be in 1..steps={steps}, got {every}.")
     model = copy.deepcopy(model).to(inputs.device)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from course.validation import check_count, check_model_fits_data
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -54,6 +56,14 @@ def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     if not sizes or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be a non-empty sequence of positive integers, got {batch_sizes!r}.")
     return sorted(int(b) for b in sizes)
+
+
+def _check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    shape = tuple(input_shape) if isinstance(input_shape, Sequence) else None
+    if not shape or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in shape):
+        raise ValueError(f"input_shape must be the shape of one sample, a non-empty tuple of positive integers "
+                         f"such as (1, 8, 8), got {input_shape!r}.")
+    return tuple(int(d) for d in shape)
 
 
 def seconds_per_step(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
@@ -99,10 +109,16 @@ def sweep(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batc
         batch_sizes: per-device batch sizes to try. min_seconds: time spent per batch size.
 
     Raises:
-        ValueError: empty batch sizes, or one that is not a positive integer.
+        ValueError: empty batch sizes, or one that is not a positive integer; an ``input_shape`` the model
+            cannot take, or ``num_classes`` not in 1..(the model's outputs).
     """
     sizes = _check_batch_sizes(batch_sizes)
+    input_shape = _check_input_shape(input_shape)
+    num_classes = check_count("num_classes", num_classes)
     model.to(device)
+    # the largest label, so that a num_classes above the model's outputs is caught here, not mid-sweep
+    check_model_fits_data(model, nn.functional.cross_entropy, torch.rand(1, *input_shape, device=device),
+                          torch.full((1,), num_classes - 1, device=device))
     seconds = np.array([seconds_per_step(model, input_shape, num_classes, b, device, min_seconds) for b in sizes])
     batch = np.array(sizes)
     return Sweep(batch, seconds, batch / seconds, str(device))

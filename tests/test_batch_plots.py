@@ -43,3 +43,9 @@ def test_other_views_draw_each_run():
                        (batch_plots.optimizers_against_lr({"sgd": runs, "lars": runs}, 100), 3)):
         assert len(fig.axes[0].lines) == lines
         plt.close(fig)
+
+
+def test_steps_and_epochs_plot_refuses_results_where_no_run_reached_the_target():
+    results = [run(b, "linear", 0, None) for b in (8, 16)]
+    with pytest.raises(ValueError, match=r"none of the 2 runs reached 95.0% accuracy.*raise SweepConfig.max_steps"):
+        batch_plots.steps_and_epochs_to_target(results, 0.95)

@@ -11,7 +11,7 @@ from torch.nn.functional import cross_entropy, mse_loss
 
 from course import linear_neuron as ln
 from course.gradient_descent import gradient_descent, minibatches, plot_loss_curves, sgd, step
-from course.models import DigitsCNN
+from course.models import DigitsCNN, LinearModel
 
 pytestmark = pytest.mark.unit1
 
@@ -170,3 +170,18 @@ def test_plot_loss_curves_draws_one_line_per_run_on_each_panel():
     assert [len(ax.lines) for ax in axes] == [2, 2, 2]
     assert axes[0].get_yscale() == "log"
     assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["batch 1", "full batch (N=16)"]
+
+
+def test_a_model_built_for_other_inputs_is_refused_before_training():
+    x, labels = torch.rand(12, 1, 7, 7), torch.arange(12) % 10
+    with pytest.raises(ValueError, match=r"one sample has shape \(1, 7, 7\).*input_shape=\(1, 7, 7\)"):
+        sgd(LinearModel(), cross_entropy, x, labels, lr=0.1, epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match=r"labels must be in 0..9"):
+        gradient_descent(DigitsCNN(width=2), cross_entropy, torch.rand(12, 1, 8, 8), labels + 5, lr=0.1, epochs=1)
+
+
+def test_numpy_integers_are_accepted_as_counts():
+    x, y = line(10)
+    traj = sgd(ln.neuron(), mse_loss, x, y, lr=0.1, epochs=np.int64(2), batch_size=np.int64(5),
+               record_every=np.int32(1))
+    assert traj.updates.tolist() == [0, 1, 2, 3, 4] and traj.batch_size == 5 and type(traj.batch_size) is int

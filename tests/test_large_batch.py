@@ -1,5 +1,6 @@
 """course.large_batch: k ranks x per-rank batch b give the parameters of 1 process x global batch k*b."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -115,3 +116,16 @@ def test_compare_checks_input_before_starting_processes():
     x, y = batch(10)
     with pytest.raises(ValueError, match="does not split evenly over 4 ranks"):
         lb.compare_with_single_process(model(), x, y, lr=0.1, world_size=4)
+
+
+def test_a_model_that_does_not_fit_the_batch_is_refused_with_the_fix():
+    x, y = batch(8)
+    with pytest.raises(ValueError, match=r"one sample has shape \(1, 7, 7\).*input_shape=\(1, 7, 7\)"):
+        lb.single_process_step(model(), x[:, :, :7, :7], y, lr=0.1)
+    with pytest.raises(ValueError, match=r"labels must be in 0..9"):
+        lb.simulated_data_parallel_step(model(), x, y + 10, lr=0.1, world_size=2)
+
+
+def test_numpy_world_size_is_accepted():
+    x, y = batch(8)
+    assert len(lb.split_batch(x, y, np.int64(4))) == 4

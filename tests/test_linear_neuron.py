@@ -90,3 +90,19 @@ def test_plot_loss_surface_draws_each_path_and_the_optimum():
     assert len(ax.lines) == 3
     np.testing.assert_allclose(ax.lines[0].get_xydata(), runs[0].params)
     np.testing.assert_allclose(ax.lines[-1].get_xydata(), [ln.least_squares(x, y)])
+
+
+def test_plot_loss_surface_refuses_a_run_recorded_without_parameters():
+    x, y = ln.noisy_line(16)
+    run = sgd(ln.neuron(), mse_loss, x, y, lr=0.1, epochs=1, batch_size=4, record_params=False)
+    with pytest.raises(ValueError, match=r"'batch 4' has no parameters \(record_params=False\).*record_params=True"):
+        ln.plot_loss_surface(x, y, [run])
+
+
+def test_least_squares_refuses_empty_data():
+    with pytest.raises(ValueError, match=r"got x \(0,\) and y \(0,\); N must be at least 1"):
+        ln.least_squares(torch.zeros(0), torch.zeros(0))
+
+
+def test_noisy_line_accepts_a_numpy_integer():
+    assert ln.noisy_line(np.int64(5))[0].shape == (5, 1)

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -215,3 +216,40 @@ def test_default_sweep_scales_perfectly_for_two_doublings_then_loses_efficiency(
     assert min(efficiency[b] for b in (16, 32, 64)) >= 0.9
     assert efficiency[128] < 0.9 and efficiency[1024] < 0.5
     assert efficiency[1024] < efficiency[256] < efficiency[128]  # diminishing returns
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_steps=0), r"max_steps must be a positive integer, got 0"),
+    (dict(max_steps=-5), r"max_steps must be a positive integer, got -5"),
+    (dict(batch_sizes=()), r"batch_sizes is empty"),
+    (dict(batch_sizes=(16, 0)), r"batch sizes must be a positive integer number of samples, got 0"),
+    (dict(warmup_steps=(-1,)), r"warmup_steps must be an integer >= 0, got -1"),
+    (dict(rules=("linear", "cubic")), r"unknown rules \['cubic'\]"),
+])
+def test_sweep_config_refuses_settings_that_cannot_train(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ls.SweepConfig(**kwargs)
+
+
+def test_train_run_refuses_data_the_model_cannot_take():
+    train, val = digits_like(32), digits_like(16, seed=1)
+    with pytest.raises(ValueError, match=r"training samples have shape \(1, 8, 8\) but validation samples \(1, 7, 7\)"):
+        ls.train_run(train, (val[0][:, :, :7, :7], val[1]), 8, "linear", 0)
+    with pytest.raises(ValueError, match=r"labels must be in 0..9 .* got labels from 3 to 12"):
+        ls.train_run((train[0], train[1] + 3), val, 8, "linear", 0)
+    with pytest.raises(ValueError, match=r"one sample has shape \(1, 1, 8, 8\)"):
+        ls.train_run((train[0].unsqueeze(1), train[1]), (val[0].unsqueeze(1), val[1]), 8, "linear", 0,
+                     ls.SweepConfig(model="cnn"))
+
+
+@pytest.mark.parametrize("epochs", [0, -1])
+def test_same_epochs_refuses_a_non_positive_number_of_epochs(epochs):
+    with pytest.raises(ValueError, match=f"epochs must be a positive integer, got {epochs}"):
+        ls.same_epochs(digits_like(32), digits_like(16), (8,), epochs=epochs)
+
+
+def test_numpy_integers_are_accepted_as_batch_sizes_and_warmup():
+    train, val = digits_like(64), digits_like(16, seed=1)
+    config = ls.SweepConfig(base_lr=0.5, base_batch_size=np.int64(16), max_steps=np.int64(3), stop_at_target=False)
+    run = ls.train_run(train, val, np.int64(16), "linear", np.int64(2), config)
+    assert len(run.losses) == 3 and run.batch_size == 16 and type(run.batch_size) is int

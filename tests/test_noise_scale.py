@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -138,3 +139,17 @@ def test_whole_dataset_mode_uses_the_exact_mean_and_covariance():
     assert (whole.trace_sigma, whole.grad_norm_sq) == (2.0, 5.0)
     sample = ns.from_per_sample(grads)
     assert (sample.trace_sigma, sample.grad_norm_sq) == (4.0, 3.0)  # unbiased: variance / (B - 1), minus tr/B
+
+
+def test_per_sample_gradients_refuse_a_model_that_does_not_fit():
+    with pytest.raises(ValueError, match=r"one sample has shape \(3,\).*input_shape=\(3,\)"):
+        ns.per_sample_gradients(nn.Linear(2, 1), torch.ones(4, 3), torch.ones(4, 1), ns.half_squared_error)
+    with pytest.raises(ValueError, match=r"labels must be in 0..9"):
+        ns.per_sample_gradients(models.LinearModel(), torch.rand(4, 1, 8, 8), torch.full((4,), 10))
+
+
+def test_numpy_integers_are_accepted_as_batch_sizes():
+    estimate = ns.two_batch_estimate(2.0, 1.0, np.int64(8), np.int64(32))
+    assert estimate.trace_sigma == pytest.approx(1.0 / (1 / 8 - 1 / 32))
+    x, _ = ns.linear_regression_data(np.int64(5), TRUE_WEIGHT, NOISE_STD)
+    assert x.shape == (5, 4)

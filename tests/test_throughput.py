@@ -60,3 +60,21 @@ def test_plot_sweep_marks_the_saturation_point():
     axes = plot_sweep(fake_sweep([10, 50, 91, 100, 95]))
     assert axes[0].get_xscale() == "log" and len(axes[0].lines) == 2
     assert "from batch 4" in axes[0].get_legend().get_texts()[0].get_text()
+
+
+@pytest.mark.parametrize("input_shape, num_classes, match", [
+    ((1, 7, 7), 10, r"one sample has shape \(1, 7, 7\).*input_shape=\(1, 7, 7\)"),
+    ((), 10, r"input_shape must be the shape of one sample.*got \(\)"),
+    ((1, 8, 8), 0, r"num_classes must be a positive integer, got 0"),
+    ((1, 8, 8), 11, r"labels must be in 0..9 for a model with 10 outputs"),
+])
+def test_a_sweep_that_cannot_run_is_refused_before_timing(input_shape, num_classes, match):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    with pytest.raises(ValueError, match=match):
+        sweep(model, input_shape, num_classes, batch_sizes=[1, 2], device="cpu", min_seconds=0.0)
+
+
+def test_numpy_batch_sizes_and_classes_are_accepted():
+    result = sweep(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), (1, 8, 8), np.int64(10),
+                   batch_sizes=np.array([2, 1]), device="cpu", min_seconds=0.0)
+    assert result.batch_sizes.tolist() == [1, 2]

@@ -1,0 +1,75 @@
+"""Input checks shared by the optimizers of notebooks 01 and 02: turn a deep torch traceback into one clear error.
+
+A model built for one input shape, given data of another, fails several calls deep inside ``nn.Linear`` or
+``conv2d`` with a message about matrix sizes; a class label above the model's number of outputs fails inside
+``cross_entropy`` (and on a GPU as an asynchronous device assert). :func:`check_model_fits_data` runs one sample
+through the model and the loss up front and says, in a ``ValueError``, what was expected, what it got and
+how to fix it. :func:`check_count` accepts any integer type (``5``, ``np.int64(5)``), never a bool or a float.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def check_count(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as a Python int if it is an integer (any ``numbers.Integral`` but bool) >= ``minimum``.
+
+    Raises:
+        ValueError: anything else, saying what was expected and what was given.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__}).")
+    return int(value)
+
+
+def check_model_fits_data(model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """Run ``loss_fn(model(inputs[:1]), targets[:1])`` once, without gradients and in eval mode (the model's
+    mode is restored), to catch a mismatch up front.
+
+    Args:
+        inputs: ``(N, ...)``, N >= 1. targets: ``(N,)`` class labels or ``(N, ...)`` real-valued targets.
+
+    Raises:
+        ValueError: the model cannot take one sample of ``inputs`` (wrong sample shape, dtype or device), a
+            class label is outside ``0 .. outputs - 1``, or the loss refuses the output and target.
+    """
+    sample, training = tuple(inputs.shape[1:]), model.training
+    try:
+        # eval mode: no BatchNorm statistics updated, no dropout randomness drawn; the run is not disturbed
+        with torch.no_grad():
+            output = model.eval()(inputs[:1])
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        raise ValueError(
+            f"the model cannot take the inputs: one sample has shape {sample} ({inputs.dtype}, {inputs.device}); "
+            f"torch said: {str(error).splitlines()[0]} Expected samples of the shape (and dtype, device) the "
+            f"model was built for: build it for input_shape={sample}, or reshape the inputs."
+        ) from error
+    finally:
+        model.train(training)
+    if not targets.is_floating_point() and output.dim() == 2 and len(targets):
+        low, high = int(targets.min()), int(targets.max())
+        if low < 0 or high >= output.shape[1]:
+            raise ValueError(
+                f"class labels must be in 0..{output.shape[1] - 1} for a model with {output.shape[1]} outputs, "
+                f"got labels from {low} to {high}: build the model with num_classes={high + 1}, or relabel."
+            )
+    try:
+        # only whether the loss runs matters here; a broadcasting warning is the caller's to raise (full_loss)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            loss_fn(output, targets[:1])
+    except (RuntimeError, ValueError, IndexError) as error:
+        raise ValueError(
+            f"the loss refuses the model's output {tuple(output.shape)} with targets {tuple(targets[:1].shape)} "
+            f"({targets.dtype}); torch said: {str(error).splitlines()[0]} Expected class labels (int64, shape "
+            f"(N,)) for cross-entropy, or targets of the output's shape for a regression loss."
+        ) from error
