@@ -83,12 +83,14 @@ def test_simulated_data_parallel_step_equals_the_global_batch_step(world_size, p
 
 
 def test_unequal_weighting_would_break_the_equivalence():
-    # Guard that the test above can fail: averaging a shard's *sum* instead of its mean is not the same step.
+    # Guard that the test above can fail: averaging each shard's *sum* instead of its mean is not the same step.
+    # Each of the 2 shards holds 4 samples, so the averaged shard sums are 4 x the global mean gradient: the
+    # wrong step is the single-process step at 4 x the rate, and not the step at the rate asked for.
     net, (x, y) = model(), batch(8)
-    shards = lb.split_batch(x, y, 2)
     summed = lambda out, target: nn.functional.cross_entropy(out, target, reduction="sum")
     wrong = lb.simulated_data_parallel_step(net, x, y, 0.5, 2, loss_fn=summed)[0]
-    assert len(shards) == 2 and lb.max_difference(wrong, lb.single_process_step(net, x, y, 0.5)) > 1e-3
+    assert lb.max_difference(wrong, lb.single_process_step(net, x, y, 0.5)) > 1e-3
+    assert lb.max_difference(wrong, lb.single_process_step(net, x, y, 0.5 * 4)) < 1e-6
 
 
 def test_max_difference_rejects_different_models():

@@ -31,13 +31,23 @@ def test_rules_scale_by_k_sqrt_k_and_1(base_lr, base, k):
     assert ls.scaled_lr(base_lr, base, base * k, "none") == base_lr
 
 
+@pytest.mark.parametrize("step, warmup, factor", [
+    (0, 5, 0.2), (1, 5, 0.4), (3, 5, 0.8), (4, 5, 1.0), (50, 5, 1.0),  # 1/5, 2/5, ... then held at 1
+    (0, 4, 0.25), (2, 4, 0.75), (0, 1, 1.0), (0, 0, 1.0), (7, 0, 1.0),  # no warmup: the full rate at once
+])
+def test_warmup_factor_on_known_values(step, warmup, factor):
+    assert ls.warmup_factor(step, warmup) == pytest.approx(factor, rel=1e-15)
+
+
 @settings(max_examples=100, deadline=None)
-@given(step=st.integers(0, 1000), warmup=st.integers(0, 200))
-def test_warmup_ramps_linearly_then_holds(step, warmup):
-    factor = ls.warmup_factor(step, warmup)
-    assert 0 < factor <= 1
-    assert factor == (1.0 if step + 1 >= warmup else (step + 1) / warmup)
-    assert ls.warmup_factor(step + 1, warmup) >= factor  # never decreases
+@given(step=st.integers(0, 1000), warmup=st.integers(1, 200))
+def test_warmup_rises_in_equal_steps_to_one_then_holds(step, warmup):
+    factor, following = ls.warmup_factor(step, warmup), ls.warmup_factor(step + 1, warmup)
+    assert 0 < factor <= following <= 1  # never decreases, never exceeds the full rate
+    if step + 1 < warmup:  # during warmup every step adds the same 1 / warmup of the rate
+        assert following - factor == pytest.approx(1 / warmup)
+    else:
+        assert factor == following == 1.0
 
 
 def test_scheduler_follows_the_pure_function_exactly():
