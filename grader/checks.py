@@ -3,7 +3,10 @@
 A check reads only the :class:`~grader.evidence.Evidence` of a run (the trusted probes' records and the
 grader's own evaluation) and returns whether it passed and what to tell the student. ``CHECKS`` is the
 whole rubric; the self-check (``grader check``) runs the ``visible`` ones. Every check is proven by a
-submission in ``tests/submissions/`` that must fail it. Used by the grader of notebook 06.
+submission in ``tests/submissions/`` that must fail it alone. Where a rank's records can be checked against
+what the grader measured itself (the checkpoint's parameters and validation accuracy), they are: a rank's
+process can sign records as that rank (see :mod:`grader.channel`), so forging one gains nothing. Used by
+the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ def ran_to_the_end(ev: Evidence, a: Assignment) -> Outcome:
     if init["world_size"] != a.world_size or init["backend"] != ev.expected_backend:
         return False, (f"the process group had world_size={init['world_size']} on backend {init['backend']}; "
                        f"expected {a.world_size} on {ev.expected_backend}: take both from torchrun's environment.")
+    wrong_device = _wrong_devices(ev)
+    if wrong_device:
+        return False, wrong_device
     idle = [r for r in ev.ranks if not ev.steps.get(r)]
     if idle:
         return False, (f"{_ranks(idle)} took no optimizer step: the script ended before training "
@@ -66,6 +72,34 @@ def ran_to_the_end(ev: Evidence, a: Assignment) -> Outcome:
                        "(dist.destroy_process_group()).")
     return True, f"all {a.world_size} ranks joined one {ev.expected_backend} process group, trained " \
                  f"{counts[0]} steps each and shut down cleanly."
+
+
+def _wrong_devices(ev: Evidence) -> str | None:
+    """Ranks whose parameters were not on ``cuda:<LOCAL_RANK>`` (GPUs) or ``cpu`` (emulated), said as a fix."""
+    wrong = []
+    for r in ev.ranks:
+        local_rank = ev.inits[r][0].get("local_rank")
+        device = (ev.initials.get(r) or [{}])[0].get("device")
+        expected = f"cuda:{local_rank}" if ev.expected_backend == "nccl" else "cpu"
+        if device is not None and device != expected:
+            wrong.append(f"rank {r} (LOCAL_RANK={local_rank}) trained on {device}, expected {expected}")
+    if not wrong:
+        return None
+    return ("; ".join(wrong) + ": pick the device by local rank, torch.device('cuda', local_rank) "
+            "(course.world.init_from_env() does), and move the model there before building the optimizer.")
+
+
+def _diverged_at(ev: Evidence) -> int | None:
+    """The first step after which some rank's parameters differed from rank 0's (0: from the start), or None."""
+    initial = {r: ev.initials[r][0]["fingerprint"] for r in ev.ranks if ev.initials.get(r)}
+    if 0 in initial and any(not fingerprints_equal(f, initial[0]) for f in initial.values()):
+        return 0
+    steps = min((len(ev.steps.get(r, [])) for r in ev.ranks), default=0)
+    for i in range(steps):
+        if any(not fingerprints_equal(ev.steps[r][i]["fingerprint"], ev.steps[0][i]["fingerprint"])
+               for r in ev.ranks):
+            return i + 1
+    return None
 
 
 def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
@@ -122,7 +156,8 @@ def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
                                                                  ev.steps[0][i]["fingerprint"])]
         if differ:
             return False, (f"after step {i + 1} the parameters of {_ranks(differ)} differ from rank 0's: every "
-                           "rank must apply the same averaged gradient (DDP, or all_reduce the gradients).")
+                           "rank must apply the same averaged gradient (DDP, or all_reduce the gradients) and "
+                           "change its parameters in no other way (no per-rank random noise or re-initialisation).")
     return True, f"all ranks held identical parameters at the start and after each of {steps} steps."
 
 
@@ -164,9 +199,7 @@ def lr_scaled(ev: Evidence, a: Assignment) -> Outcome:
 
 def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
     savers = [r for r in ev.ranks if ev.saves.get(r) or ev.writes.get(r)]
-    if not savers:
-        return False, f"no rank saved a checkpoint: save model.state_dict() to {a.checkpoint} on rank 0."
-    if savers != [0]:
+    if savers and savers != [0]:
         return False, (f"{_ranks(savers)} wrote files: save the checkpoint on rank 0 only (if rank.is_main), "
                        "or every rank overwrites the same file.")
     reporters = [r for r in ev.ranks if ev.reports.get(r)]
@@ -175,6 +208,11 @@ def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
     if others:
         return False, (f"{_ranks(others)} printed or reported: "
                        "log on rank 0 only (if rank.is_main, or course.world.print0).")
+    if not savers and (ev.status != "ok" or not all(ev.steps.get(r) for r in ev.ranks)):
+        return False, "nothing to assess: the run did not train to the end (see ran to the end)."
+    if not savers:  # target_accuracy fails for the missing checkpoint; this check is about who writes
+        return True, (f"no rank wrote files and only rank 0 printed (but save the checkpoint to {a.checkpoint} "
+                      "on rank 0: see target accuracy).")
     return True, "only rank 0 wrote the checkpoint and printed."
 
 
@@ -182,6 +220,18 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
     reports = ev.reports.get(0, [])
     if not reports:
         return False, "rank 0 never called report(epoch, train_loss, val_accuracy)."
+    diverged = _diverged_at(ev)
+    if diverged is not None:  # the ranks' accuracies are of different models: rank 0's says nothing of the mean
+        reports = [r for r in reports if r.get("step", 0) < diverged]
+        if not reports:
+            return True, ("not assessed: the ranks held different parameters by the time rank 0 reported, so "
+                          "the averaged accuracy cannot be compared with one model's (see equal parameters).")
+    last = _report_of_checkpoint(ev, a)
+    if last is not None and ev.checkpoint_val_accuracy is not None and last.get("val_accuracy") is not None \
+            and abs(last["val_accuracy"] - ev.checkpoint_val_accuracy) > a.metric_tolerance:
+        return False, (f"at epoch {last['epoch']:g} you reported val_accuracy {last['val_accuracy']:.4f}, but the "
+                       f"checkpoint you saved right after scores {ev.checkpoint_val_accuracy:.4f} on the whole "
+                       "validation set: all_reduce the correct counts (or accuracies) across ranks before reporting.")
     for r in reports:
         true = r.get("true_val_accuracy")
         if true is None or r.get("val_accuracy") is None:
@@ -193,7 +243,30 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
     return True, f"all {len(reports)} reported validation accuracies match the whole validation set."
 
 
+def _report_of_checkpoint(ev: Evidence, a: Assignment) -> dict | None:
+    """Rank 0's last report made with the parameters the checkpoint holds (no step between), or None."""
+    saved = _checkpoint_save(ev, a)
+    reports = [r for r in ev.reports.get(0, []) if saved is not None and r.get("step") == saved.get("step")]
+    return reports[-1] if reports else None
+
+
+def _checkpoint_save(ev: Evidence, a: Assignment) -> dict | None:
+    """Rank 0's last torch.save to the checkpoint path (the file the grader evaluated), or None."""
+    saves = [s for s in ev.saves.get(0, []) if str(s.get("path", "")).endswith(a.checkpoint)]
+    return saves[-1] if saves else None
+
+
+def _trained_epochs(ev: Evidence) -> dict[int, int]:
+    """How many passes over the training data each rank took optimizer steps in."""
+    return {r: len(ev.epochs(r)) for r in ev.ranks}
+
+
 def target_accuracy(ev: Evidence, a: Assignment) -> Outcome:
+    over = {r: n for r, n in _trained_epochs(ev).items() if n > a.epochs}
+    if over:
+        return False, (f"{_ranks(sorted(over))} trained {max(over.values())} epochs; the budget is {a.epochs}: "
+                       f"the 4-GPU script must reach the target in the starter's {a.epochs} epochs (each epoch "
+                       "is now 4x fewer steps; scale the learning rate instead of training longer).")
     if ev.test_accuracy is None:
         return False, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate."
     if ev.test_accuracy < a.target_accuracy:
@@ -207,9 +280,37 @@ def integrity(ev: Evidence, a: Assignment) -> Outcome:
     tampered = sorted({t["name"] for r in ev.ranks for t in ev.tampers.get(r, [])})
     if tampered:
         return False, f"the submission replaced {', '.join(tampered)}; the grader measures what really happened."
-    if ev.rejected_records:
-        return False, f"{ev.rejected_records} forged lines were written to the grader's record channel."
-    return True, "the grader's probes were left alone."
+    forged = [f for r in ev.ranks for f in ev.forgeries.get(r, [])]
+    if forged:
+        kinds = ", ".join(sorted({str(f.get("forged_kind")) for f in forged}))
+        return False, (f"the submission called the grader's probes itself ({len(forged)} {kinds} record(s) "
+                       f"through {forged[0].get('via')}); they were not believed.")
+    if ev.rejected_records or ev.misattributed:
+        return False, (f"{ev.rejected_records + ev.misattributed} forged lines were written to the grader's "
+                       "record channel; they were refused.")
+    mismatch = _records_disagree_with_checkpoint(ev, a)
+    if mismatch:
+        return False, mismatch + " The grader's records of this run cannot be trusted."
+    return True, "the grader's probes were left alone, and their records agree with the checkpoint."
+
+
+def _records_disagree_with_checkpoint(ev: Evidence, a: Assignment) -> str | None:
+    """Why rank 0's records do not describe the checkpoint the grader evaluated, or None if they do."""
+    saved = _checkpoint_save(ev, a)
+    if saved is None or ev.checkpoint_fingerprint is None:
+        return None
+    step = saved.get("step", 0)
+    recorded = (ev.initials.get(0) or [{}])[0] if step == 0 else next(
+        (s for s in ev.steps.get(0, []) if s.get("step") == step), {})
+    if "fingerprint" in recorded and not fingerprints_equal(recorded["fingerprint"], ev.checkpoint_fingerprint):
+        return f"the checkpoint's parameters are not those rank 0's optimizer held after step {step}."
+    report = _report_of_checkpoint(ev, a)
+    true = report.get("true_val_accuracy") if report else None
+    if true is not None and ev.checkpoint_val_accuracy is not None \
+            and abs(true - ev.checkpoint_val_accuracy) > a.metric_tolerance:
+        return (f"a report record says the model's validation accuracy was {true:.4f}; the checkpoint saved "
+                f"right after scores {ev.checkpoint_val_accuracy:.4f}.")
+    return None
 
 
 CHECKS: tuple[Check, ...] = (

@@ -1,10 +1,17 @@
 """Evaluate a submitted checkpoint, by the grader, in a clean process, on data the student never received.
 
-``python -m grader.evaluate CHECKPOINT --seed N`` prints one JSON line: ``{"accuracy": ...}`` or
-``{"error": "..."}``. The checkpoint is loaded with ``torch.load(weights_only=True)`` (tensors only: a
-pickle that tries to run code is refused), must be a ``DigitsCNN`` state_dict (a ``module.`` prefix left by
-DDP is accepted), and is evaluated on the test split, which the harness hides from the student's script.
-The grader chooses the seed. Used by the grader of notebook 06.
+``python -m grader.evaluate CHECKPOINT --seed N`` prints one JSON line: ``{"accuracy": ..., "val_accuracy":
+..., "fingerprint": [...]}`` or ``{"error": "..."}``. The checkpoint is loaded with
+``torch.load(weights_only=True)`` (tensors only: a pickle that tries to run code is refused), must be a
+``DigitsCNN`` state_dict (a ``module.`` prefix left by DDP is accepted).
+
+``accuracy`` is measured on a :func:`perturbed` copy of the test split: the same held-out digits with pixel
+noise drawn from the grader's seed. The harness hides the test split from the student's script, but the
+digits are public (scikit-learn ships them); the noise makes the exact samples the grader scores unknowable
+without the seed, which depends on the submission and on the instructor's ``GRADER_SECRET``, and never
+enters the student's processes (see :mod:`grader.runner`, :func:`grader.harness.probe_seed`).
+``val_accuracy`` (whole validation split, no noise) and ``fingerprint`` (as the probes compute it) let the
+grader check the student's records against the model actually submitted. Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -17,6 +24,10 @@ from pathlib import Path
 import torch
 
 from course import data, models
+from grader.harness import probe_seed
+from grader.probes import fingerprint
+
+NOISE_STD = 0.08  # of the pixel noise on the held-out images (pixels in [0, 1]): the reference loses < 2 points
 
 
 class CheckpointError(ValueError):
@@ -62,26 +73,55 @@ def build_model(state: dict[str, torch.Tensor]) -> torch.nn.Module:
     return model
 
 
+def perturbed(images: torch.Tensor, seed: int, noise_std: float = NOISE_STD) -> torch.Tensor:
+    """``images`` (N, C, H, W) in [0, 1] plus Gaussian noise drawn from ``seed``, clipped back to [0, 1]."""
+    noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed), dtype=images.dtype)
+    return (images + noise_std * noise).clamp(0.0, 1.0)
+
+
 @torch.no_grad()
-def test_accuracy(path: Path, seed: int, test_data: Path | None = None) -> float:
-    """Accuracy in [0, 1] of the checkpoint at ``path`` on the test split, batches in a seeded order.
+def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 256) -> float:
+    """Fraction of ``images`` (N, C, H, W) that ``model`` classifies as ``labels`` (N,)."""
+    correct = sum(int((model(images[b]).argmax(dim=1) == labels[b]).sum())
+                  for b in torch.arange(len(labels)).split(batch_size))
+    return correct / len(labels)
+
+
+def _splits(test_data: Path | None) -> dict[str, torch.Tensor]:
+    if test_data is not None:
+        return torch.load(test_data, weights_only=True)
+    splits = data.load()
+    return {"images": splits.test.tensors[0], "labels": splits.test.tensors[1],
+            "val_images": splits.val.tensors[0], "val_labels": splits.val.tensors[1]}
+
+
+def evaluate(path: Path, seed: int, test_data: Path | None = None) -> dict[str, object]:
+    """The grader's measurements of the checkpoint at ``path``.
 
     Args:
-        test_data: a file of ``{"images", "labels"}`` tensors the grader wrote (saves loading the dataset
-            here); default ``course.data.load().test``.
+        seed: the grader's seed; the noise on the held-out images is drawn from it.
+        test_data: a file of ``{"images", "labels"}`` (and optionally ``"val_images", "val_labels"``) the
+            grader wrote (saves loading the dataset here); default ``course.data.load()``'s splits.
+
+    Returns:
+        ``accuracy`` on the perturbed test split; ``val_accuracy`` on the validation split (None if
+        ``test_data`` holds none); ``fingerprint`` of the parameters with the probes' seed.
+
+    Raises:
+        CheckpointError: see :func:`load_state_dict` and :func:`build_model`.
     """
     model = build_model(load_state_dict(path)).eval()
-    torch.manual_seed(seed)
-    if test_data is None:
-        images, labels = data.load().test.tensors
-    else:
-        split = torch.load(test_data, weights_only=True)
-        images, labels = split["images"], split["labels"]
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    correct = 0
-    for batch in order.split(128):
-        correct += int((model(images[batch]).argmax(dim=1) == labels[batch]).sum())
-    return correct / len(labels)
+    split = _splits(test_data)
+    val = None  # in one batch, as the probes compute it at report(): the same floating-point sums
+    if "val_images" in split:
+        val = accuracy(model, split["val_images"], split["val_labels"], batch_size=len(split["val_labels"]))
+    return {"accuracy": accuracy(model, perturbed(split["images"], seed), split["labels"]),
+            "val_accuracy": val, "fingerprint": fingerprint(list(model.parameters()), probe_seed(seed))}
+
+
+def test_accuracy(path: Path, seed: int, test_data: Path | None = None) -> float:
+    """Accuracy in [0, 1] of the checkpoint at ``path`` on the perturbed test split (see :func:`evaluate`)."""
+    return float(evaluate(path, seed, test_data)["accuracy"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        print(json.dumps({"accuracy": test_accuracy(args.checkpoint, args.seed, args.test_data)}))
+        print(json.dumps(evaluate(args.checkpoint, args.seed, args.test_data)))
     except CheckpointError as error:
         print(json.dumps({"error": str(error)}))
     return 0

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from course import data
-from grader import probes, replay
+from grader import channel, probes, replay
 
 
 @dataclass
@@ -25,14 +25,17 @@ class Evidence:
         train_size: samples in the training split.
         expected_backend: ``nccl`` on GPUs, ``gloo`` on emulated ones.
         status: how the run ended (``ok``, ``timeout``, ``hang on rank 3``, ...), see :mod:`grader.runner`.
-        steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns: the probes' records
-            per rank, in order.
+        steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns, forgeries: the probes'
+            records per rank, in order (``forgeries``: calls into the probes from outside the grader).
         exits: the launcher's record of each rank's exit code, output size and output.
-        test_accuracy: the grader's own evaluation of the checkpoint, or None.
+        test_accuracy: the grader's own evaluation of the checkpoint (perturbed test split), or None.
+        checkpoint_val_accuracy: the checkpoint's accuracy on the whole validation split, by the grader.
+        checkpoint_fingerprint: the checkpoint's parameter fingerprint, computed by the grader as the probes do.
         checkpoint_error: why the checkpoint could not be evaluated, or None.
         comparisons: rank 0's first gradients against the single-process union-batch gradients.
         replay_error: why the replay could not run, or None.
-        rejected_records: lines on the record channel without a valid signature.
+        rejected_records: lines on the record channel refused (no valid signature, or out of sequence).
+        misattributed: signed records claiming to come from someone other than their signer (ignored).
     """
 
     world_size: int
@@ -49,13 +52,17 @@ class Evidence:
     tampers: dict[int, list[dict]] = field(default_factory=dict)
     shutdowns: dict[int, list[dict]] = field(default_factory=dict)
     initials: dict[int, list[dict]] = field(default_factory=dict)
+    forgeries: dict[int, list[dict]] = field(default_factory=dict)
     exits: dict[int, dict] = field(default_factory=dict)
     last_record: dict[int, dict] = field(default_factory=dict)
     test_accuracy: float | None = None
+    checkpoint_val_accuracy: float | None = None
+    checkpoint_fingerprint: list[float] | None = None
     checkpoint_error: str | None = None
     comparisons: list[replay.Comparison] = field(default_factory=list)
     replay_error: str | None = None
     rejected_records: int = 0
+    misattributed: int = 0
 
     @property
     def ranks(self) -> range:
@@ -71,18 +78,26 @@ class Evidence:
 
 _KINDS = {"step": "steps", "init": "inits", "end": "ends", "report": "reports", "save": "saves",
           "write": "writes", "collective": "collectives", "tamper": "tampers", "shutdown": "shutdowns",
-          "initial": "initials"}
+          "initial": "initials", "forgery": "forgeries"}
 
 
 def collect(records: list[dict[str, Any]], world_size: int, expected_backend: str) -> Evidence:
-    """Sort verified records by kind and rank; ranks outside ``0..world_size-1`` are ignored."""
+    """Sort verified records by kind and rank; ranks outside ``0..world_size-1`` are ignored.
+
+    A record's ``signer`` (see :class:`grader.channel.Reader`) must fit it: exit records come from the
+    launcher, every other record from the rank it names (or the launcher, which holds every key). Others
+    are counted in ``misattributed``, not used.
+    """
     evidence = Evidence(world_size, expected_backend)
     for record in records:
         rank = record.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             continue
         kind = record.get("kind")
-        if kind == "rank_exit":
+        signers = (channel.LAUNCHER,) if kind == "rank_exit" else (rank, channel.LAUNCHER)
+        if record.get("signer", channel.LAUNCHER) not in signers:
+            evidence.misattributed += 1
+        elif kind == "rank_exit":
             evidence.exits[rank] = record
         elif kind in _KINDS:
             getattr(evidence, _KINDS[kind]).setdefault(rank, []).append(record)

@@ -5,17 +5,25 @@ Started by :mod:`grader.launcher` once per rank, with torchrun's environment, as
 descriptor in ``GRADER_KEY_FD`` and closes it, opens the record pipe from ``GRADER_RECORD_FD``, and
 removes both variables; then it runs the script exactly as ``python SCRIPT`` would (``sys.argv`` is
 ``[SCRIPT]``: no arguments). Whatever the script does (returns, calls ``sys.exit``, raises) an ``end``
-record says so. Used by the grader of notebook 06.
+record says so. The seed it gets is :func:`probe_seed` of the grader's, never the grader's own: what the
+student's process can see must not reveal the seed of the grader's evaluation. Used by the grader of
+notebook 06.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import runpy
 import sys
 import traceback
 
 KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV = "GRADER_KEY_FD", "GRADER_RECORD_FD", "GRADER_SEED"
+
+
+def probe_seed(seed: int) -> int:
+    """The seed handed to the student's processes (for the probes' fingerprints): one-way from ``seed``."""
+    return int.from_bytes(hashlib.sha256(f"probes {seed}".encode()).digest()[:4], "big")
 
 
 def main(argv: list[str]) -> int:
@@ -29,7 +37,7 @@ def main(argv: list[str]) -> int:
     os.set_inheritable(record_fd, False)  # DataLoader workers and subprocesses do not get the channel
     seed = int(os.environ.pop(SEED_ENV, "0"))
     rank = int(os.environ.get("RANK", "0"))
-    writer = channel.Writer(record_fd, key)
+    writer = channel.Writer(record_fd, key, callers=(os.path.join(os.path.dirname(channel.__file__), "probes.py"),))
     del key
 
     from grader.probes import Probes
@@ -49,7 +57,7 @@ def main(argv: list[str]) -> int:
     except BaseException:  # the student's exception: reported, then the rank fails as python would
         exit_code, how, error = 1, "raised", traceback.format_exc(limit=-8)
         print(error, file=sys.stderr, flush=True)
-    probes.emit("end", how=how, exit_code=exit_code, steps=probes.steps, error=error)
+    probes.finish(how, exit_code, error)
     sys.stdout.flush()
     return exit_code
 

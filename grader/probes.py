@@ -7,12 +7,20 @@ the first step and after every step, and on rank 0 the full parameters and gradi
 (the grader replays them in one process on the union batch). They also record each collective called from
 Python, every ``course.report.report`` call with the true validation accuracy of the model at that
 moment, and every checkpoint written. Records leave through :mod:`grader.channel`; the student's printed
-numbers are never used. Used by the grader of notebook 06.
+numbers are never used.
+
+The probes also hold the data split fixed: ``data.load`` with another split seed (or other validation /
+test sizes) is refused, since it would move held-out samples into training; and the test split the
+student's script receives is empty (the grader evaluates the checkpoint itself, see
+:mod:`grader.evaluate`). Code in the student's process could still call the probes; calls to
+:meth:`Probes.emit` that do not come from this module are written as ``forgery`` records instead. Used
+by the grader of notebook 06.
 """
 
 from __future__ import annotations
 
 import base64
+import inspect
 import os
 import sys
 import weakref
@@ -32,12 +40,28 @@ COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_i
                "all_gather_object", "broadcast_object_list")
 FINGERPRINT_DIMS = 4  # random projections of the flattened parameters compared across ranks
 FULL_STEPS = 2  # steps whose parameters and gradients rank 0 records in full, for the replay
+SPLIT_DEFAULTS = {"seed": 0, "n_val": 300, "n_test": 300}  # data.load's split, which the grader's is
+HERE = os.path.abspath(__file__)
 
 
 def encode(tensors: list[torch.Tensor]) -> str:
     """Tensors flattened and concatenated as float32, base64 (JSON-safe, no pickle)."""
     flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]) if tensors else None
     return base64.b64encode(flat.numpy().tobytes() if flat is not None else b"").decode()
+
+
+def projection(numel: int, seed: int) -> torch.Tensor:
+    """The (FINGERPRINT_DIMS, numel) float64 random projection of :func:`fingerprint`, drawn from ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(FINGERPRINT_DIMS, numel, generator=generator, dtype=torch.float64)
+
+
+def fingerprint(params: list[torch.Tensor], seed: int, projected: torch.Tensor | None = None) -> list[float]:
+    """Seeded random projections of the flattened parameters, then their norm (``projected``: a cached
+    :func:`projection` for ``seed``)."""
+    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
+    projected = projection(flat.numel(), seed) if projected is None else projected
+    return (projected @ flat).tolist() + [float(flat.norm())]
 
 
 def decode(text: str) -> torch.Tensor:
@@ -93,7 +117,15 @@ class Probes:
         self._val: TensorDataset | None = None
 
     def emit(self, kind: str, **fields: Any) -> None:
+        """Write one record; from outside this module, a ``forgery`` record naming the caller instead."""
+        caller = sys._getframe(1).f_code.co_filename
+        if os.path.abspath(caller) != HERE:
+            fields, kind = {"via": "Probes.emit", "caller": caller, "forged_kind": str(kind)}, "forgery"
         self.writer.write({"kind": kind, "rank": self.rank, **fields})
+
+    def finish(self, how: str, exit_code: int, error: str | None) -> None:
+        """The ``end`` record: how the script ended (the harness calls this once, after the script)."""
+        self.emit("end", how=how, exit_code=exit_code, steps=self.steps, error=error)
 
     # ----------------------------------------------------------------------------------------- install
     def install(self) -> None:
@@ -122,7 +154,10 @@ class Probes:
         probes = self
 
         def make(original):
+            signature = inspect.signature(original)
+
             def load(*args, **kwargs):
+                _refuse_other_splits(original.__name__, signature.bind(*args, **kwargs).arguments)
                 splits = original(*args, **kwargs)
                 probes._val = splits.val
                 hidden = TensorDataset(splits.test.tensors[0][:0], splits.test.tensors[1][:0])
@@ -162,7 +197,8 @@ class Probes:
             def init_process_group(*args, **kwargs):
                 result = original(*args, **kwargs)
                 self.emit("init", backend=str(dist.get_backend()), world_size=dist.get_world_size(),
-                          group_rank=dist.get_rank(), pid=os.getpid())
+                          group_rank=dist.get_rank(), pid=os.getpid(),
+                          local_rank=_int_or_none(os.environ.get("LOCAL_RANK")))
                 return result
             return init_process_group
 
@@ -190,19 +226,17 @@ class Probes:
         return [p for group in optimizer.param_groups for p in group["params"]]
 
     def _fingerprint(self, params: list[torch.Tensor]) -> list[float]:
-        flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
-        if self._projection is None or self._projection.shape[1] != flat.numel():
-            generator = torch.Generator().manual_seed(self.seed)
-            self._projection = torch.randn(FINGERPRINT_DIMS, flat.numel(), generator=generator,
-                                           dtype=torch.float64)
-        return (self._projection @ flat).tolist() + [float(flat.norm())]
+        numel = sum(p.numel() for p in params)
+        if self._projection is None or self._projection.shape[1] != numel:  # drawn once, reused every step
+            self._projection = projection(numel, self.seed)
+        return fingerprint(params, self.seed, self._projection)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         params = self._parameters(optimizer)
         self._pending_grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
                                for p in params]
         if self.steps == 0:
-            self.emit("initial", fingerprint=self._fingerprint(params))
+            self.emit("initial", fingerprint=self._fingerprint(params), device=str(params[0].device))
         if self.rank == 0 and self.steps < FULL_STEPS:
             self._pending_full = {"params_before": encode(params),
                                   "shapes": [list(p.shape) for p in params]}
@@ -297,6 +331,26 @@ def _hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         elif isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value):
             out[key] = list(value)
     return out
+
+
+def _refuse_other_splits(function: str, arguments: dict[str, Any]) -> None:
+    """Raise if the split asked for is not the grader's (seed 0, the default validation and test sizes).
+
+    Raises:
+        ValueError: naming the argument, what the grader expects, and the fix.
+    """
+    for name, expected in SPLIT_DEFAULTS.items():
+        if name in arguments and arguments[name] != expected:
+            raise ValueError(f"data.{function}({name}={arguments[name]!r}): the assignment trains on the course's "
+                             f"fixed split ({name}={expected}); another split would put held-out samples into "
+                             f"training. Call data.{function}() without {name}=.")
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def _number(value: Any) -> float | None:

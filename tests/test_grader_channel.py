@@ -30,13 +30,51 @@ def test_wrong_key_tampered_body_and_junk_are_rejected():
         assert channel.unseal(key, junk) is None
 
 
+def written(key, records, callers=()):
+    """The lines a Writer signing with ``key`` writes for ``records``."""
+    read_fd, write_fd = os.pipe()
+    writer = channel.Writer(write_fd, key, callers)
+    for record in records:
+        writer.write(record)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as handle:
+        return handle.readlines()
+
+
 def test_reader_keeps_signed_records_and_counts_forgeries():
     key = channel.new_key()
-    stream = io.BytesIO(channel.seal(key, {"a": 1}) + b'{"body": "{\\"a\\": 2}", "mac": "f00"}\n'
-                        + channel.seal(channel.new_key(), {"a": 3}) + channel.seal(key, {"a": 4}))
+    launcher = written(key, [{"kind": "rank_exit", "rank": 0}, {"kind": "rank_exit", "rank": 1}])
+    rank1 = written(channel.rank_key(key, 1), [{"kind": "step", "rank": 1}, {"kind": "end", "rank": 1}])
+    stream = io.BytesIO(launcher[0] + rank1[0] + b'{"body": "{\\"a\\": 2}", "mac": "f00"}\n'
+                        + channel.seal(channel.new_key(), {"a": 3}) + launcher[1] + rank1[1])
     reader = channel.Reader(stream, key)
-    assert reader.result() == [{"a": 1}, {"a": 4}]
-    assert reader.rejected == 2
+    assert [(r["kind"], r["signer"]) for r in reader.result()] == [
+        ("rank_exit", "launcher"), ("step", 1), ("rank_exit", "launcher"), ("end", 1)]
+    assert (reader.rejected, reader.out_of_sequence) == (2, 0)
+
+
+def test_a_rank_cannot_sign_as_another_rank_or_replay_its_own_records():
+    key = channel.new_key()
+    as_rank_2 = written(channel.rank_key(key, 1), [{"kind": "step", "rank": 2}])
+    mine = written(channel.rank_key(key, 1), [{"kind": "step", "rank": 1}, {"kind": "end", "rank": 1}])
+    reader = channel.Reader(io.BytesIO(as_rank_2[0] + mine[0] + mine[0] + mine[1]), key)
+    assert [r["kind"] for r in reader.result()] == ["step", "end"]
+    assert (reader.rejected, reader.out_of_sequence) == (2, 1)
+
+
+def test_the_writer_keeps_no_copy_of_the_key():
+    key = channel.new_key()
+    writer = channel.Writer(-1, key)
+    assert all(value != key for value in vars(writer).values())
+    assert not hasattr(writer._hmac, "__dict__")  # a keyed hash state (C object), with no key attribute
+
+
+def test_a_write_from_outside_the_trusted_modules_is_reported_not_written():
+    key = channel.new_key()
+    lines = written(key, [{"kind": "report", "rank": 0, "val_accuracy": 0.99}], callers=("/grader/probes.py",))
+    record = channel.unseal(key, lines[0])
+    assert record["kind"] == "forgery" and record["forged_kind"] == "report" and record["caller"] == __file__
+    assert "val_accuracy" not in record
 
 
 def test_the_key_travels_through_a_pipe_and_the_descriptor_is_closed():
@@ -55,10 +93,8 @@ def test_a_short_key_is_refused():
         channel.read_key(read_fd)
 
 
-def test_writer_writes_whole_signed_lines():
+def test_writer_writes_whole_signed_numbered_lines():
     key = channel.new_key()
-    read_fd, write_fd = os.pipe()
-    channel.Writer(write_fd, key).write({"kind": "end", "rank": 2})
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as handle:
-        assert channel.unseal(key, handle.readline()) == {"kind": "end", "rank": 2}
+    lines = written(key, [{"kind": "end", "rank": 2}, {"kind": "end", "rank": 2}])
+    assert [channel.unseal(key, line) for line in lines] == [{"kind": "end", "rank": 2, "seq": 0},
+                                                            {"kind": "end", "rank": 2, "seq": 1}]

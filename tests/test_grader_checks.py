@@ -23,8 +23,8 @@ def shards(epoch: int) -> list[list[int]]:
 def perfect_run() -> Evidence:
     ev = Evidence(world_size=W, expected_backend="gloo", train_size=N)
     for r in ev.ranks:
-        ev.inits[r] = [{"kind": "init", "rank": r, "backend": "gloo", "world_size": W}]
-        ev.initials[r] = [{"fingerprint": [1.0, 2.0, 3.0, 4.0, 5.0]}]
+        ev.inits[r] = [{"kind": "init", "rank": r, "backend": "gloo", "world_size": W, "local_rank": r}]
+        ev.initials[r] = [{"fingerprint": [1.0, 2.0, 3.0, 4.0, 5.0], "device": "cpu"}]
         ev.shutdowns[r] = [{"kind": "shutdown"}]
         ev.ends[r] = [{"kind": "end", "exit_code": 0}]
         ev.exits[r] = {"returncode": 0, "stdout_bytes": 300 if r == 0 else 0, "stdout": ""}
@@ -35,9 +35,11 @@ def perfect_run() -> Evidence:
                 number = epoch * STEPS_PER_EPOCH + s + 1
                 ev.steps[r].append({"step": number, "epoch": epoch, "indices": mine[s * B:(s + 1) * B],
                                     "lr": [0.008 * min(1.0, number / 10)], "fingerprint": [float(number)] * 5})
-    ev.saves[0] = [{"path": "/run/checkpoint.pt"}]
-    ev.reports[0] = [{"epoch": e, "val_accuracy": 0.9, "true_val_accuracy": 0.9000001} for e in range(EPOCHS)]
-    ev.test_accuracy = 0.97
+    last = EPOCHS * STEPS_PER_EPOCH
+    ev.saves[0] = [{"path": "/run/checkpoint.pt", "step": last}]
+    ev.reports[0] = [{"epoch": e, "val_accuracy": 0.9, "true_val_accuracy": 0.9000001,
+                      "step": (e + 1) * STEPS_PER_EPOCH} for e in range(EPOCHS)]
+    ev.test_accuracy, ev.checkpoint_val_accuracy, ev.checkpoint_fingerprint = 0.97, 0.9, [float(last)] * 5
     ev.comparisons = [Comparison(1, 1e-7, 1.0), Comparison(2, 2e-7, 1.0)]
     return ev
 
@@ -91,6 +93,27 @@ def defect(name):
         ev.tampers[0] = [{"name": "torch.distributed.all_reduce"}]
     elif name == "no_shutdown":
         del ev.shutdowns[3]
+    elif name == "wrong_device":
+        ev.expected_backend = "nccl"
+        for r in ev.ranks:
+            ev.inits[r][0]["backend"] = "nccl"
+            ev.initials[r][0]["device"] = "cuda:0"
+    elif name == "forged_report":  # signed by rank 0's own writer, so the channel let it through
+        ev.reports[0].append({"epoch": 1, "val_accuracy": 0.99, "true_val_accuracy": 0.99, "step": 20})
+    elif name == "checkpoint_not_trained":
+        ev.checkpoint_fingerprint = [7.0] * 5
+    elif name == "forgery":
+        ev.forgeries[2] = [{"via": "Probes.emit", "forged_kind": "report"}]
+    elif name == "misattributed":
+        ev.misattributed = 1
+    elif name == "over_budget":  # one more step in each of epochs 2..6: 7 epochs of a budget of 6
+        for r in ev.ranks:
+            ev.steps[r] += [{**ev.steps[r][-1], "step": 19 + e, "epoch": e} for e in range(2, 7)]
+    elif name == "no_checkpoint":
+        ev.saves, ev.test_accuracy, ev.checkpoint_error = {}, None, "no checkpoint at checkpoint.pt"
+        ev.checkpoint_val_accuracy = ev.checkpoint_fingerprint = None
+    elif name == "diverged_at_start":
+        ev.initials[1][0]["fingerprint"] = [9.0] * 5
     return ev
 
 
@@ -107,12 +130,27 @@ def defect(name):
     ("low_accuracy", {"target_accuracy"}, "0.500"),
     ("tampered", {"integrity"}, "torch.distributed.all_reduce"),
     ("no_shutdown", {"ran_to_the_end"}, "shut down cleanly"),
+    ("wrong_device", {"ran_to_the_end"}, "rank 1 (LOCAL_RANK=1) trained on cuda:0, expected cuda:1"),
+    ("forged_report", {"metrics_averaged", "integrity"}, "reported val_accuracy 0.9900"),
+    ("checkpoint_not_trained", {"integrity"}, "not those rank 0's optimizer held after step 20"),
+    ("forgery", {"integrity"}, "called the grader's probes itself"),
+    ("misattributed", {"integrity"}, "forged lines"),
+    ("over_budget", {"target_accuracy"}, "trained 7 epochs; the budget is 6"),
+    ("no_checkpoint", {"target_accuracy"}, "no checkpoint"),
 ])
 def test_each_defect_fails_exactly_its_check_and_says_why(name, failed, phrase):
     ev = defect(name)
     assert failures(ev) == failed
     check = next(c for c in CHECKS if c.name in failed)
     assert phrase in check.test(ev, ASSIGNMENT)[1]
+
+
+def test_metrics_are_not_blamed_when_the_ranks_diverged():
+    ev = defect("diverged_at_start")
+    ev.reports[0][0]["val_accuracy"] = 0.5  # an average over different models: not rank 0's model's accuracy
+    assert failures(ev) == {"equal_parameters"}
+    passed, message = next(c for c in CHECKS if c.name == "metrics_averaged").test(ev, ASSIGNMENT)
+    assert passed and "not assessed" in message
 
 
 def test_a_failed_run_fails_ran_to_the_end_with_its_status():
@@ -126,3 +164,14 @@ def test_fingerprints_tolerate_rounding_only():
     assert fingerprints_equal([1.0, 1e6], [1.0 + 1e-9, 1e6 + 1e-3])
     assert not fingerprints_equal([1.0, 2.0], [1.0, 2.1])
     assert not fingerprints_equal([1.0], [1.0, 2.0])
+
+
+def test_records_must_come_from_their_signer():
+    from grader.evidence import collect
+
+    records = [{"kind": "rank_exit", "rank": 1, "returncode": 0, "signer": 1},  # a rank faking its exit
+               {"kind": "step", "rank": 2, "signer": 1},  # rank 1 signing as rank 2
+               {"kind": "rank_exit", "rank": 1, "returncode": 3, "signer": "launcher"},
+               {"kind": "step", "rank": 1, "signer": 1}]
+    ev = collect(records, world_size=W, expected_backend="gloo")
+    assert ev.misattributed == 2 and ev.exits[1]["returncode"] == 3 and list(ev.steps) == [1]

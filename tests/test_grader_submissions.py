@@ -34,14 +34,21 @@ EXPECTED = {
     "no_sampler": ("ok", {"disjoint_shards"}),
     "no_set_epoch": ("ok", {"reshuffled"}),
     "summed_gradients": ("ok", {"matches_single_process"}),
-    # rank 0's model is not the others', so the averaged accuracy is not rank 0's model's either
-    "per_rank_seeds": ("ok", {"equal_parameters", "matches_single_process", "metrics_averaged"}),
+    # the averaged metrics of ranks holding different models are not assessed, so not blamed
+    "per_rank_seeds": ("ok", {"equal_parameters", "matches_single_process"}),
     "every_rank_checkpoints": ("ok", {"rank0_checkpoint_and_logs"}),
     "unscaled_lr": ("ok", {"lr_scaled"}),
-    "no_checkpoint": ("ok", {"rank0_checkpoint_and_logs", "target_accuracy"}),
+    "no_checkpoint": ("ok", {"target_accuracy"}),
     "fake_score": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
-    "noop_allreduce": ("ok", {"equal_parameters", "matches_single_process", "metrics_averaged", "integrity"}),
+    "forged_records": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
+    # rank 0 trains alone on its quarter of the data: 0.91 on the grader's held-out copy, under the target
+    "noop_allreduce": ("ok", {"equal_parameters", "matches_single_process", "target_accuracy", "integrity"}),
     "output_flood": ("ok", {"rank0_checkpoint_and_logs"}),
+    "no_shutdown": ("ok", {"ran_to_the_end"}),
+    "diverging_ranks": ("ok", {"equal_parameters"}),
+    "local_metrics": ("ok", {"metrics_averaged"}),
+    "too_many_epochs": ("ok", {"target_accuracy"}),
+    "wraps_save": ("ok", {"integrity"}),
     "exit_before_training": ("ok", SCORED),
     "hang_in_collective": ("hang on rank 3", SCORED),
     "crash_on_rank_2": ("crash on rank 2", SCORED),
@@ -66,6 +73,11 @@ def test_every_submission_is_in_the_proof_set():
 
 def test_every_check_is_failed_by_some_submission_that_ran_normally():
     assert set().union(*(failed for status, failed in EXPECTED.values() if status == "ok")) == ALL
+
+
+def test_every_check_is_failed_alone_by_some_submission():
+    alone = {next(iter(failed)) for status, failed in EXPECTED.values() if status == "ok" and len(failed) == 1}
+    assert alone == ALL
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -95,6 +107,14 @@ def test_printed_numbers_are_not_believed(graded):
     assert "0.99" in results.output  # it printed a fake score ...
     assert results.test_accuracy < 0.92  # ... the grader measured its own
     assert "forged lines" in {c.name: c.message for c in results.checks}["integrity"]
+
+
+def test_records_forged_through_the_probes_gain_nothing(graded):
+    results = graded["forged_records"]
+    messages = {c.name: c.message for c in results.checks}
+    assert "called the grader's probes itself" in messages["integrity"]
+    assert "reported val_accuracy 0.9900" in messages["metrics_averaged"]  # against the grader's own evaluation
+    assert results.test_accuracy < 0.92 and results.score <= graded["too_many_epochs"].score
 
 
 def test_flooded_output_is_truncated(graded):
