@@ -18,10 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from course.allreduce import chunk_bounds
+
+if TYPE_CHECKING:  # matplotlib is imported only when drawing
+    from matplotlib.figure import Figure
 
 #: A whole-tensor message (naive and tree move whole tensors, the ring moves chunks).
 WHOLE = -1
@@ -200,7 +204,7 @@ def _label(held: np.ndarray) -> str:
     return "+".join(f"{run[0]}-{run[-1]}" if len(run) >= 3 else "+".join(map(str, run)) for run in runs)
 
 
-def draw(simulation: Simulation, columns: int = 4):  # -> matplotlib.figure.Figure
+def draw(simulation: Simulation, columns: int = 4) -> Figure:
     """One panel per step: a (rank x chunk) grid, each cell labelled with the ranks whose inputs it holds
     and shaded by how many; cells that just received a message are outlined.
 

@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ import torch.distributed as dist
 
 from course import world
 from course.allreduce import ALGORITHMS
+
+if TYPE_CHECKING:  # matplotlib is imported only when plotting
+    from matplotlib.figure import Figure
 
 #: Name under which measurements list the backend's own ``dist.all_reduce`` (gloo here, nccl on GPUs).
 REFERENCE = "dist.all_reduce"
@@ -271,7 +274,7 @@ def measured_crossover(nbytes: Sequence[float], small: Sequence[float], large: S
 
 
 def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]] | None = None,
-         nbytes: Sequence[float] | None = None, title: str = ""):  # -> matplotlib.figure.Figure
+         nbytes: Sequence[float] | None = None, title: str = "") -> Figure:
     """Predicted time per algorithm against size (lines), and measured times (dots) when given.
 
     Args:

@@ -16,6 +16,7 @@ import difflib
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -296,7 +297,7 @@ def internals(accumulation_steps: int = 4) -> dict[str, dict[str, float]]:
     return {"no_sync": no_sync_check(accumulation_steps), "batchnorm": batchnorm_check()}
 
 
-def check_shard(candidate) -> None:
+def check_shard(candidate: Callable[[int, int, int], Sequence[int]]) -> None:
     """Exercise checker: does ``candidate(n, rank, world_size)`` give the indices ``DistributedSampler`` gives?
 
     (``shuffle=False``: rank r takes every world_size-th index starting at r, after padding the dataset by

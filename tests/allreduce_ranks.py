@@ -210,6 +210,46 @@ def with_reduce_ops() -> list[bool]:
     return outcome
 
 
+def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
+    """Every point-to-point send each algorithm makes on each group size, in order, as (dest, chunk) with
+    group ranks and ``allreduce_sim``'s chunk numbering (``WHOLE`` for the whole tensor): ``"name/k"`` keys."""
+    from course.allreduce_sim import WHOLE
+
+    me = world.current()
+    groups = _groups(me.world_size)
+    Comm = course.allreduce._Comm
+    recorded: list[tuple[int, int]] = []
+    flat = torch.empty(0)
+
+    def chunk_of(tensor: torch.Tensor) -> int:
+        if tensor.numel() == flat.numel():
+            return WHOLE
+        offset = (tensor.data_ptr() - flat.data_ptr()) // tensor.element_size()
+        bounds = course.allreduce.chunk_bounds(flat.numel(), dist.get_world_size(group))
+        return bounds.index((offset, offset + tensor.numel()))
+
+    def recording(call):
+        def record(comm, tensor, peer):
+            recorded.append((peer, chunk_of(tensor)))
+            return call(comm, tensor, peer)
+        return record
+
+    saved = Comm.send, Comm.isend
+    Comm.send, Comm.isend = recording(Comm.send), recording(Comm.isend)
+    try:
+        found = {}
+        for name in sorted(ALGORITHMS):
+            for k, group in groups.items():
+                if me.rank < k:
+                    flat = torch.ones(numel_per_rank * k + 3)  # one piece per ring chunk; chunks of unequal size
+                    recorded.clear()
+                    ALGORITHMS[name](flat, group=group, check=False)
+                    found[f"{name}/{k}"] = list(recorded)
+        return found
+    finally:
+        Comm.send, Comm.isend = saved
+
+
 def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
     """All of the above in one launch."""
     return {
@@ -218,6 +258,7 @@ def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
         "thread": from_a_thread(),
         "pieces": ring_in_pieces(),
         "reduce_ops": with_reduce_ops(),
+        "sends": sends(),
         "reference": compare_with_reference(1001),
         "hypothesis": hypothesis_cases(max_examples),
     }

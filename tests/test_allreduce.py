@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course.allreduce import ALGORITHMS, chunk_bounds
+from course.allreduce_sim import SCHEDULES
 from course.launch import launch
 
 pytestmark = pytest.mark.unit4
@@ -73,6 +74,16 @@ def test_ring_pipelined_in_many_pieces_matches_dist_all_reduce(report):
 @pytest.mark.timeout(300)
 def test_torch_reduce_op_constants_work_like_the_strings(report):
     assert [rank["reduce_ops"] for rank in report] == [[True] * 2 * len(ALGORITHMS)] * WORLD_SIZE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_send_is_the_one_allreduce_sim_draws(report):
+    for name, schedule in SCHEDULES.items():
+        for k in range(1, WORLD_SIZE + 1):
+            for rank in range(k):
+                drawn = [(m.dest, m.chunk) for step in schedule(k) for m in step.messages if m.source == rank]
+                assert report[rank]["sends"][f"{name}/{k}"] == drawn, (name, k, rank)
 
 
 @pytest.mark.slow
