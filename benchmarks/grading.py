@@ -43,6 +43,8 @@ def main() -> int:
         start = time.perf_counter()
         results = grade(script)
         graded.append(time.perf_counter() - start)
+        print(f"  torchrun {plain[-1]:5.1f} s   grader {graded[-1]:5.1f} s   {results.status}: {results.detail[:300]}",
+              flush=True)
     ratio = min(graded) / min(plain)
     print(f"plain torchrun --nproc_per_node=4: best {min(plain):6.1f} s of {repeats} (measured)")
     print(f"grader (sandbox + probes + eval):  best {min(graded):6.1f} s of {repeats} (measured), "

@@ -12,14 +12,17 @@ process. A result is always returned, with a status. Used by the grader of noteb
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -131,22 +134,41 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
     except BadSubmission as error:
         return not_run(name, BAD, str(error), config, start)
     seed = submission_seed(script)
-    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        run_dir = Path(tmp) / "run"
-        run_dir.mkdir()
-        shutil.copyfile(script, run_dir / config.assignment.script_name)
-        evidence, result, extra = _run(run_dir, seed, config)
-        evidence.status, detail = _status(evidence, result, config)
-        checkpoint = run_dir / config.assignment.checkpoint
-        if checkpoint.is_file():
-            _evaluate(checkpoint, Path(tmp), seed, evidence, config)
-        else:
-            evidence.checkpoint_error = (f"no checkpoint at {config.assignment.checkpoint}: save "
-                                         "model.state_dict() there on rank 0 after training.")
-    replay_first_steps(evidence)
+    # the grader's own work overlaps the sandboxed processes: the evaluation process starts with the run
+    # (its interpreter and torch load meanwhile), and the single-process replay runs while it evaluates
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp, ThreadPoolExecutor(2) as helper:
+        evaluation = _Evaluation(Path(tmp) / "evaluate", seed, config, helper)
+        try:
+            run_dir = Path(tmp) / "run"
+            run_dir.mkdir()
+            shutil.copyfile(script, run_dir / config.assignment.script_name)
+            evidence, result, extra = _run(run_dir, seed, config)
+            evidence.status, detail = _status(evidence, result, config)
+            replay = helper.submit(replay_first_steps, evidence)  # fills evidence.comparisons/replay_error only
+            checkpoint = run_dir / config.assignment.checkpoint
+            if checkpoint.is_file():
+                _evaluate(checkpoint, evaluation, evidence)
+            else:
+                evidence.checkpoint_error = (f"no checkpoint at {config.assignment.checkpoint}: save "
+                                             "model.state_dict() there on rank 0 after training.")
+            replay.result()
+        finally:
+            evaluation.cancel()  # without a checkpoint, the waiting evaluation process just exits
     results = Results(name, evidence.status, detail, seed=seed, test_accuracy=evidence.test_accuracy,
                       output=extra)
     return _finish(results, evidence, config, start)
+
+
+_SPLITS: list[data.Splits] = []
+_SPLITS_LOCK = threading.Lock()
+
+
+def _splits() -> data.Splits:
+    """The course data, loaded once per grader process and shared by its threads (it never changes)."""
+    with _SPLITS_LOCK:
+        if not _SPLITS:
+            _SPLITS.append(data.load())
+        return _SPLITS[0]
 
 
 def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, sandbox.SandboxResult, str]:
@@ -166,7 +188,7 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, san
     records = reader.result()
     evidence = collect(records, config.assignment.world_size, world.detect_hardware().backend)
     evidence.rejected_records = reader.rejected
-    evidence.train_size = len(data.load().train)
+    evidence.train_size = len(_splits().train)
     return evidence, result, _output(evidence, result)
 
 
@@ -238,16 +260,57 @@ def _hang(ev: Evidence, ranks: list[int]) -> tuple[str, str]:
     return f"hang on rank {names}", detail
 
 
-def _evaluate(checkpoint: Path, tmp: Path, seed: int, ev: Evidence, config: GradingConfig) -> None:
-    """The grader's own test accuracy of the checkpoint, from a clean sandboxed process."""
-    eval_dir = tmp / "evaluate"
-    eval_dir.mkdir()
-    shutil.copyfile(checkpoint, eval_dir / "checkpoint.pt")
-    images, labels = data.load().test.tensors
-    torch.save({"images": images, "labels": labels}, eval_dir / "test.pt")  # the evaluator need not load data
-    result = sandbox.run([*_python(), "-m", "grader.evaluate", "checkpoint.pt", "--seed", str(seed),
-                          "--test-data", "test.pt"],
-                         cwd=eval_dir, env=_env(), limits=config.eval_limits, isolation=config.isolation)
+GO_FD_ENV = "GRADER_GO_FD"
+# python -c of the evaluation process: import the evaluator (torch) at once, then wait for the grader's go
+_EVALUATE_WHEN_TOLD = (f"import os, sys\nimport grader.evaluate as evaluate\n"
+                       f"go = os.read(int(os.environ.pop({GO_FD_ENV!r})), 1)\n"
+                       f"sys.exit(evaluate.main(sys.argv[1:]) if go == b'g' else 0)")
+
+
+class _Evaluation:
+    """The checkpoint's evaluation: :mod:`grader.evaluate` in its own clean sandbox, started with the run so
+    that its start-up (interpreter, torch) overlaps the run. It waits until :meth:`give` has put the
+    checkpoint in its directory, next to the grader's test data; :meth:`cancel` lets it exit unused."""
+
+    def __init__(self, folder: Path, seed: int, config: GradingConfig, pool: ThreadPoolExecutor) -> None:
+        self.folder = folder
+        folder.mkdir()
+        self._go_r, self._go_w = os.pipe()
+        self._future = pool.submit(self._run, seed, config)
+
+    def _run(self, seed: int, config: GradingConfig) -> sandbox.SandboxResult:
+        try:
+            images, labels = _splits().test.tensors
+            torch.save({"images": images, "labels": labels}, self.folder / "test.pt")  # no data to load there
+            argv = [*_python(), "-c", _EVALUATE_WHEN_TOLD, "checkpoint.pt", "--seed", str(seed),
+                    "--test-data", "test.pt"]
+            limits = replace(config.eval_limits, wall_s=config.limits.wall_s + config.eval_limits.wall_s)
+            return sandbox.run(argv, cwd=self.folder, env={**_env(), GO_FD_ENV: str(self._go_r)}, limits=limits,
+                               pass_fds=(self._go_r,), isolation=config.isolation)
+        finally:
+            os.close(self._go_r)
+
+    def give(self, checkpoint: Path) -> sandbox.SandboxResult:
+        """Copy ``checkpoint`` in, let the evaluation go, and return how its process ended."""
+        shutil.copyfile(checkpoint, self.folder / "checkpoint.pt")
+        self._signal(b"g")
+        return self._future.result()
+
+    def cancel(self) -> None:
+        self._signal(b"")
+
+    def _signal(self, go: bytes) -> None:
+        if self._go_w is None:
+            return
+        with contextlib.suppress(OSError):  # the process already ended: give() reports how
+            os.write(self._go_w, go)
+        os.close(self._go_w)
+        self._go_w = None
+
+
+def _evaluate(checkpoint: Path, evaluation: _Evaluation, ev: Evidence) -> None:
+    """The grader's own test accuracy of the checkpoint, from the clean sandboxed evaluation process."""
+    result = evaluation.give(checkpoint)
     try:
         verdict = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

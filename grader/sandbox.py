@@ -284,7 +284,8 @@ def _watch(proc: subprocess.Popen, limits: Limits, out: _Capped, err: _Capped,
             return "out of memory", (f"the run's processes used more than {_size(limits.memory_total_bytes)} "
                                      "of memory together and were stopped: keep per-rank batches and "
                                      "DataLoader workers small, and do not keep tensors of every step.")
-        time.sleep(min(_POLL_S[0] + (time.monotonic() - start) / 10, _POLL_S[1]))
+        with contextlib.suppress(subprocess.TimeoutExpired):  # returns as soon as the command ends
+            proc.wait(min(_POLL_S[0] + (time.monotonic() - start) / 10, _POLL_S[1]))
     return None
 
 
