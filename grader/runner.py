@@ -37,6 +37,7 @@ from grader.results import CheckResult, Results
 
 ROOT = Path(__file__).resolve().parent.parent  # holds the grader and course packages
 STARTER = ROOT / "notebooks" / "assignment" / "train_1gpu.py"
+SKELETON = ROOT / "notebooks" / "assignment" / "train_4gpu_skeleton.py"
 BAD = "bad submission"
 
 
@@ -99,11 +100,23 @@ def _check_script(path: Path, assignment: Assignment) -> None:
     except SyntaxError as error:
         raise BadSubmission(f"{path.name} is not valid Python: {error.msg} at line {error.lineno}. Run it once "
                             "yourself (the notebook's run cell) before submitting.") from None
-    if STARTER.is_file() and raw == STARTER.read_bytes():
+    if _unchanged(source, STARTER):
         raise BadSubmission("this is the unchanged single-device starter: submit your 4-GPU version.")
+    if _unchanged(source, SKELETON):
+        raise BadSubmission(f"this is the unchanged skeleton ({SKELETON.name}): nothing was converted yet. Do its "
+                            "TODOs (notebook 06 walks you through them, notebook 05 has each piece), then submit.")
     if "torch" not in source and "course" not in source:
         raise BadSubmission(f"{path.name} imports neither torch nor course: this is not the assignment's "
                             "training script.")
+
+
+def _unchanged(source: str, original: Path) -> bool:
+    """``source`` is the course file ``original`` as shipped (line endings and trailing spaces aside)."""
+    if not original.is_file():
+        return False
+    def lines(text: str) -> list[str]:
+        return [line.rstrip() for line in text.strip().splitlines()]
+    return lines(source) == lines(original.read_text())
 
 
 def submission_seed(script: Path) -> int:

@@ -9,7 +9,7 @@ import pytest
 from grader import reports
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
-from grader.runner import BAD, STARTER, BadSubmission, find_script, grade, submission_seed
+from grader.runner import BAD, SKELETON, STARTER, BadSubmission, find_script, grade, submission_seed
 
 pytestmark = pytest.mark.unit6
 SUBMISSIONS = Path(__file__).parent / "submissions"
@@ -36,6 +36,8 @@ def notebook(tmp_path: Path) -> Path:
     (lambda t: write(t, "screenshot.txt", "it worked on my machine"), "not a Python script"),
     (lambda t: write(t, "train_4gpu.py", "print('hello')\n"), "not the assignment's training script"),
     (lambda t: write(t, "train_4gpu.py", STARTER.read_text()), "unchanged single-device starter"),
+    (lambda t: write(t, "train_4gpu.py", SKELETON.read_text()), "unchanged skeleton"),
+    (lambda t: write(t, "train_4gpu.py", SKELETON.read_text().replace("\n", "  \r\n")), "unchanged skeleton"),
     (lambda t: t / "missing.py", "no file missing.py"),
 ])
 def test_bad_submissions_are_named_and_explained(tmp_path, make, phrase):
