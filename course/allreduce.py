@@ -5,7 +5,7 @@ exactly what ``dist.all_reduce(tensor)`` does. The three algorithms share one si
 
     flat, comm = _begin("ring", tensor, op, group, check)  # validate, agree on shapes, view as 1-D
     ... the algorithm, on comm.send / recv / isend / irecv ...
-    return _finish(tensor, op, comm)                  # divide by world_size for "avg"
+    return _finish(tensor, op, comm)                       # divide by world_size for "avg"
 
 so a student can diff them. Taught in ``notebooks/04_allreduce.ipynb``; ``course.allreduce_sim`` replays the
 same steps in one process and draws them; ``course.cost_model`` says what each one costs.
@@ -39,8 +39,9 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _CHECKED_DIMS = 6
 #: The ring cuts each chunk into pieces of about this many bytes and passes a piece on as soon as it is
 #: reduced, while the next piece is still arriving (pipelining: the sends of piece k overlap the adding of
-#: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more; 2 MB measured best on emulated
-#: GPUs in benchmarks/allreduce.py (16 MB on 4 ranks: two pieces per chunk, as gloo's own ring uses).
+#: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more. On emulated GPUs 2 MB did best
+#: among 0.25-16 MB in benchmarks/allreduce.py runs, though by less than a shared machine's noise (16 MB on 4
+#: ranks: two pieces per chunk). Where copying and adding run on separate engines (GPUs) it matters more.
 RING_PIECE_BYTES = 2 << 20
 MAX_RING_PIECES = 16
 _scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
