@@ -143,15 +143,15 @@ class SweepConfig:
     with a small base rate and a target near the model's best accuracy, so that steps-to-target is long enough
     (hundreds of steps at the base batch) to halve a few times before the rate stops helping."""
 
-    batch_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
+    batch_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
     rules: tuple[str, ...] = RULES
     warmup_steps: tuple[int, ...] = (0, 10)  # each rule is run with each of these warmups
-    base_lr: float = 0.02  # a rate tuned at base_batch_size
-    base_batch_size: int = 16
+    base_lr: float = 0.01  # a rate tuned at base_batch_size
+    base_batch_size: int = 8
     optimizer: str = "sgd"  # "sgd" (with momentum) or "lars"
     momentum: float = 0.9
     trust_coefficient: float = 0.001  # LARS only (eta; 0.001 as in You et al.)
-    max_steps: int = 500  # step budget per run (the base batch needs about 400 at the defaults)
+    max_steps: int = 1000  # step budget per run (the base batch needs about 800 at the defaults)
     target_accuracy: float = 0.955  # accuracy that counts as "trained" (softmax regression tops out near 0.96)
     target_split: str = "val"  # whose accuracy must reach the target: "val" or "train"
     stop_at_target: bool = True  # False: always train max_steps (to compare final accuracies)
