@@ -24,11 +24,12 @@ def is_checked(cell: nbformat.NotebookNode) -> bool:
 
 
 def clean(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop outputs and execution counts, except the expected output of checked cells.
+    """Drop outputs and execution counts, except the expected output of checked cells, and saved widget state.
 
     nbval compares only cells that look run, so a checked cell keeps an execution count (always 1, so that
     refreshing a notebook changes nothing but real output).
     """
+    notebook.metadata.pop("widgets", None)  # thousands of lines of live-monitor state, stale once saved
     for cell in notebook.cells:
         if cell.cell_type != "code":
             continue
@@ -58,6 +59,7 @@ def test_notebook_is_committed_clean(path):
     unfilled = [i for i, cell in enumerate(notebook.cells)
                 if is_checked(cell) and not (cell.outputs and cell.execution_count)]
     assert not unfilled, f"{path.name}: checked cells {unfilled} have no expected output; refresh the notebook"
+    assert "widgets" not in notebook.metadata, f"{path.name} carries saved widget state; refresh the notebook"
 
 
 if __name__ == "__main__":
