@@ -25,9 +25,10 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, launch, world
+from course import data, world
 from course.distributed_optimizer import DistributedOptimizer, broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
+from course.process_tree import kill_tree
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "ddp_steps"
 
@@ -90,12 +91,12 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        launch.kill_tree(process, own_group=True)
+        kill_tree(process, own_group=True)
         stdout, _ = process.communicate()
         raise RuntimeError(f"torchrun {Path(script).name} did not finish in {timeout_s:g} s (all its ranks were "
                            f"stopped); last output:\n{stdout[-2000:]}") from None
     except BaseException:
-        launch.kill_tree(process, own_group=True)
+        kill_tree(process, own_group=True)
         raise
     done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     if done.returncode != 0:
