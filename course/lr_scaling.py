@@ -4,8 +4,8 @@ A k-times bigger global batch averages k times more per-sample gradients, so its
 a bigger step is safe. The rules: keep the rate (``none``), scale it by k (``linear``, Goyal et al. 2017,
 "Accurate, Large Minibatch SGD") or by sqrt(k) (``sqrt``, the variance-preserving choice). Early in
 training a large rate diverges, so it is reached by a linear warmup. LARS (You et al. 2017, "Large Batch
-Training of Convolutional Networks") gives each layer its own rate from the ratio of its weight norm to its
-gradient norm. :func:`sweep` trains over global batch sizes x rules x warmup and reports steps- and
+Training of Convolutional Networks", in :mod:`course.lars`) gives each layer its own rate from the ratio of its
+weight norm to its gradient norm. :func:`sweep` trains over global batch sizes x rules x warmup and reports steps- and
 epochs-to-target: perfect scaling first, diminishing returns past the critical batch size. Taught in
 ``notebooks/02_large_batch.ipynb``.
 """
@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from course import models, world
 from course.large_batch import check_batch, check_lr
+from course.lars import LARS
 from course.validation import check_count, check_model_fits_data
 
 RULES = ("none", "linear", "sqrt")
@@ -77,64 +78,6 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> tor
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_factor(step, warmup_steps))
-
-
-def trust_ratio(weight_norm: float, grad_norm: float, trust_coefficient: float, weight_decay: float,
-                eps: float = 1e-9) -> float:
-    """LARS's layer-wise factor ``eta |w| / (|g| + wd |w| + eps)``; 1 when either norm is 0 (nothing to compare)."""
-    if weight_norm == 0 or grad_norm == 0:
-        return 1.0
-    return trust_coefficient * weight_norm / (grad_norm + weight_decay * weight_norm + eps)
-
-
-class LARS(torch.optim.Optimizer):
-    """Layer-wise Adaptive Rate Scaling (You et al. 2017): SGD with momentum where each parameter tensor's step
-    is scaled by its trust ratio, so no layer moves by more than about ``trust_coefficient`` of its own norm
-    per unit of ``lr``.
-
-    Per tensor ``w`` with gradient ``g``::
-
-        d = g + weight_decay * w
-        v <- momentum * v + lr * trust_ratio(|w|, |g|) * d
-        w <- w - v
-
-    Args:
-        params: parameters or parameter groups; a group with ``trust_coefficient=None`` is plain SGD (often
-            used for biases).
-        lr: the global rate (LARS typically takes a much larger one than SGD).
-        momentum, weight_decay: as in SGD.
-        trust_coefficient: eta, how far (relative to ``|w|``) a tensor may move per step at ``lr = 1``.
-    """
-
-    def __init__(self, params: Iterable, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                 trust_coefficient: float | None = 0.001, eps: float = 1e-9) -> None:
-        check_lr(lr)
-        if not 0 <= momentum < 1 or weight_decay < 0 or (trust_coefficient is not None and trust_coefficient <= 0):
-            raise ValueError(f"need 0 <= momentum < 1, weight_decay >= 0, trust_coefficient > 0 or None; got "
-                             f"{momentum}, {weight_decay}, {trust_coefficient}.")
-        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                                      trust_coefficient=trust_coefficient, eps=eps))
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                update = param.grad.add(param, alpha=group["weight_decay"])
-                ratio = 1.0
-                if group["trust_coefficient"] is not None:
-                    ratio = trust_ratio(float(param.norm()), float(param.grad.norm()), group["trust_coefficient"],
-                                        group["weight_decay"], group["eps"])
-                state = self.state[param]
-                velocity = state.setdefault("velocity", torch.zeros_like(param))
-                velocity.mul_(group["momentum"]).add_(update, alpha=group["lr"] * ratio)
-                param.sub_(velocity)
-        return loss
 
 
 @dataclass(frozen=True)
