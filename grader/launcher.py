@@ -123,7 +123,7 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
     port, procs, outs, errs, relays = free_port(), [], [], [], []
     for rank in range(nproc):
         read_fd, write_fd = os.pipe()
-        key_fd = channel.key_pipe(key)
+        key_fd = channel.key_pipe(channel.rank_key(key, rank))  # a rank can sign only as itself
         env = _rank_env(rank, nproc, port)
         env.update({KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(write_fd), SEED_ENV: str(seed)})
         proc = subprocess.Popen([sys.executable, "-c", RANK_MAIN, script], env=env,

@@ -32,7 +32,7 @@ from grader import channel, sandbox
 from grader.assignment import ASSIGNMENT, Assignment
 from grader.checks import CHECKS
 from grader.evidence import Evidence, collect, replay_first_steps
-from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
+from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV, probe_seed
 from grader.results import CheckResult, Results
 
 ROOT = Path(__file__).resolve().parent.parent  # holds the grader and course packages
@@ -120,8 +120,14 @@ def _unchanged(source: str, original: Path) -> bool:
 
 
 def submission_seed(script: Path) -> int:
-    """The evaluation seed: from the submission's content, so the student cannot pick it and regrading agrees."""
-    return int.from_bytes(hashlib.sha256(b"multigpu-course grader\0" + script.read_bytes()).digest()[:4], "big")
+    """The evaluation seed: from the submission's content, so the student cannot pick it and regrading agrees.
+
+    Mixed with the instructor's ``GRADER_SECRET`` (environment; empty if unset), so that a student who has
+    the grader cannot compute it for the class grading.
+    """
+    secret = os.environ.get("GRADER_SECRET", "").encode()
+    digest = hashlib.sha256(b"multigpu-course grader\0" + secret + b"\0" + script.read_bytes()).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 def _env() -> dict[str, str]:
@@ -189,7 +195,7 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, san
     record_r, record_w = os.pipe()
     key_fd = channel.key_pipe(key)
     reader = channel.Reader(os.fdopen(record_r, "rb"), key)
-    env = {**_env(), KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(record_w), SEED_ENV: str(seed)}
+    env = {**_env(), KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(record_w), SEED_ENV: str(probe_seed(seed))}
     argv = [*_python(), "-m", "grader.launcher", "--nproc", str(config.assignment.world_size),
             "--straggler-s", str(config.straggler_s), config.assignment.script_name]
     try:
@@ -293,8 +299,10 @@ class _Evaluation:
 
     def _run(self, seed: int, config: GradingConfig) -> sandbox.SandboxResult:
         try:
-            images, labels = _splits().test.tensors
-            torch.save({"images": images, "labels": labels}, self.folder / "test.pt")  # no data to load there
+            splits = _splits()
+            images, labels = splits.test.tensors
+            torch.save({"images": images, "labels": labels, "val_images": splits.val.tensors[0],
+                        "val_labels": splits.val.tensors[1]}, self.folder / "test.pt")  # no data to load there
             argv = [*_python(), "-c", _EVALUATE_WHEN_TOLD, "checkpoint.pt", "--seed", str(seed),
                     "--test-data", "test.pt"]
             limits = replace(config.eval_limits, wall_s=config.limits.wall_s + config.eval_limits.wall_s)
@@ -331,6 +339,7 @@ def _evaluate(checkpoint: Path, evaluation: _Evaluation, ev: Evidence) -> None:
         return
     ev.test_accuracy = verdict.get("accuracy")
     ev.checkpoint_error = verdict.get("error")
+    ev.checkpoint_val_accuracy, ev.checkpoint_fingerprint = verdict.get("val_accuracy"), verdict.get("fingerprint")
 
 
 def not_run(name: str, status: str, detail: str, config: GradingConfig = GradingConfig(),
