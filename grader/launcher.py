@@ -114,6 +114,10 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
                TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="grader",
                TORCHELASTIC_USE_AGENT_STORE="True", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
     env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process per node
+    # init_process_group returns on every rank only once every rank has connected to every other. Without it a
+    # rank that leaves right after init (ranks exit quickly here) can close its sockets while a slower peer is
+    # still connecting, and the peer crashes: "crash on rank k" one time, "ok" the next, for the same script.
+    env["TORCH_DIST_INIT_BARRIER"] = "1"
     return env
 
 
