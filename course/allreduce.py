@@ -3,9 +3,10 @@
 Every rank holds a tensor; afterwards every rank holds the element-wise sum (or average) of all of them,
 exactly what ``dist.all_reduce(tensor)`` does. The three algorithms share one signature and one shape::
 
-    flat, comm = _begin("ring", tensor, op, group, check)  # validate, agree on shapes, view as 1-D
+    flat, comm, agreement = _begin("tree", tensor, op, group, check)  # validate, view as 1-D, post shapes
+    agreement.verify()                                               # every rank has the same shape
     ... the algorithm, on comm.send / recv / isend / irecv ...
-    return _finish(tensor, op, comm)                       # divide by world_size for "avg"
+    return _finish(tensor, op, comm)                                 # divide by world_size for "avg"
 
 so a student can diff them. Taught in ``notebooks/04_allreduce.ipynb``; ``course.allreduce_sim`` replays the
 same steps in one process and draws them; ``course.cost_model`` says what each one costs.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -100,9 +101,13 @@ def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGro
             ``dist.ReduceOp.SUM`` or ``dist.ReduceOp.AVG``.
         group: process group to reduce over; ``None`` for the default group (or, outside any process
             group, a world of one: a no-op).
-        check: first exchange numel/shape/dtype/op/algorithm with every rank and raise if any rank
-            disagrees (one small collective, ~1-4 ms on emulated GPUs, a fixed cost per call). Must be the
-            same on every rank. ``check=False`` means *you promise* that every rank passes the same shape,
+        check: every rank sends its numel/shape/dtype/op/algorithm to every other rank, and all raise if any
+            rank disagrees. Naive and tree wait for every rank's before their first message: a wait for the
+            slowest rank to arrive, ~3 ms on emulated GPUs. The ring does so only for a call that differs
+            from the last one the group verified; repeating it, its data moves at once and the check costs
+            next to nothing (see ``_Agreement``). After a mismatch ``tensor`` is as it was, except on the
+            ranks of a repeated ring call, where it holds a partial sum. Must be the same on every rank.
+            ``check=False`` means *you promise* that every rank passes the same shape,
             dtype, op and algorithm, e.g. because it was verified once, as ``DistributedOptimizer`` does at
             construction; if the promise is broken the result is undefined: gloo may abort the process
             (SIGABRT) or the ranks may hang.
@@ -114,7 +119,8 @@ def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGro
         ValueError: bad ``op``, dtype or layout, or (with ``check``) ranks that disagree on the shape,
             dtype, op or algorithm, naming them.
     """
-    flat, comm = _begin("naive", tensor, op, group, check)
+    flat, comm, agreement = _begin("naive", tensor, op, group, check)
+    agreement.verify()  # before any message: rank 0 would wait for a tensor of the wrong size
     if comm.world_size > 1 and flat.numel() > 0:
         if comm.rank == 0:
             incoming = torch.empty_like(flat)
@@ -142,32 +148,44 @@ def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
 
     Args, returns and raises: as :func:`naive_allreduce`.
     """
-    flat, comm = _begin("ring", tensor, op, group, check)
+    flat, comm, agreement = _begin("ring", tensor, op, group, check)
+    if not agreement.fast:
+        agreement.verify()  # a call this group has not verified yet: everyone's shape before any data moves
+    _ring(flat, comm)
+    agreement.verify()  # after a verified call the data moved at once; every other rank's shape is in by now
+    return _finish(tensor, op, comm)
+
+
+def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: bool = True) -> None:
+    """The ring's messages (see :func:`ring_allreduce`): all receives posted up front, each piece passed on
+    as soon as it is reduced. A stand-in for a rank that is not running this ring (see :class:`_Agreement`)
+    turns off the links to neighbours that are not running it either."""
     n, rank = comm.world_size, comm.rank
-    if n > 1 and flat.numel() > 0:
-        chunks = [flat[start:stop] for start, stop in chunk_bounds(flat.numel(), n)]  # views, no copies
-        right, left = (rank + 1) % n, (rank - 1) % n
-        steps = 2 * (n - 1)
-        buffers = _buffers(chunks[0])  # two, so step t+1 can arrive while step t is being added
+    if n == 1 or flat.numel() == 0:
+        return
+    chunks = [flat[start:stop] for start, stop in chunk_bounds(flat.numel(), n)]  # views, no copies
+    right, left = (rank + 1) % n, (rank - 1) % n
+    steps = 2 * (n - 1)
+    landings = _landings(chunks[0], n - 1)  # one per reduce-scatter step: (n-1)/n of the tensor
 
-        def post_receives(step: int) -> list[tuple[torch.Tensor, torch.Tensor, dist.Work]]:
-            chunk = chunks[(rank - step - 1) % n]
-            landing = buffers[step % 2][:chunk.numel()] if step < n - 1 else chunk
-            return [(chunk[a:b], landing[a:b], comm.irecv(landing[a:b], left)) for a, b in _pieces(chunk)]
+    def post_receives(step: int) -> list[tuple[torch.Tensor, torch.Tensor, dist.Work | None]]:
+        chunk = chunks[(rank - step - 1) % n]
+        landing = landings[step][:chunk.numel()] if step < n - 1 else chunk  # all-gather: straight in place
+        return [(chunk[a:b], landing[a:b], comm.irecv(landing[a:b], left) if hear_left else None)
+                for a, b in _pieces(chunk)]
 
-        sends = [comm.isend(chunks[rank][a:b], right) for a, b in _pieces(chunks[rank])]
-        arriving = post_receives(0)
-        for step in range(steps):
-            current, arriving = arriving, post_receives(step + 1) if step + 1 < steps else []
-            for piece, landed, work in current:
+    arriving = [post_receives(step) for step in range(steps)]  # all posted at once: matched in order
+    sends = [comm.isend(chunks[rank][a:b], right) for a, b in _pieces(chunks[rank])] if talk_right else []
+    for step in range(steps):
+        for piece, landed, work in arriving[step]:
+            if work is not None:
                 work.wait()
                 if step < n - 1:  # reduce-scatter: add; all-gather: it landed in place already
                     piece.add_(landed)
-                if step + 1 < steps:
-                    sends.append(comm.isend(piece, right))
-        for work in sends:
-            work.wait()
-    return _finish(tensor, op, comm)
+            if talk_right and step + 1 < steps:
+                sends.append(comm.isend(piece, right))
+    for work in sends:
+        work.wait()
 
 
 def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
@@ -181,7 +199,8 @@ def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
 
     Args, returns and raises: as :func:`naive_allreduce`.
     """
-    flat, comm = _begin("tree", tensor, op, group, check)
+    flat, comm, agreement = _begin("tree", tensor, op, group, check)
+    agreement.verify()  # before any message
     n, rank = comm.world_size, comm.rank
     if n > 1 and flat.numel() > 0:
         incoming = torch.empty_like(flat)
@@ -212,14 +231,14 @@ ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def _buffers(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two scratch vectors with room for ``like``, kept per thread (so a communication thread and the main
-    thread never share one) and reused while the dtype, device and size allow."""
-    cached = getattr(_scratch, "buffers", None)
-    if cached is None or cached[0].dtype != like.dtype or cached[0].device != like.device \
-            or cached[0].numel() < like.numel():
-        cached = _scratch.buffers = (torch.empty_like(like), torch.empty_like(like))
-    return cached[0][:like.numel()], cached[1][:like.numel()]
+def _landings(like: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """``count`` scratch vectors with room for ``like`` each, carved from one buffer kept per thread (so a
+    communication thread and the main thread never share one) and reused while dtype, device and size allow."""
+    cached = getattr(_scratch, "buffer", None)
+    if cached is None or cached.dtype != like.dtype or cached.device != like.device \
+            or cached.numel() < count * like.numel():
+        cached = _scratch.buffer = torch.empty(count * like.numel(), dtype=like.dtype, device=like.device)
+    return list(cached[:count * like.numel()].view(count, like.numel()))
 
 
 def compare_with_reference(numel: int = 100_003, seed: int = 0) -> dict[str, float]:
@@ -244,9 +263,9 @@ def _pieces(chunk: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | None, check: bool
-           ) -> tuple[torch.Tensor, _Comm]:
-    """Validate the arguments, find this rank in ``group``, check agreement (also on which ``algorithm``
-    every rank runs: their messages differ), and view the tensor as 1-D."""
+           ) -> tuple[torch.Tensor, _Comm, _Agreement]:
+    """Validate the arguments, find this rank in ``group``, start the agreement check (also on which
+    ``algorithm`` every rank runs: their messages differ), and view the tensor as 1-D."""
     op = _op_name(op)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"allreduce needs a torch.Tensor, got {type(tensor).__name__}.")
@@ -262,8 +281,10 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGrou
     else:
         comm = _Comm(dist.get_rank(group), dist.get_world_size(group), group)
     if check and comm.world_size > 1:
-        _check_agreement(tensor, op, algorithm, comm)
-    return tensor.view(-1), comm
+        agreement = _Agreement.post(_metadata(tensor, op, algorithm), tensor.device, comm)
+    else:
+        agreement = _Agreement([], comm, fast=True)  # nothing to check: agrees with everyone
+    return tensor.view(-1), comm, agreement
 
 
 def _op_name(op: Op) -> str:
@@ -298,21 +319,78 @@ def _describe(metadata: list[int]) -> str:
             f"{list(ALGORITHMS)[algorithm]} allreduce")
 
 
-def _check_agreement(tensor: torch.Tensor, op: str, algorithm: str, comm: _Comm) -> None:
-    """All-gather every rank's (numel, dtype, op, algorithm, shape) and raise on every rank if any differ.
+#: Per process group, the last call every rank was verified to agree on (ring calls only).
+_verified: dict[dist.ProcessGroup, list[int]] = {}
 
-    Without this, a rank with a shorter tensor would wait forever for bytes nobody sends (or receive more
-    than it has room for): this turns a silent hang into an error that names the rank.
+
+@dataclass
+class _Agreement:
+    """This call's (numel, dtype, op, algorithm, shape) on every rank, sent to every other rank as it begins.
+
+    Without it, a rank with a shorter tensor would wait forever for bytes nobody sends, or gloo would abort
+    a process that receives more than it has room for: this turns both into an error on every rank that
+    names the rank that differs. Every rank sends straight to every other (one hop of n-1 tiny messages;
+    ``dist.all_gather`` would take n-1 hops and a hand-off to gloo's worker thread).
+
+    Waiting for everyone's message costs a wait for the slowest rank to arrive (~3 ms on emulated GPUs), so
+    a ring call that repeats the group's last verified call is *fast*: its data moves at once, and the
+    messages are only read at the end. If some rank changed its call meanwhile, that rank is *slow*: it
+    waits for every message, sees the difference, and before raising stands in for the ring towards its
+    fast neighbours (:func:`_ring` on zeros of their shape), so they finish, read the messages and raise
+    too. Naive and tree are always slow. Unposted (``check=False`` or a world of one) it verifies nothing.
     """
-    mine = torch.tensor(_metadata(tensor, op, algorithm), dtype=torch.int64, device=tensor.device)
-    gathered = [torch.empty_like(mine) for _ in range(comm.world_size)]
-    dist.all_gather(gathered, mine, group=comm.group)
-    everyone = [g.tolist() for g in gathered]
-    odd = [r for r, meta in enumerate(everyone) if meta != everyone[0]]
-    if odd:
+
+    mine: list[int]
+    comm: _Comm
+    fast: bool
+    received: dict[int, torch.Tensor] = field(default_factory=dict)
+    pending: list[dist.Work] = field(default_factory=list)
+    device: torch.device = torch.device("cpu")
+
+    @classmethod
+    def post(cls, metadata: list[int], device: torch.device, comm: _Comm) -> _Agreement:
+        group = comm.group if comm.group is not None else dist.group.WORLD
+        fast = metadata == _verified.get(group) and dist.get_backend(group) == dist.Backend.GLOO
+        agreement = cls(metadata, comm, fast, device=device)
+        peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
+        sent = torch.tensor([*metadata, fast], dtype=torch.int64, device=device)
+        agreement.received = {peer: torch.empty_like(sent) for peer in peers}
+        exchange = [dist.P2POp(dist.irecv, agreement.received[peer], comm._global(peer), comm.group)
+                    for peer in peers]
+        exchange += [dist.P2POp(dist.isend, sent, comm._global(peer), comm.group) for peer in peers]
+        agreement.pending = dist.batch_isend_irecv(exchange)  # NCCL coalesces it into one: never fast there
+        return agreement
+
+    def verify(self) -> None:
+        """Wait for every rank's message; raise ValueError on every rank, naming the ranks that differ from
+        rank 0, if any do. A second call returns at once."""
+        if not self.received:
+            return
+        for work in self.pending:
+            work.wait()
+        everyone = [self.received[peer].tolist() if peer in self.received else [*self.mine, self.fast]
+                    for peer in range(self.comm.world_size)]
+        self.received = {}
+        calls, fast = [meta[:-1] for meta in everyone], [bool(meta[-1]) for meta in everyone]
+        group = self.comm.group if self.comm.group is not None else dist.group.WORLD
+        odd = [r for r, call in enumerate(calls) if call != calls[0]]
+        if not odd:
+            if list(ALGORITHMS)[self.mine[3]] == "ring":  # the only one that has a fast path
+                _verified[group] = self.mine
+            return
+        _verified.pop(group, None)
+        if not self.fast and any(fast):
+            self._stand_in(calls[fast.index(True)], fast)
         raise ValueError(
-            f"allreduce needs the same tensor shape, dtype, op and algorithm on every rank, but rank {odd[0]} has "
-            f"{_describe(everyone[odd[0]])} while rank 0 has {_describe(everyone[0])} (ranks that differ "
-            f"from rank 0: {odd}; I am rank {comm.rank}). Call the same allreduce with the same-shaped tensor on "
-            "every rank."
+            f"allreduce needs the same tensor shape, dtype, op and algorithm on every rank, but rank {odd[0]} "
+            f"has {_describe(calls[odd[0]])} while rank 0 has {_describe(calls[0])} (ranks that differ "
+            f"from rank 0: {odd}; I am rank {self.comm.rank}). Call the same allreduce with the same-shaped "
+            "tensor on every rank."
         )
+
+    def _stand_in(self, fast_call: list[int], fast: list[bool]) -> None:
+        """Exchange with my fast neighbours what a ring rank with their call would (zeros), so they finish."""
+        n, rank = self.comm.world_size, self.comm.rank
+        numel, dtype = fast_call[0], DTYPES[fast_call[1]]
+        _ring(torch.zeros(numel, dtype=dtype, device=self.device), self.comm,
+              hear_left=fast[(rank - 1) % n], talk_right=fast[(rank + 1) % n])

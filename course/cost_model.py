@@ -182,7 +182,8 @@ def time_allreduce(nbytes: Sequence[int],
     """Median seconds per allreduce of float32 tensors of each size, for each algorithm (on every rank).
 
     Algorithms take turns within each repeat, so a noisy neighbour slows them all alike (ratios between
-    them are fairer than absolute times, and ratios within one round fairer still).
+    them are fairer than absolute times, and ratios within one round fairer still); the order rotates from
+    round to round, so none always follows the same one (a predecessor can leave memory or caches busy).
 
     Args:
         nbytes: tensor sizes in bytes.
@@ -202,9 +203,11 @@ def time_allreduce(nbytes: Sequence[int],
     for size in nbytes:
         tensor = torch.empty(size // 4, dtype=torch.float32, device=world.current().device)
         rounds: dict[str, list[float]] = {name: [] for name in algorithms}
-        for _ in range(repeats):
-            for name, fn in algorithms.items():
-                rounds[name].append(_time_once(fn, tensor))
+        names = list(algorithms)
+        for round_ in range(repeats):
+            shift = round_ % len(names)  # each round starts with the next one: no algorithm always runs first
+            for name in names[shift:] + names[:shift]:
+                rounds[name].append(_time_once(algorithms[name], tensor))
         for name in algorithms:
             results[name][size] = list(rounds[name]) if samples else float(np.median(rounds[name]))
     return results

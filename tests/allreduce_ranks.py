@@ -165,6 +165,37 @@ def mismatches(bad_rank: int) -> dict[str, list[str]]:
     return errors
 
 
+def changed_calls(bad_rank: int) -> dict[str, tuple[str, bool, bool]]:
+    """A ring call every rank repeats (so it runs on the fast path: data first, shapes read at the end),
+    then some ranks change theirs: the error every rank raised, and whether the next agreed call is right."""
+    me = world.current()
+    ring = ALGORITHMS["ring"]
+    changes = {
+        "numel": dict(shape=(6, 5)), "shape": dict(shape=(4, 6)), "dtype": dict(dtype=torch.float64),
+        "op": dict(op="avg"), "algorithm": dict(name="tree"), "empty": dict(shape=(0,)),
+    }
+    everyone_else = set(range(me.world_size)) - {bad_rank}
+    who = {"one": {bad_rank}, "neighbours": {bad_rank, bad_rank + 1}, "all but one": everyone_else}
+    outcome: dict[str, tuple[str, bool, bool]] = {}
+    for label, changed in who.items():
+        for what, change in changes.items():
+            for _ in range(2):  # the second is the verified call repeated
+                ring(torch.ones(6, 4))
+            fast = course.allreduce._verified.get(dist.group.WORLD) is not None  # the unchanged ranks' path
+            mine = {"shape": (6, 4), "dtype": torch.float32, "op": "sum", "name": "ring"}
+            if me.rank in changed:
+                mine.update(change)
+            try:
+                ALGORITHMS[mine["name"]](torch.ones(mine["shape"], dtype=mine["dtype"]), op=mine["op"])
+                message = "no error"
+            except ValueError as error:
+                message = str(error)
+            after = ring(torch.full((6, 4), float(me.rank + 1)))
+            expected = me.world_size * (me.world_size + 1) / 2
+            outcome[f"{label}/{what}"] = (message, bool((after == expected).all()), fast)
+    return outcome
+
+
 def from_a_thread(numel: int = 4099) -> list[bool]:
     """Each algorithm called from a dedicated communication thread, as a distributed optimizer would."""
     me = world.current()
@@ -255,6 +286,7 @@ def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
     return {
         "sizes": every_algorithm_and_size(),
         "mismatches": mismatches(bad_rank),
+        "changed": changed_calls(bad_rank),
         "thread": from_a_thread(),
         "pieces": ring_in_pieces(),
         "reduce_ops": with_reduce_ops(),

@@ -60,6 +60,21 @@ def test_a_rank_that_disagrees_is_named_on_every_rank(report, name, what):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("who", ["one", "neighbours", "all but one"])
+@pytest.mark.parametrize("what", ["numel", "shape", "dtype", "op", "algorithm", "empty"])
+def test_a_rank_that_changes_a_verified_ring_call_is_named_on_every_rank(report, who, what):
+    """The repeated call moves data before reading shapes: the changed ranks stand in for the ring, so every
+    rank still finishes, raises, and leaves the group clean for the next call."""
+    for rank in report:
+        message, next_call_right, was_verified = rank["changed"][f"{who}/{what}"]
+        assert was_verified  # so the unchanged ranks took the fast path
+        assert "same tensor shape, dtype, op and algorithm on every rank" in message, message
+        assert f"rank {BAD_RANK} has" in message, message  # the first rank whose call differs from rank 0's
+        assert next_call_right
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_safe_from_a_communication_thread(report):
     assert [rank["thread"] for rank in report] == [[True] * len(ALGORITHMS)] * WORLD_SIZE
 
