@@ -2,10 +2,14 @@
 
 Times naive, ring and tree against ``torch.distributed.all_reduce`` on 4 ranks (gloo on emulated GPUs) at
 1, 16 and 64 MB, side by side in one run, and prints algbw, busbw (nccl-tests definitions) and each one's
-throughput relative to ``dist.all_reduce``. The algorithms take turns within each round, so a busy machine
-slows them alike; the ratio is the median over rounds of the ratio within a round (a paired comparison: load
-that drifts between rounds cancels out). Also times the ring without its per-call agreement check (what
-DistributedOptimizer uses after verifying its buckets once), to show what the check costs.
+throughput relative to ``dist.all_reduce``. Throughput as nccl-tests measures it: each timing is a few calls
+back to back (``--calls``), seconds per call, slowest rank. The algorithms take turns within each round, in
+an order that rotates, so a busy machine slows them alike; the ratio is the median over rounds of the ratio
+within a round (a paired comparison: load that drifts between rounds cancels out). ``ring`` is the default
+call, which checks on every call that all ranks pass the same shape (data first, shapes read at the end);
+``ring (check=False)`` skips that check, as DistributedOptimizer does after verifying its buckets once.
+``--calls 1`` times a call that starts cold instead (every rank idle until it): on 2 shared cores that adds
+a few ms of waking up to every algorithm alike.
 Run: ``python benchmarks/allreduce.py``. Exit status 1 if the ring is below 1.0x at 16 MB or more, or naive
 is not slower than the ring at 64 MB.
 """
@@ -29,7 +33,8 @@ MB = 1 << 20
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=11, help="rounds: timings per size and algorithm")
+    parser.add_argument("--calls", type=int, default=5, help="allreduces back to back per timing")
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64])
     args = parser.parse_args()
     algorithms = {
@@ -38,7 +43,7 @@ def main() -> int:
     }
     sizes = [mb * MB for mb in args.sizes_mb]
     rounds = launch(cost_model.time_allreduce, args.world_size, sizes, algorithms, args.repeats, samples=True,
-                    timeout_s=1200)[0]
+                    calls=args.calls, timeout_s=1200)[0]
     times = {name: {size: float(np.median(r)) for size, r in by_size.items()} for name, by_size in rounds.items()}
 
     def ratio(name: str, size: int) -> float:
@@ -46,7 +51,8 @@ def main() -> int:
         return float(np.median(np.array(rounds[cost_model.REFERENCE][size]) / np.array(rounds[name][size])))
 
     n = args.world_size
-    print(f"allreduce of float32 tensors on {n} ranks, {args.repeats} rounds (algorithms take turns in each round)")
+    print(f"allreduce of float32 tensors on {n} ranks, {args.repeats} rounds of {args.calls} calls back to back "
+          "(algorithms take turns in each round)")
     print(f"{'size':>6}  {'algorithm':<20}{'median ms':>10}{'algbw GB/s':>12}{'busbw GB/s':>12}{'vs reference':>14}")
     for size in sizes:
         for name in algorithms:

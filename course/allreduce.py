@@ -43,7 +43,7 @@ _CHECKED_DIMS = 6
 #: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more. On emulated GPUs 2 MB did best
 #: among 0.25-16 MB in benchmarks/allreduce.py runs, though by less than a shared machine's noise (16 MB on 4
 #: ranks: two pieces per chunk). Where copying and adding run on separate engines (GPUs) it matters more.
-RING_PIECE_BYTES = 2 << 20
+RING_PIECE_BYTES = 4 << 20
 MAX_RING_PIECES = 16
 _scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
 
@@ -65,11 +65,11 @@ class _Comm:
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
         dist.recv(tensor, self._global(peer), group=self.group)
 
-    def isend(self, tensor: torch.Tensor, peer: int) -> dist.Work:
-        return dist.isend(tensor, self._global(peer), group=self.group)
+    def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
+        return dist.isend(tensor, self._global(peer), group=self.group, tag=tag)
 
-    def irecv(self, tensor: torch.Tensor, peer: int) -> dist.Work:
-        return dist.irecv(tensor, self._global(peer), group=self.group)
+    def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
+        return dist.irecv(tensor, self._global(peer), group=self.group, tag=tag)
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -319,6 +319,7 @@ def _describe(metadata: list[int]) -> str:
             f"{list(ALGORITHMS)[algorithm]} allreduce")
 
 
+_SHAPES_TAG = 1  # the data goes on tag 0
 #: Per process group, the last call every rank was verified to agree on (ring calls only).
 _verified: dict[dist.ProcessGroup, list[int]] = {}
 
@@ -350,15 +351,20 @@ class _Agreement:
     @classmethod
     def post(cls, metadata: list[int], device: torch.device, comm: _Comm) -> _Agreement:
         group = comm.group if comm.group is not None else dist.group.WORLD
-        fast = metadata == _verified.get(group) and dist.get_backend(group) == dist.Backend.GLOO
+        gloo = dist.get_backend(group) == dist.Backend.GLOO
+        fast = gloo and metadata == _verified.get(group)
         agreement = cls(metadata, comm, fast, device=device)
         peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
         sent = torch.tensor([*metadata, fast], dtype=torch.int64, device=device)
-        agreement.received = {peer: torch.empty_like(sent) for peer in peers}
-        exchange = [dist.P2POp(dist.irecv, agreement.received[peer], comm._global(peer), comm.group)
-                    for peer in peers]
-        exchange += [dist.P2POp(dist.isend, sent, comm._global(peer), comm.group) for peer in peers]
-        agreement.pending = dist.batch_isend_irecv(exchange)  # NCCL coalesces it into one: never fast there
+        received = agreement.received = {peer: torch.empty_like(sent) for peer in peers}
+        if gloo:  # on a tag of their own, these never meet the data, whichever is sent first
+            agreement.pending = [comm.irecv(received[peer], peer, _SHAPES_TAG) for peer in peers]
+            agreement.pending += [comm.isend(sent, peer, _SHAPES_TAG) for peer in peers]
+        else:  # NCCL has no tags, and pairs of sends and receives must go in one batch: wait for it now
+            exchange = [dist.P2POp(dist.irecv, received[peer], comm._global(peer), comm.group) for peer in peers]
+            exchange += [dist.P2POp(dist.isend, sent, comm._global(peer), comm.group) for peer in peers]
+            for work in dist.batch_isend_irecv(exchange):
+                work.wait()
         return agreement
 
     def verify(self) -> None:

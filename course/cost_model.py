@@ -165,20 +165,22 @@ def crossover(small: str, large: str, world_size: int, link: AlphaBeta) -> float
 # --- measuring, on every rank (run with course.launch.launch) -------------------------------------------
 
 
-def _time_once(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor) -> float:
-    """The slowest rank's time for ``fn(tensor)``, all ranks starting together."""
+def _time_once(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor, calls: int = 1) -> float:
+    """The slowest rank's time per call for ``calls`` calls of ``fn(tensor)`` back to back, all ranks starting
+    together."""
     tensor.fill_(world.current().rank)  # fresh values each time: repeated sums would overflow float16
     dist.barrier()
     start = time.perf_counter()
-    fn(tensor)
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=tensor.device)
+    for _ in range(calls):
+        fn(tensor)
+    elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64, device=tensor.device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return elapsed.item()
 
 
 def time_allreduce(nbytes: Sequence[int],
                    algorithms: Sequence[str] | Mapping[str, Callable] = (*ALGORITHMS, REFERENCE),
-                   repeats: int = 5, *, samples: bool = False) -> dict[str, dict[int, Any]]:
+                   repeats: int = 5, *, samples: bool = False, calls: int = 1) -> dict[str, dict[int, Any]]:
     """Median seconds per allreduce of float32 tensors of each size, for each algorithm (on every rank).
 
     Algorithms take turns within each repeat, so a noisy neighbour slows them all alike (ratios between
@@ -193,6 +195,10 @@ def time_allreduce(nbytes: Sequence[int],
         repeats: timings (rounds) per size and algorithm; the median is kept.
         samples: return every round's time instead of the median (round ``i`` of every algorithm ran
             back to back, for paired comparisons).
+        calls: allreduces back to back per timing, which reports seconds per call: 1 times a call that
+            starts cold (every rank idle until it), more times the throughput of a stream of calls, as a
+            training step's buckets make and as nccl-tests measures (keep it small: the values grow by
+            the world size each call).
 
     Returns:
         ``{label: {nbytes: seconds}}`` (or ``{label: {nbytes: [seconds per round]}}``), the same on every rank.
@@ -207,7 +213,7 @@ def time_allreduce(nbytes: Sequence[int],
         for round_ in range(repeats):
             shift = round_ % len(names)  # each round starts with the next one: no algorithm always runs first
             for name in names[shift:] + names[:shift]:
-                rounds[name].append(_time_once(algorithms[name], tensor))
+                rounds[name].append(_time_once(algorithms[name], tensor, calls))
         for name in algorithms:
             results[name][size] = list(rounds[name]) if samples else float(np.median(rounds[name]))
     return results

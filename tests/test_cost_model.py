@@ -1,6 +1,7 @@
 """course.cost_model: the alpha-beta formulas, the fit, bus bandwidth and the crossover, against closed forms."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -136,3 +137,23 @@ def test_time_allreduce_gives_medians_or_every_round():
 def _both_kinds():
     return (cm.time_allreduce([4096, 65536], ["ring", cm.REFERENCE], repeats=3),
             cm.time_allreduce([4096, 65536], ["ring", cm.REFERENCE], repeats=3, samples=True))
+
+
+@pytest.mark.timeout(120)
+def test_time_allreduce_back_to_back_calls_report_seconds_per_call():
+    calls, seconds = launch(_three_calls_a_round, 2, timeout_s=100)[0]
+    assert calls == 2 * 3  # 2 rounds of 3 calls
+    assert 0.01 <= seconds < 0.02  # each call sleeps 10 ms: per call, not per round of 3
+
+
+_CALLS: list[int] = []
+
+
+def _sleepy_allreduce(tensor):
+    _CALLS.append(1)
+    time.sleep(0.01)
+
+
+def _three_calls_a_round():
+    medians = cm.time_allreduce([4096], {"sleepy": _sleepy_allreduce}, repeats=2, calls=3)
+    return len(_CALLS), medians["sleepy"][4096]
