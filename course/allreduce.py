@@ -40,9 +40,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _CHECKED_DIMS = 6
 #: The ring cuts each chunk into pieces of about this many bytes and passes a piece on as soon as it is
 #: reduced, while the next piece is still arriving (pipelining: the sends of piece k overlap the adding of
-#: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more. On emulated GPUs 2 MB did best
-#: among 0.25-16 MB in benchmarks/allreduce.py runs, though by less than a shared machine's noise (16 MB on 4
-#: ranks: two pieces per chunk). Where copying and adding run on separate engines (GPUs) it matters more.
+#: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more. On emulated GPUs, where every
+#: copy and add shares 2 cores, 4-8 MB did a few percent better than 1-2 MB in benchmarks/allreduce.py runs
+#: (16 MB on 4 ranks: one piece per chunk). Where copying and adding run on separate engines (GPUs),
+#: pipelining matters more.
 RING_PIECE_BYTES = 4 << 20
 MAX_RING_PIECES = 16
 _scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
