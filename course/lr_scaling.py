@@ -13,7 +13,6 @@ epochs-to-target: perfect scaling first, diminishing returns past the critical b
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
@@ -29,12 +28,6 @@ from course.validation import check_count, check_model_fits_data
 RULES = ("none", "linear", "sqrt")
 
 
-def _check_batch_size(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer number of samples, got {value!r}.")
-    return int(value)
-
-
 def scaled_lr(base_lr: float, base_batch_size: int, batch_size: int, rule: str = "linear") -> float:
     """The learning rate for global ``batch_size``, given one that works at ``base_batch_size``.
 
@@ -45,7 +38,8 @@ def scaled_lr(base_lr: float, base_batch_size: int, batch_size: int, rule: str =
         ValueError: negative ``base_lr``, a batch size that is not a positive integer, or an unknown rule.
     """
     base_lr = check_lr(base_lr)
-    k = _check_batch_size("batch_size", batch_size) / _check_batch_size("base_batch_size", base_batch_size)
+    batch_size = check_count("batch_size", batch_size, unit="number of samples")
+    k = batch_size / check_count("base_batch_size", base_batch_size, unit="number of samples")
     if rule == "none":
         return base_lr
     if rule == "linear":
@@ -109,7 +103,7 @@ class SweepConfig:
         if not self.batch_sizes:
             raise ValueError("batch_sizes is empty: give at least one global batch size, e.g. (16, 32, 64).")
         for batch_size in (*self.batch_sizes, self.base_batch_size):
-            _check_batch_size("batch sizes", batch_size)
+            check_count("batch sizes", batch_size, unit="number of samples")
         for warmup in self.warmup_steps:
             check_count("warmup_steps", warmup, minimum=0)
         unknown = [rule for rule in self.rules if rule not in RULES]
@@ -197,7 +191,7 @@ def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor,
     """
     n = check_batch(*train)
     check_batch(*val)
-    batch_size = _check_batch_size("batch_size", batch_size)
+    batch_size = check_count("batch_size", batch_size, unit="number of samples")
     if batch_size > n:
         raise ValueError(f"batch_size={batch_size} is larger than the {n} training samples; use at most {n}.")
     warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)

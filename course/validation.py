@@ -19,14 +19,18 @@ from torch import nn
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def check_count(name: str, value: object, minimum: int = 1) -> int:
+def check_count(name: str, value: object, minimum: int = 1, unit: str = "") -> int:
     """``value`` as a Python int if it is an integer (any ``numbers.Integral`` but bool) >= ``minimum``.
+
+    ``unit`` says what is counted, for the message: ``check_count("batch_size", 0, unit="number of samples")``
+    raises "batch_size must be a positive integer number of samples, got 0 (int).".
 
     Raises:
         ValueError: anything else, saying what was expected and what was given.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        wanted += f" {unit}" if unit else ""
         raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__}).")
     return int(value)
 
