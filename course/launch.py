@@ -20,7 +20,6 @@ import pickle
 import queue
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ import psutil
 import torch.multiprocessing as mp
 
 from course import rank_stacks, world
+from course.ports import free_port
 from course.process_tree import kill_tree
 
 
@@ -84,13 +84,6 @@ def _why(ranks: list[int], waiting: dict[int, str]) -> str:
         else:
             parts.append(f"{names} {was} waiting for {target} in {where}")
     return f" ({'; '.join(parts)})" if parts else ""
-
-
-def free_port() -> int:
-    """A TCP port on localhost that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class _RankOutput(io.TextIOBase):

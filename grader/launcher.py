@@ -18,12 +18,12 @@ import argparse
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
+from course.ports import free_port
 from grader import channel
 from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 
@@ -69,13 +69,6 @@ def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
                 view = memoryview(line)
                 while view:
                     view = view[os.write(writer_fd, view):]
-
-
-def free_port() -> int:
-    """A free TCP port on localhost for rank 0's store (no torch import here: the launcher stays light)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 RANK_MAIN = "from grader.launcher import rank_main; rank_main()"  # python -c: a rank, argv[1:] is [SCRIPT]
