@@ -2,7 +2,7 @@
 
     grader check train_4gpu.py               the student's self-check: the visible checks, with feedback
     grader grade SUBMISSIONS_DIR -o OUT      an instructor grades a class (CSV, Gradescope JSON, feedback)
-    grader report OUT                        re-render OUT's gradebook from its saved raw results
+    grader report OUT [--submissions DIR]    re-render OUT's gradebook from its saved raw results
     grader gradescope                        inside Gradescope: /autograder/submission -> results.json
 
 Taught in ``notebooks/06_assignment.ipynb``.
@@ -11,6 +11,7 @@ Taught in ``notebooks/06_assignment.ipynb``.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -109,22 +110,76 @@ def save(results: Results, out: Path, key: str | None = None) -> None:
     (out / "feedback" / f"{key}.txt").write_text(reports.feedback(results))
 
 
-def graded_before(out: Path, keys: dict[str, str]) -> dict[str, Results]:
-    """The saved results in ``out`` worth keeping: of a current submission (a name in ``keys``), graded cleanly.
+def saved_results(out: Path, keys: dict[str, str], skipped: list[str] | None = None) -> dict[str, Results]:
+    """The saved results in ``out`` of the submissions in ``keys`` (name -> output key, :func:`output_keys`).
 
-    Results of removed submissions, grader errors and unreadable files are left out (and on disk).
+    A submission with two files (its key changed when another took its short name) keeps the one under its
+    current key. Results of other submissions and unreadable files are left out (and on disk); unreadable
+    ones are named in ``skipped``.
     """
     kept: dict[str, Results] = {}
     for path in sorted(Path(out, "results").glob("*.json")):
         try:
             results = Results.load(path)
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            if skipped is not None:
+                skipped.append(f"{path} (unreadable: {type(error).__name__})")
             continue
-        if results.submission not in keys or results.status in RETRIED:
-            continue
-        if results.submission not in kept or path.stem == keys[results.submission]:
+        if results.submission in keys and (results.submission not in kept or path.stem == keys[results.submission]):
             kept[results.submission] = results
     return kept
+
+
+def graded_before(out: Path, keys: dict[str, str]) -> dict[str, Results]:
+    """The saved results in ``out`` worth keeping: of a current submission (a name in ``keys``), graded cleanly.
+
+    Results of removed submissions, grader errors and unreadable files are left out (and on disk).
+    """
+    return {name: r for name, r in saved_results(out, keys).items() if r.status not in RETRIED}
+
+
+def report(out: Path, folder: Path | None = None) -> tuple[list[Results], list[str]]:
+    """Rewrite ``out/gradebook.csv`` from the raw results saved in ``out/results``, for the same submissions.
+
+    Which submissions: those now in ``folder`` if given, else those the gradebook lists now (what the last
+    ``grade`` graded), so results of withdrawn submissions, still on disk, stay out; with neither, every
+    saved result.
+
+    Returns:
+        the results written, and notes for the instructor: unreadable files, submissions with no result.
+
+    Raises:
+        FileNotFoundError: ``out`` has no results folder. ValueError: see :func:`output_keys`.
+    """
+    out = Path(out)
+    if not (out / "results").is_dir():
+        raise FileNotFoundError(f"{out / 'results'} does not exist: give the folder `grader grade -o` wrote.")
+    notes: list[str] = []
+    if folder is not None:
+        keys = output_keys(submissions_in(folder, out))
+    else:
+        try:
+            with open(out / "gradebook.csv", newline="") as handle:
+                names = [row["submission"] for row in csv.DictReader(handle)][1:]  # after "points possible"
+        except (OSError, KeyError, csv.Error):
+            names = []
+        if names:
+            keys = output_keys([Path(name) for name in names])
+        else:
+            notes.append(f"no readable {out / 'gradebook.csv'}: every saved result is included")
+            keys = {r.submission: p.stem for p in sorted((out / "results").glob("*.json"))
+                    for r in _readable(p)}
+    kept = saved_results(out, keys, notes)
+    notes += [f"{name}: no saved result (grade it)" for name in keys if name not in kept]
+    reports.write_gradebook(list(kept.values()), out / "gradebook.csv")
+    return list(kept.values()), notes
+
+
+def _readable(path: Path) -> list[Results]:
+    try:
+        return [Results.load(path)]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | None = None,
@@ -186,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                               f"{DEFAULT_JOBS}; more only helps with more than 2 cores and memory to match)")
     p_grade.add_argument("--resume", action="store_true",
                          help="skip submissions already graded cleanly in OUT (grader errors are graded again)")
-    p_report = sub.add_parser("report", help="re-render OUT/gradebook.csv from OUT/results/*.json")
+    p_report = sub.add_parser("report", help="re-render OUT/gradebook.csv from OUT/results/*.json, for the "
+                                             "submissions it lists (or those in --submissions)")
     p_report.add_argument("out", type=Path)
+    p_report.add_argument("--submissions", type=Path, default=None,
+                          help="the submissions folder: list exactly the submissions now in it")
     p_gs = sub.add_parser("gradescope", help="Gradescope's run_autograder entry")
     p_gs.add_argument("--submission", type=Path, default=Path("/autograder/submission"))
     p_gs.add_argument("--results", type=Path, default=Path("/autograder/results/results.json"))
@@ -206,8 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"graded {len(all_results)} submission(s): {args.out / 'gradebook.csv'}")
         return 0
     if args.command == "report":
-        all_results = [Results.load(p) for p in sorted((args.out / "results").glob("*.json"))]
-        reports.write_gradebook(all_results, args.out / "gradebook.csv")
+        try:
+            all_results, notes = report(args.out, args.submissions)
+        except (FileNotFoundError, ValueError) as error:
+            print(f"grader: {error}", file=sys.stderr)
+            return 2
+        for note in notes:
+            print(f"grader: {note}", file=sys.stderr)
         print(f"{len(all_results)} result(s) -> {args.out / 'gradebook.csv'}")
         return 0
     results = run_autograder(args.submission, args.results)

@@ -137,3 +137,32 @@ def test_gradescope_results_of_a_bad_submission_say_why_once(tmp_path):
     assert "is empty" in data["output"] and data["score"] == 0
     assert sum(t["max_score"] for t in data["tests"]) == POSSIBLE
     assert not any("is empty" in t["output"] for t in data["tests"])
+
+
+def test_report_rebuilds_the_gradebook_for_the_submissions_it_lists_not_withdrawn_ones(tmp_path, capsys):
+    folder = make_class(tmp_path / "class", ["alice.py", "bob.py", "carol.py"])
+    out = tmp_path / "out"
+    assert grade(folder, out) == 0
+    (folder / "carol.py").unlink()  # withdrawn, then the class is graded again
+    assert grade(folder, out, "--resume") == 0
+    assert (out / "results" / "carol.json").is_file()  # kept on disk
+    assert cli.main(["report", str(out)]) == 0
+    assert set(gradebook(out)) == {"alice.py", "bob.py"}
+    assert "2 result(s)" in capsys.readouterr().out
+
+    (out / "results" / "bob.json").write_text("{ not json")  # damaged
+    make_class(folder, ["dave.py"])  # submitted, not graded yet
+    assert cli.main(["report", str(out), "--submissions", str(folder)]) == 0
+    assert set(gradebook(out)) == {"alice.py"}
+    err = capsys.readouterr().err
+    assert "bob.json (unreadable" in err and "dave.py: no saved result (grade it)" in err
+
+    (out / "gradebook.csv").unlink()
+    assert cli.main(["report", str(out)]) == 0  # nothing says which: every readable result
+    assert set(gradebook(out)) == {"alice.py", "carol.py"}
+    assert "every saved result is included" in capsys.readouterr().err
+
+
+def test_report_on_a_folder_without_results_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "results does not exist" in capsys.readouterr().err
