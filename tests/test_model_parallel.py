@@ -1,10 +1,9 @@
-"""course.model_parallel: split stages on ranks give the unsplit model's gradients; the bubble's closed form."""
+"""course.model_parallel: split stages compose to the model; on ranks, a pipeline step gives the unsplit model's
+gradients and records every micro-batch in GPipe order."""
 
 import naive_ranks
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 
 from course import model_parallel as mp
 from course.models import MLP, DigitsCNN, flops_per_sample
@@ -43,24 +42,6 @@ def test_layers_and_balanced_split_reject_what_they_cannot_split():
         mp.balanced_split_points(DigitsCNN(), 6, (1, 8, 8))
 
 
-@given(p=st.integers(1, 8), m=st.integers(1, 32), tf=st.floats(0.1, 2), tb=st.floats(0.1, 2))
-def test_the_modelled_timeline_has_the_closed_form_bubble(p, m, tf, tb):
-    events = mp.modelled_timeline(p, m, tf, tb)
-    assert len(events) == 2 * p * m
-    assert mp.measured_bubble(events) == pytest.approx(mp.bubble_fraction(p, m), abs=1e-9)
-    for stage in range(p):  # a stage never does two things at once
-        mine = sorted((e.start, e.end) for e in events if e.stage == stage)
-        assert all(end <= start + 1e-12 for (_, end), (start, _) in zip(mine, mine[1:], strict=False))
-
-
-def test_bubble_fraction_closed_form_and_errors():
-    assert mp.bubble_fraction(1, 1) == 0.0
-    assert mp.bubble_fraction(4, 1) == pytest.approx(0.75)
-    assert mp.bubble_fraction(4, 13) == pytest.approx(3 / 16)
-    with pytest.raises(ValueError, match="at least one stage and one micro-batch"):
-        mp.bubble_fraction(2, 0)
-
-
 @pytest.fixture(scope="module")
 def report():
     return [rank["pipe"] for rank in naive_ranks.report()]
@@ -86,26 +67,3 @@ def test_pipeline_timeline_has_every_micro_batch_in_gpipe_order(report):
             assert all(e.stage == stage and 0 <= e.start <= e.end for e in events)
     assert "got 2 stages on world_size=4" in naive_ranks.report()[0]["errors"]["stages"]
     assert "between 1 and the batch size (6), got 7" in naive_ranks.report()[0]["errors"]["micro_batches"]
-
-
-def test_bubble_exercise_checker_passes_the_answer_and_fails_wrong_ones(capsys):
-    assert mp.check_bubble_exercise(mp.bubble_fraction)
-    assert "Correct" in capsys.readouterr().out
-    assert not mp.check_bubble_exercise(lambda p, m: (p - 1) / (m + p))  # off by one slot
-    assert "Not yet: with 2 stages and 1 micro-batches" in capsys.readouterr().out
-    assert not mp.check_bubble_exercise(lambda p, m: (p - 1) / m)
-    assert "Not yet: with 2 stages and 1 micro-batches" in capsys.readouterr().out
-
-
-def test_plot_timeline_draws_one_bar_per_event_and_a_row_per_stage():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    events = mp.modelled_timeline(3, 2, 1.0, 2.0)
-    ax = mp.plot_timeline(events)
-    assert len(ax.collections) == len(events)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["stage 0", "stage 1", "stage 2"]
-    assert ax.get_title() == f"bubble {mp.bubble_fraction(3, 2):.0%}"
-    plt.close(ax.figure)
