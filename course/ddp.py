@@ -26,7 +26,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from course import data, world
-from course.distributed_optimizer import DistributedOptimizer, broadcast_parameters
+from course.distributed_optimizer import DistributedOptimizer
+from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
 from course.process_tree import kill_tree
 
@@ -111,7 +112,7 @@ def bucket_report(model: nn.Module, bucket_cap_mb: float = 25.0) -> dict[str, fl
     """How ``model``'s gradients fill DDP buckets of ``bucket_cap_mb`` MiB (DDP's default is 25).
 
     DDP fills buckets in backward order and closes one as soon as it holds ``bucket_cap_mb`` or more (so a
-    bucket may overshoot by one tensor; :func:`~course.distributed_optimizer.assign_buckets` never overshoots,
+    bucket may overshoot by one tensor; :func:`~course.buckets.assign_buckets` never overshoots,
     like Horovod's fusion buffer). That is DDP's plan from the second iteration on; the first uses a 1 MiB
     first bucket, then DDP rebuilds its buckets in the order gradients actually arrived.
 

@@ -1,19 +1,19 @@
 """A Horovod-style distributed optimizer, built from the course's own allreduce.
 
-Wrap any torch optimizer and data parallelism needs three more lines::
+Wrap any torch optimizer and data parallelism needs three more lines (the helpers are in ``course.horovod``)::
 
-    rank = distributed_optimizer.init()                      # = course.world.init_from_env()
-    distributed_optimizer.broadcast_parameters(model.state_dict(), root_rank=0)
+    rank = horovod.init()                                    # = course.world.init_from_env()
+    horovod.broadcast_parameters(model.state_dict(), root_rank=0)
     optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
-    distributed_optimizer.broadcast_optimizer_state(optimizer, root_rank=0)
+    horovod.broadcast_optimizer_state(optimizer, root_rank=0)
 
 How it works, in the order ``notebooks/04b_distributed_optimizer.ipynb`` builds it:
 
 1. **Hooks.** Each parameter gets a ``register_post_accumulate_grad_hook``: autograd calls it the moment that
    parameter's ``.grad`` is final, while backward is still running for the layers before it.
-2. **Buckets.** Parameters are grouped, in the reverse order of ``named_parameters`` (roughly the order backward
-   produces their gradients), into buckets of at most ``bucket_bytes``: one allreduce per bucket instead of
-   one per tensor (fusion) amortises the per-message latency alpha of the alpha-beta model.
+2. **Buckets** (``course.buckets``). Parameters are grouped, in the reverse order of ``named_parameters`` (roughly
+   the order backward produces their gradients), into buckets of at most ``bucket_bytes``: one allreduce per bucket
+   instead of one per tensor (fusion) amortises the per-message latency alpha of the alpha-beta model.
 3. **Overlap.** A dedicated communication thread allreduces bucket 0, 1, 2, ... each as soon as it is full
    (flatten, optionally cast to fp16, allreduce, unflatten), while autograd computes the remaining gradients.
    Every rank processes the buckets in the same order: collectives must be issued in the same order everywhere.
@@ -24,40 +24,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from course import allreduce
-from course.world import init_from_env as init  # noqa: F401 - Horovod's API shape: hvd.init()
+from course.buckets import DEFAULT_BUCKET_BYTES, Bucket, assign_buckets, flatten, unflatten
 
-#: PyTorch DDP's default bucket_cap_mb is 25 MB; the same default here makes the two comparable.
-DEFAULT_BUCKET_BYTES = 25 * 2**20
 OPS = ("avg", "sum")
 #: Wire dtype per compression name; None sends gradients in their own dtype.
 COMPRESSIONS: dict[str, torch.dtype | None] = {"none": None, "fp16": torch.float16}
 #: How long step() waits for the communication thread before declaring a hang.
 SYNC_TIMEOUT_S = 300.0
-
-
-@dataclass
-class Bucket:
-    """Parameters whose gradients travel together in one allreduce.
-
-    Attributes:
-        index: position in the fixed order every rank allreduces buckets in.
-        names, params: the parameters, in the order their gradients are expected.
-    """
-
-    index: int
-    names: list[str]
-    params: list[torch.Tensor]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.params)
 
 
 @dataclass(frozen=True)
@@ -74,44 +54,6 @@ class Event:
     end: float
 
 
-def assign_buckets(grad_bytes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
-    """Group tensors, in the given order, into consecutive buckets of at most ``bucket_bytes`` each.
-
-    A tensor larger than ``bucket_bytes`` gets a bucket of its own. Taught (as an exercise) in notebook 04b.
-
-    Args:
-        grad_bytes: size in bytes of each gradient, in the order backward produces them.
-        bucket_bytes: capacity of one bucket, > 0.
-
-    Returns:
-        Lists of indices into ``grad_bytes``; concatenated they are ``0, 1, ..., len(grad_bytes) - 1``.
-    """
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}.")
-    buckets: list[list[int]] = []
-    filled = 0
-    for index, size in enumerate(grad_bytes):
-        if not buckets or filled + size > bucket_bytes:
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(index)
-        filled += size
-    return buckets
-
-
-def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Copy ``tensors`` (same dtype and device) into one new 1-D buffer, so one allreduce moves them all."""
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    """Copy consecutive slices of the 1-D ``flat`` back into ``tensors``, in place (inverse of :func:`flatten`)."""
-    offset = 0
-    for tensor in tensors:
-        tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
-        offset += tensor.numel()
-
-
 def _bucket_text(layout: list, index: int) -> str:
     if index >= len(layout):
         return f"no bucket {index}: {len(layout)} buckets in all"
@@ -119,7 +61,12 @@ def _bucket_text(layout: list, index: int) -> str:
     return ", ".join(f"{name} {list(shape)}" for name, shape in zip(names, shapes, strict=True)) + f" ({dtype})"
 
 
-def _choice(name: str, value: object, allowed: Iterable[str]) -> str:
+def check_choice(name: str, value: object, allowed: Iterable[str]) -> str:
+    """``value`` if it is one of ``allowed``; used for the ``op``, ``compression`` and ``algorithm`` options.
+
+    Raises:
+        ValueError: anything else, listing the allowed values and what was given.
+    """
     allowed = list(allowed)
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
@@ -142,7 +89,7 @@ class DistributedOptimizer:
         group: process group; ``None`` for the default one.
 
     Raises:
-        RuntimeError: no process group (call :func:`init` first).
+        RuntimeError: no process group (call ``course.world.init_from_env()`` first).
         ValueError: a bad option, or ``named_parameters`` that do not match the optimizer's parameters.
 
     LR schedulers need the wrapped ``torch.optim.Optimizer``: pass them ``distributed.optimizer``.
@@ -162,9 +109,9 @@ class DistributedOptimizer:
                 or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}.")
         self.optimizer = optimizer
-        self.op = _choice("op", op, OPS)
-        self.compression = _choice("compression", compression, COMPRESSIONS)
-        self.algorithm = _choice("algorithm", algorithm, allreduce.ALGORITHMS)
+        self.op = check_choice("op", op, OPS)
+        self.compression = check_choice("compression", compression, COMPRESSIONS)
+        self.algorithm = check_choice("algorithm", algorithm, allreduce.ALGORITHMS)
         self.backward_passes_per_step = backward_passes_per_step
         self.record_events = record_events
         self.events: list[Event] = []
@@ -394,114 +341,7 @@ class DistributedOptimizer:
         self._thread.join(timeout=10)
 
 
-def _tensors_of(params: Mapping[str, torch.Tensor] | Iterable) -> list[torch.Tensor]:
-    items = list(params.values()) if isinstance(params, Mapping) else list(params)
-    tensors = [item[1] if isinstance(item, tuple) else item for item in items]
-    for tensor in tensors:
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"expected tensors, a state_dict or named_parameters, got a {type(tensor).__name__}.")
-    return tensors
-
-
-def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable, root_rank: int = 0,
-                         group: dist.ProcessGroup | None = None) -> None:
-    """Overwrite, in place, every rank's tensors with ``root_rank``'s: the same starting point everywhere.
-
-    Args:
-        params: ``model.state_dict()`` (parameters and buffers), ``model.named_parameters()`` or tensors.
-        root_rank: the rank whose values win.
-    """
-    with torch.no_grad():
-        for tensor in _tensors_of(params):
-            buffer = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
-            dist.broadcast(buffer, src=root_rank, group=group)
-            if buffer.data_ptr() != tensor.data_ptr():
-                tensor.copy_(buffer)
-
-
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer | DistributedOptimizer, root_rank: int = 0,
-                              group: dist.ProcessGroup | None = None) -> None:
-    """Give every rank ``root_rank``'s optimizer state (momentum, Adam moments, step counts, learning rates).
-
-    Works for any optimizer, also when the other ranks have no state yet (e.g. resuming from rank 0's checkpoint).
-    """
-    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
-    holder = [inner.state_dict() if dist.get_rank(group) == root_rank else None]
-    dist.broadcast_object_list(holder, src=root_rank, group=group)
-    if dist.get_rank(group) != root_rank:
-        inner.load_state_dict(holder[0])
-
-
-def allreduce_metric(value: float | torch.Tensor, op: str = "avg", algorithm: str = "ring",
-                     group: dist.ProcessGroup | None = None) -> float | torch.Tensor:
-    """Average (or sum) a metric over ranks, e.g. each rank's validation loss.
-
-    Averaging per-rank means is only right when every rank saw as many samples; otherwise reduce sums and
-    counts, ``allreduce_metric(torch.tensor([loss_sum, count]), op="sum")``, and divide.
-
-    Returns:
-        A float for a number, a new float64 tensor for a tensor; the input is not modified.
-    """
-    _choice("op", op, OPS)
-    tensor = torch.as_tensor(value, dtype=torch.float64).clone()
-    if dist.is_initialized():
-        allreduce.ALGORITHMS[_choice("algorithm", algorithm, allreduce.ALGORITHMS)](tensor, op=op, group=group)
-    return tensor if isinstance(value, torch.Tensor) else tensor.item()
-
-
 # -- for notebook 04b -------------------------------------------------------------------------------------------
-def check_assign_buckets(candidate: Callable[[list[int], int], list[list[int]]]) -> None:
-    """Exercise checker: does ``candidate(grad_bytes, bucket_bytes)`` bucket like :func:`assign_buckets`?
-
-    Prints ``correct`` or raises ``AssertionError`` naming the first case that differs.
-    """
-    cases = [([4, 4, 4], 8), ([10, 1, 1], 4), ([1, 2, 3, 4, 5], 6), ([7], 1), ([0, 0, 3], 3), ([], 5)]
-    for sizes, cap in cases:
-        expected, got = assign_buckets(sizes, cap), candidate(list(sizes), cap)
-        if got != expected:
-            raise AssertionError(f"for grad_bytes={sizes}, bucket_bytes={cap}: expected {expected}, got {got}.")
-    print(f"correct: all {len(cases)} cases bucket like course.distributed_optimizer.assign_buckets")
-
-
-def horovod_recipe(steps: int = 5, batch_size: int = 16, seed: int = 0) -> dict[str, object]:
-    """Rank function for notebook 04b: the whole Horovod recipe, from differing random starts to one metric.
-
-    Every rank builds its model with its own seed and its optimizer with its own learning rate (as if
-    misconfigured), then: :func:`init`, :func:`broadcast_parameters` and :func:`broadcast_optimizer_state` from
-    rank 0, ``steps`` steps of :class:`DistributedOptimizer` on this rank's shard of a synthetic regression
-    (``batch_size`` samples per rank per step), and :func:`allreduce_metric` of the shard's loss.
-
-    Returns:
-        Plain numbers: ``lr_before``/``lr_after``, the first weight ``weight_before``/``weight_after`` the
-        broadcast, ``weights`` after training (all of them), this rank's ``loss`` and the ``avg_loss`` over ranks.
-    """
-    rank = init()
-    torch.manual_seed(seed + rank.rank)  # a different start on every rank ...
-    model = torch.nn.Linear(4, 1)
-    inner = torch.optim.SGD(model.parameters(), lr=0.05 * (rank.rank + 1), momentum=0.9)
-    weight_before, lr_before = model.weight[0, 0].item(), inner.param_groups[0]["lr"]
-    broadcast_parameters(model.state_dict(), root_rank=0)  # ... until rank 0's wins
-    optimizer = DistributedOptimizer(inner, model.named_parameters())
-    broadcast_optimizer_state(optimizer, root_rank=0)
-    generator = torch.Generator().manual_seed(seed)  # one dataset; each rank takes its own rows
-    x = torch.randn(steps * batch_size * rank.world_size, 4, generator=generator)
-    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(len(x), 1, generator=generator)
-    x, y = x[rank.rank::rank.world_size], y[rank.rank::rank.world_size]  # (steps * batch_size, 4), (.., 1)
-    try:
-        for step in range(steps):
-            rows = slice(step * batch_size, (step + 1) * batch_size)
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
-            optimizer.step()
-    finally:
-        optimizer.close()
-    with torch.no_grad():
-        loss = torch.nn.functional.mse_loss(model(x), y).item()
-    return {"lr_before": lr_before, "lr_after": optimizer.param_groups[0]["lr"], "weight_before": weight_before,
-            "weight_after": model.weight[0, 0].item(), "weights": model.weight.flatten().tolist(),
-            "loss": loss, "avg_loss": allreduce_metric(loss)}
-
-
 def misuse_message() -> str:
     """Rank function: the error a rank gets for ``zero_grad()`` between ``backward()`` and ``step()``."""
     model = torch.nn.Linear(3, 1)

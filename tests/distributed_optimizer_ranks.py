@@ -1,14 +1,23 @@
-"""Rank functions for tests/test_distributed_optimizer.py (importable, as launch() requires)."""
+"""Rank functions for tests/test_distributed_optimizer.py and tests/test_horovod.py (importable, as launch()
+requires): every 2-rank check in ONE launch (starting ranks is slow).
+
+``report()`` launches once per test session and caches the per-rank results, so both test modules share it.
+"""
 
 from __future__ import annotations
 
+import functools
 import time
+from typing import Any
 
 import torch
 from torch import nn
 
 from course import distributed_optimizer as do
-from course import world
+from course import horovod, world
+from course.launch import launch
+
+WORLD_SIZE = 2
 
 
 class SlowBackward(torch.autograd.Function):
@@ -70,30 +79,37 @@ def disagreements() -> dict[str, str]:
     return messages
 
 
-def helpers() -> dict[str, object]:
-    """broadcast_parameters, broadcast_optimizer_state and allreduce_metric, seen from one rank."""
+def everything() -> dict[str, object]:
+    """broadcast_parameters, broadcast_optimizer_state and allreduce_metric, the optimizer's overlap and
+    construction check, and the whole Horovod recipe, seen from one rank."""
     me = world.current()
     torch.manual_seed(me.rank)  # a different model on every rank ...
     model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
     model[1].running_mean.fill_(float(me.rank))
-    do.broadcast_parameters(model.state_dict(), root_rank=1)  # ... until rank 1's wins
+    horovod.broadcast_parameters(model.state_dict(), root_rank=1)  # ... until rank 1's wins
     # Plain lists: tensors sent back through launch()'s queue die with the rank's process.
     weight, running_mean = model[0].weight.tolist(), model[1].running_mean.tolist()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * (me.rank + 1), momentum=0.9)
     if me.rank == 1:  # only the root has momentum buffers, as after resuming from its checkpoint
         model(torch.randn(4, 3)).sum().backward()
         optimizer.step()
-    do.broadcast_optimizer_state(optimizer, root_rank=1)
+    horovod.broadcast_optimizer_state(optimizer, root_rank=1)
     momentum = optimizer.state[model[0].weight]["momentum_buffer"]
     return {
         "weight": weight,
         "running_mean": running_mean,
         "lr": optimizer.param_groups[0]["lr"],
         "momentum": momentum.tolist(),
-        "avg": do.allreduce_metric(float(me.rank)),
-        "sum": do.allreduce_metric(me.rank, op="sum"),
-        "tensor": do.allreduce_metric(torch.tensor([1.0, me.rank]), op="sum").tolist(),
+        "avg": horovod.allreduce_metric(float(me.rank)),
+        "sum": horovod.allreduce_metric(me.rank, op="sum"),
+        "tensor": horovod.allreduce_metric(torch.tensor([1.0, me.rank]), op="sum").tolist(),
         "overlap": overlap_times(),
         "disagreements": disagreements(),
-        "recipe": do.horovod_recipe(steps=3),
+        "recipe": horovod.horovod_recipe(steps=3),
     }
+
+
+@functools.cache
+def report() -> list[dict[str, Any]]:
+    """Per-rank results of :func:`everything`, launched once."""
+    return launch(everything, WORLD_SIZE, timeout_s=180)
