@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from course import allreduce
 from course.buckets import DEFAULT_BUCKET_BYTES, Bucket, assign_buckets, flatten, unflatten
+from course.validation import check_choice
 
 OPS = ("avg", "sum")
 #: Wire dtype per compression name; None sends gradients in their own dtype.
@@ -59,18 +60,6 @@ def _bucket_text(layout: list, index: int) -> str:
         return f"no bucket {index}: {len(layout)} buckets in all"
     names, shapes, dtype = layout[index]
     return ", ".join(f"{name} {list(shape)}" for name, shape in zip(names, shapes, strict=True)) + f" ({dtype})"
-
-
-def check_choice(name: str, value: object, allowed: Iterable[str]) -> str:
-    """``value`` if it is one of ``allowed``; used for the ``op``, ``compression`` and ``algorithm`` options.
-
-    Raises:
-        ValueError: anything else, listing the allowed values and what was given.
-    """
-    allowed = list(allowed)
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
-    return value  # type: ignore[return-value]
 
 
 class DistributedOptimizer:

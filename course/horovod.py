@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from course import allreduce
-from course.distributed_optimizer import OPS, DistributedOptimizer, check_choice
+from course.distributed_optimizer import OPS, DistributedOptimizer
+from course.validation import check_choice
 from course.world import init_from_env as init  # Horovod's API shape: hvd.init()
 
 

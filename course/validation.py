@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -33,6 +33,18 @@ def check_count(name: str, value: object, minimum: int = 1, unit: str = "") -> i
         wanted += f" {unit}" if unit else ""
         raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__}).")
     return int(value)
+
+
+def check_choice(name: str, value: object, allowed: Iterable[str]) -> str:
+    """``value`` if it is one of ``allowed``, e.g. an option's name among those allowed.
+
+    Raises:
+        ValueError: anything else, listing the allowed values and what was given.
+    """
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+    return value  # type: ignore[return-value]
 
 
 def check_model_fits_data(model: nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor) -> None:

@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from course import models
-from course.validation import check_count, check_model_fits_data
+from course.validation import check_choice, check_count, check_model_fits_data
 
 pytestmark = pytest.mark.unit1
 
@@ -55,3 +55,9 @@ def test_count_accepts_any_integer_type(value):
 def test_count_refuses_the_rest(value, minimum, match):
     with pytest.raises(ValueError, match=match):
         check_count("epochs", value, minimum)
+
+
+def test_check_choice_returns_an_allowed_value_and_lists_them_otherwise():
+    assert check_choice("op", "avg", ("avg", "sum")) == "avg"
+    with pytest.raises(ValueError, match=r"op must be one of \['avg', 'sum'\], got 'max'"):
+        check_choice("op", "max", ("avg", "sum"))
