@@ -11,7 +11,7 @@ A training script adds, as with Horovod::
 
 The broadcasts make every rank start from rank ``root_rank``'s weights and optimizer state (averaged gradients
 keep identical replicas identical, but cannot bring differing ones together); :func:`allreduce_metric` turns
-each rank's metric into the one every rank reports. :func:`horovod_recipe` runs the whole recipe. Taught in
+each rank's metric into the one every rank reports. :func:`recipe` runs the whole recipe. Taught in
 ``notebooks/04b_distributed_optimizer.ipynb``.
 """
 
@@ -84,7 +84,7 @@ def allreduce_metric(value: float | torch.Tensor, op: str = "avg", algorithm: st
 
 
 # -- for notebook 04b -------------------------------------------------------------------------------------------
-def horovod_recipe(steps: int = 5, batch_size: int = 16, seed: int = 0) -> dict[str, object]:
+def recipe(steps: int = 5, batch_size: int = 16, seed: int = 0) -> dict[str, object]:
     """Rank function for notebook 04b: the whole Horovod recipe, from differing random starts to one metric.
 
     Every rank builds its model with its own seed and its optimizer with its own learning rate (as if

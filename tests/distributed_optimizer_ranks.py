@@ -105,7 +105,7 @@ def everything() -> dict[str, object]:
         "tensor": horovod.allreduce_metric(torch.tensor([1.0, me.rank]), op="sum").tolist(),
         "overlap": overlap_times(),
         "disagreements": disagreements(),
-        "recipe": horovod.horovod_recipe(steps=3),
+        "recipe": horovod.recipe(steps=3),
     }
 
 
