@@ -345,6 +345,7 @@ class _Agreement:
     mine: list[int]
     comm: _Comm
     fast: bool
+    group: dist.ProcessGroup | None = None  # the key in _verified: never None once posted
     received: dict[int, torch.Tensor] = field(default_factory=dict)
     pending: list[dist.Work] = field(default_factory=list)
     device: torch.device = torch.device("cpu")
@@ -354,7 +355,7 @@ class _Agreement:
         group = comm.group if comm.group is not None else dist.group.WORLD
         gloo = dist.get_backend(group) == dist.Backend.GLOO
         fast = gloo and metadata == _verified.get(group)
-        agreement = cls(metadata, comm, fast, device=device)
+        agreement = cls(metadata, comm, fast, group, device=device)
         peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
         sent = torch.tensor([*metadata, fast], dtype=torch.int64, device=device)
         received = agreement.received = {peer: torch.empty_like(sent) for peer in peers}
@@ -379,13 +380,12 @@ class _Agreement:
                     for peer in range(self.comm.world_size)]
         self.received = {}
         calls, fast = [meta[:-1] for meta in everyone], [bool(meta[-1]) for meta in everyone]
-        group = self.comm.group if self.comm.group is not None else dist.group.WORLD
         odd = [r for r, call in enumerate(calls) if call != calls[0]]
         if not odd:
             if list(ALGORITHMS)[self.mine[3]] == "ring":  # the only one that has a fast path
-                _verified[group] = self.mine
+                _verified[self.group] = self.mine
             return
-        _verified.pop(group, None)
+        _verified.pop(self.group, None)
         if not self.fast and any(fast):
             self._stand_in(calls[fast.index(True)], fast)
         raise ValueError(
