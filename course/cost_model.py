@@ -165,7 +165,7 @@ def crossover(small: str, large: str, world_size: int, link: AlphaBeta) -> float
 # --- measuring, on every rank (run with course.launch.launch) -------------------------------------------
 
 
-def _time_once(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor, calls: int = 1) -> float:
+def _time_per_call(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor, calls: int = 1) -> float:
     """The slowest rank's time per call for ``calls`` calls of ``fn(tensor)`` back to back, all ranks starting
     together."""
     tensor.fill_(world.current().rank)  # fresh values each time: repeated sums would overflow float16
@@ -213,7 +213,7 @@ def time_allreduce(nbytes: Sequence[int],
         for round_ in range(repeats):
             shift = round_ % len(names)  # each round starts with the next one: no algorithm always runs first
             for name in names[shift:] + names[:shift]:
-                rounds[name].append(_time_once(algorithms[name], tensor, calls))
+                rounds[name].append(_time_per_call(algorithms[name], tensor, calls))
         for name in algorithms:
             results[name][size] = list(rounds[name]) if samples else float(np.median(rounds[name]))
     return results
