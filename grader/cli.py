@@ -110,8 +110,9 @@ def save(results: Results, out: Path, key: str | None = None) -> None:
     (out / "feedback" / f"{key}.txt").write_text(reports.feedback(results))
 
 
-def saved_results(out: Path, keys: dict[str, str], skipped: list[str] | None = None) -> dict[str, Results]:
-    """The saved results in ``out`` of the submissions in ``keys`` (name -> output key, :func:`output_keys`).
+def saved_results(out: Path, keys: dict[str, str] | None, skipped: list[str] | None = None) -> dict[str, Results]:
+    """The saved results in ``out`` of the submissions in ``keys`` (name -> output key, :func:`output_keys`),
+    or of every submission if ``keys`` is None.
 
     A submission with two files (its key changed when another took its short name) keeps the one under its
     current key. Results of other submissions and unreadable files are left out (and on disk); unreadable
@@ -125,8 +126,11 @@ def saved_results(out: Path, keys: dict[str, str], skipped: list[str] | None = N
             if skipped is not None:
                 skipped.append(f"{path} (unreadable: {type(error).__name__})")
             continue
-        if results.submission in keys and (results.submission not in kept or path.stem == keys[results.submission]):
-            kept[results.submission] = results
+        name = results.submission
+        if keys is None:
+            kept.setdefault(name, results)  # no current key to prefer: the first file
+        elif name in keys and (name not in kept or path.stem == keys[name]):
+            kept[name] = results
     return kept
 
 
@@ -155,6 +159,7 @@ def report(out: Path, folder: Path | None = None) -> tuple[list[Results], list[s
     if not (out / "results").is_dir():
         raise FileNotFoundError(f"{out / 'results'} does not exist: give the folder `grader grade -o` wrote.")
     notes: list[str] = []
+    keys: dict[str, str] | None = None
     if folder is not None:
         keys = output_keys(submissions_in(folder, out))
     else:
@@ -167,19 +172,10 @@ def report(out: Path, folder: Path | None = None) -> tuple[list[Results], list[s
             keys = output_keys([Path(name) for name in names])
         else:
             notes.append(f"no readable {out / 'gradebook.csv'}: every saved result is included")
-            keys = {r.submission: p.stem for p in sorted((out / "results").glob("*.json"))
-                    for r in _readable(p)}
     kept = saved_results(out, keys, notes)
-    notes += [f"{name}: no saved result (grade it)" for name in keys if name not in kept]
+    notes += [f"{name}: no saved result (grade it)" for name in keys or () if name not in kept]
     reports.write_gradebook(list(kept.values()), out / "gradebook.csv")
     return list(kept.values()), notes
-
-
-def _readable(path: Path) -> list[Results]:
-    try:
-        return [Results.load(path)]
-    except (OSError, ValueError, TypeError, KeyError):
-        return []
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | None = None,
