@@ -373,7 +373,7 @@ class _Agreement:
         rank 0, if any do. A second call returns at once."""
         if not self.received:
             return
-        for work in self.pending:
+        for work in self.pending:  # once only: a second wait() on a finished gloo recv hangs forever
             work.wait()
         everyone = [self.received[peer].tolist() if peer in self.received else [*self.mine, self.fast]
                     for peer in range(self.comm.world_size)]
