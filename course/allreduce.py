@@ -62,10 +62,10 @@ class _Comm:
     group: dist.ProcessGroup | None  # None only in a world of one, which sends nothing
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
-        self.group.send([tensor], peer, 0).wait()
+        self.isend(tensor, peer).wait()
 
     def recv(self, tensor: torch.Tensor, peer: int) -> None:
-        self.group.recv([tensor], peer, 0).wait()
+        self.irecv(tensor, peer).wait()
 
     def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
         return self.group.send([tensor], peer, tag)
