@@ -46,6 +46,13 @@ _CHECKED_DIMS = 6
 #: pipelining matters more.
 RING_PIECE_BYTES = 4 << 20
 MAX_RING_PIECES = 16
+#: Backends that match point-to-point messages by tag and buffer them, so receives may be posted long before
+#: their sends: gloo, for CPU tensors. Elsewhere messages are *batched*: on NCCL they queue on a GPU stream,
+#: where a receive waits for its sender and holds up everything queued behind it (all messages between two
+#: ranks share a stream; with ``init_process_group(device_id=...)`` all messages do), so a ring that posted its
+#: receives ahead of its sends would deadlock (any ring of 2 ranks, whose left and right are the same rank).
+#: There the ring sends and receives each step as one batch, and the agreement check is one batch.
+TAGGED_BACKENDS = ("gloo",)
 _scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
 
 
@@ -60,6 +67,7 @@ class _Comm:
     rank: int
     world_size: int
     group: dist.ProcessGroup | None  # None only in a world of one, which sends nothing
+    batched: bool = False  # send and receive in batches: not gloo on CPU (see TAGGED_BACKENDS)
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         self.isend(tensor, peer).wait()
@@ -72,6 +80,15 @@ class _Comm:
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
         return self.group.recv([tensor], peer, tag)
+
+    def exchange(self, outgoing: torch.Tensor, to: int, incoming: torch.Tensor, source: int) -> None:
+        """Send ``outgoing`` to ``to`` while receiving ``incoming`` from ``source``, as one batch (an empty
+        tensor is skipped: its peer skips it too)."""
+        ops = [dist.P2POp(dist.isend, outgoing, group=self.group, group_peer=to)] if outgoing.numel() else []
+        if incoming.numel():
+            ops.append(dist.P2POp(dist.irecv, incoming, group=self.group, group_peer=source))
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -146,7 +163,8 @@ def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
     its right. For the first n-1 steps (reduce-scatter) it adds what arrives into its own copy, after
     which rank ``r`` holds the full sum of chunk ``(r + 1) % n``; for the last n-1 (all-gather) what
     arrives is final and overwrites its copy. The chunk sent at step t+1 is the one received at step t,
-    so each piece is passed on the moment it is ready (a pipeline, not lock-step).
+    so each piece is passed on the moment it is ready (a pipeline, not lock-step). On NCCL the steps run in
+    lock-step, each step's send and receive in one batch (see ``TAGGED_BACKENDS``).
 
     Args, returns and raises: as :func:`naive_allreduce`.
     """
@@ -166,6 +184,8 @@ def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: b
     if n == 1 or flat.numel() == 0:
         return
     chunks = [flat[start:stop] for start, stop in chunk_bounds(flat.numel(), n)]  # views, no copies
+    if comm.batched:
+        return _ring_in_lock_step(chunks, comm)
     right, left = (rank + 1) % n, (rank - 1) % n
     steps = 2 * (n - 1)
     landings = _landings(chunks[0], n - 1)  # one per reduce-scatter step: (n-1)/n of the tensor
@@ -188,6 +208,21 @@ def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: b
                 sends.append(comm.isend(piece, right))
     for work in sends:
         work.wait()
+
+
+def _ring_in_lock_step(chunks: list[torch.Tensor], comm: _Comm) -> None:
+    """The ring's steps one at a time, exactly as :func:`ring_allreduce` states them, each step's send and
+    receive in one batch: on NCCL, receives posted ahead of the sends would deadlock (``TAGGED_BACKENDS``)."""
+    n, rank = comm.world_size, comm.rank
+    right, left = (rank + 1) % n, (rank - 1) % n
+    landing = _landings(chunks[0], 1)[0]
+    for step in range(2 * (n - 1)):
+        outgoing, incoming = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
+        if step < n - 1:  # reduce-scatter: land, then add
+            comm.exchange(outgoing, right, landing[:incoming.numel()], left)
+            incoming.add_(landing[:incoming.numel()])
+        else:  # all-gather: straight in place
+            comm.exchange(outgoing, right, incoming, left)
 
 
 def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
@@ -281,7 +316,9 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGrou
     if group is None and not dist.is_initialized():
         comm = _Comm(0, 1, None)  # no process group: a world of one, like course.world.current()
     else:
-        comm = _Comm(dist.get_rank(group), dist.get_world_size(group), group if group is not None else dist.group.WORLD)
+        group = group if group is not None else dist.group.WORLD
+        comm = _Comm(dist.get_rank(group), dist.get_world_size(group), group,
+                     batched=tensor.device.type != "cpu" or dist.get_backend(group) not in TAGGED_BACKENDS)
     if check and comm.world_size > 1:
         agreement = _Agreement.post(_metadata(tensor, op, algorithm), tensor.device, comm)
     else:
@@ -340,7 +377,8 @@ class _Agreement:
     messages are only read at the end. If some rank changed its call meanwhile, that rank is *slow*: it
     waits for every message, sees the difference, and before raising stands in for the ring towards its
     fast neighbours (:func:`_ring` on zeros of their shape), so they finish, read the messages and raise
-    too. Naive and tree are always slow. Unposted (``check=False`` or a world of one) it verifies nothing.
+    too. Naive and tree are always slow, and so is every batched call (``TAGGED_BACKENDS``). Unposted
+    (``check=False`` or a world of one) it verifies nothing.
     """
 
     mine: list[int]
@@ -352,16 +390,15 @@ class _Agreement:
 
     @classmethod
     def post(cls, metadata: list[int], device: torch.device, comm: _Comm) -> _Agreement:
-        gloo = dist.get_backend(comm.group) == dist.Backend.GLOO
-        fast = gloo and metadata == _verified.get(comm.group)
+        fast = not comm.batched and metadata == _verified.get(comm.group)
         agreement = cls(metadata, comm, fast, device=device)
         peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
         sent = torch.tensor([*metadata, fast], dtype=torch.int64, device=device)
         received = agreement.received = {peer: torch.empty_like(sent) for peer in peers}
-        if gloo:  # on a tag of their own, these never meet the data, whichever is sent first
+        if not comm.batched:  # on a tag of their own, these never meet the data, whichever is sent first
             agreement.pending = [comm.irecv(received[peer], peer, _SHAPES_TAG) for peer in peers]
             agreement.pending += [comm.isend(sent, peer, _SHAPES_TAG) for peer in peers]
-        else:  # NCCL has no tags, and pairs of sends and receives must go in one batch: wait for it now
+        else:  # NCCL has no tags, and sends and receives must go in one batch (see TAGGED_BACKENDS): wait now
             exchange = [dist.P2POp(dist.irecv, received[peer], group=comm.group, group_peer=peer) for peer in peers]
             exchange += [dist.P2POp(dist.isend, sent, group=comm.group, group_peer=peer) for peer in peers]
             for work in dist.batch_isend_irecv(exchange):

@@ -6,7 +6,9 @@ Every subset size k = 1..world_size is a process group of ranks 0..k-1 (``dist.n
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -261,12 +263,20 @@ def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
 
     def recording(call):
         def record(comm, tensor, peer, *tag):
-            recorded.append((peer, chunk_of(tensor)))
+            recorded.append((peer, chunk_of(tensor), "isend"))
             return call(comm, tensor, peer, *tag)
         return record
 
-    saved = Comm.isend
-    Comm.isend = recording(Comm.isend)  # Comm.send is isend(...).wait(): every message leaves through it
+    def recording_exchange(call):
+        def record(comm, outgoing, to, incoming, source):
+            if outgoing.numel():
+                recorded.append((to, chunk_of(outgoing), "exchange"))
+            return call(comm, outgoing, to, incoming, source)
+        return record
+
+    saved = Comm.isend, Comm.exchange
+    Comm.isend = recording(Comm.isend)  # Comm.send is isend(...).wait(): every message leaves through it,
+    Comm.exchange = recording_exchange(Comm.exchange)  # or, batched, through exchange
     try:
         found = {}
         for name in sorted(ALGORITHMS):
@@ -278,7 +288,39 @@ def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
                     found[f"{name}/{k}"] = list(recorded)
         return found
     finally:
-        Comm.isend = saved
+        Comm.isend, Comm.exchange = saved
+
+
+@contextlib.contextmanager
+def batched_everywhere() -> Iterator[None]:
+    """Run NCCL's code paths on gloo (no ``TAGGED_BACKENDS``): the ring in lock-step, the agreement in one batch."""
+    saved, course.allreduce.TAGGED_BACKENDS = course.allreduce.TAGGED_BACKENDS, ()
+    try:
+        yield
+    finally:
+        course.allreduce.TAGGED_BACKENDS = saved
+
+
+def batched(bad_rank: int) -> dict[str, Any]:
+    """The ring in lock-step (as on NCCL) on every group size and around chunk edges, against dist.all_reduce;
+    the sends it makes; and a rank that disagrees, named on every rank."""
+    me = world.current()
+    groups = _groups(me.world_size)
+    with batched_everywhere():
+        right = []
+        for k, group in groups.items():
+            for numel in (0, 1, k - 1, 10 * k + 3, 1001):
+                for op, check in (("sum", True), ("avg", False)):
+                    if me.rank >= k:
+                        continue
+                    generator = torch.Generator().manual_seed(numel * 64 + me.rank)
+                    mine = torch.randint(-8, 9, (numel,), generator=generator).double()
+                    expected = mine.clone()
+                    dist.all_reduce(expected, group=group)
+                    expected = expected / k if op == "avg" else expected
+                    got = course.allreduce.ring_allreduce(mine, op, group, check=check)
+                    right.append((k, numel, op, torch.equal(got, expected)))
+        return {"right": right, "sends": sends(), "mismatches": mismatches(bad_rank)}
 
 
 def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
@@ -291,6 +333,7 @@ def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
         "pieces": ring_in_pieces(),
         "reduce_ops": with_reduce_ops(),
         "sends": sends(),
+        "batched": batched(bad_rank),
         "reference": compare_with_reference(1001),
         "hypothesis": hypothesis_cases(max_examples),
     }

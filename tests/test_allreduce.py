@@ -93,12 +93,37 @@ def test_torch_reduce_op_constants_work_like_the_strings(report):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_every_send_is_the_one_allreduce_sim_draws(report):
+@pytest.mark.parametrize("batched", [False, True], ids=["pipelined", "batched"])
+def test_every_send_is_the_one_allreduce_sim_draws(report, batched):
     for name, schedule in SCHEDULES.items():
         for k in range(1, WORLD_SIZE + 1):
             for rank in range(k):
+                sent = (report[rank]["batched"] if batched else report[rank])["sends"][f"{name}/{k}"]
                 drawn = [(m.dest, m.chunk) for step in schedule(k) for m in step.messages if m.source == rank]
-                assert report[rank]["sends"][f"{name}/{k}"] == drawn, (name, k, rank)
+                assert [(dest, chunk) for dest, chunk, _ in sent] == drawn, (name, k, rank)
+                if name == "ring":  # batched: never a receive posted ahead of a send (a deadlock on NCCL)
+                    assert {via for _, _, via in sent} <= {"exchange" if batched else "isend"}, (k, rank)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ring_in_lock_step_as_on_nccl_matches_dist_all_reduce(report):
+    """On NCCL the ring runs lock-step, each step's send and receive in one batch: here that path runs on gloo
+    (course.allreduce.TAGGED_BACKENDS emptied), on every group size, with unequal and empty chunks, one element."""
+    for rank, got in enumerate(report):
+        cases = got["batched"]["right"]
+        assert len(cases) == 10 * sum(1 for k in range(rank + 1, WORLD_SIZE + 1)), rank
+        assert [case for case in cases if not case[-1]] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_rank_that_disagrees_is_named_on_every_rank_when_batched(report, name):
+    for rank in report:
+        for what in ("numel", "shape", "dtype", "op", "algorithm"):
+            (message,) = rank["batched"]["mismatches"][f"{name}/{what}"][:1]
+            assert f"rank {BAD_RANK} has" in message, (what, message)
 
 
 @pytest.mark.slow
