@@ -123,9 +123,10 @@ def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGro
         check: every rank sends its numel/shape/dtype/op/algorithm to every other rank, and all raise if any
             rank disagrees. Naive and tree wait for every rank's before their first message: a wait for the
             slowest rank to arrive, ~3 ms on emulated GPUs. The ring does so only for a call that differs
-            from the last one the group verified; repeating it, its data moves at once and the check costs
-            next to nothing (see ``_Agreement``). After a mismatch ``tensor`` is as it was, except on the
-            ranks of a repeated ring call, where it holds a partial sum. Must be the same on every rank.
+            from the last one the group verified; repeating it, it tells its neighbours only, its data moves
+            at once and the check costs next to nothing (see ``_Agreement``). After a mismatch ``tensor`` is
+            as it was, except on the ranks of a repeated ring call, where it holds NaN. Must be the same on
+            every rank.
             ``check=False`` means *you promise* that every rank passes the same shape,
             dtype, op and algorithm, e.g. because it was verified once, as ``DistributedOptimizer`` does at
             construction; if the promise is broken the result is undefined: gloo may abort the process
@@ -169,10 +170,9 @@ def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
     Args, returns and raises: as :func:`naive_allreduce`.
     """
     flat, comm, agreement = _begin("ring", tensor, op, group, check)
-    if not agreement.fast:
-        agreement.verify()  # a call this group has not verified yet: everyone's shape before any data moves
+    agreement.verify()  # a call the group has not verified yet: everyone's before any data moves (fast: no-op)
     _ring(flat, comm)
-    agreement.verify()  # after a verified call the data moved at once; every other rank's shape is in by now
+    agreement.verify(flat)  # a repeated call moved its data at once: the result shows whether a rank stood in
     return _finish(tensor, op, comm)
 
 
@@ -358,72 +358,76 @@ def _describe(metadata: list[int]) -> str:
             f"{list(ALGORITHMS)[algorithm]} allreduce")
 
 
-_SHAPES_TAG = 1  # the data goes on tag 0
+_NEIGHBOURS_TAG, _EVERYONE_TAG = 1, 2  # the data goes on tag 0
 #: Per process group, the last call every rank was verified to agree on (ring calls only).
 _verified: dict[dist.ProcessGroup, list[int]] = {}
 
 
 @dataclass
 class _Agreement:
-    """This call's (numel, dtype, op, algorithm, shape) on every rank, sent to every other rank as it begins.
+    """Whether every rank makes this call: same numel, dtype, op, algorithm and shape.
 
     Without it, a rank with a shorter tensor would wait forever for bytes nobody sends, or gloo would abort
     a process that receives more than it has room for: this turns both into an error on every rank that
-    names the rank that differs. Every rank sends straight to every other (one hop of n-1 tiny messages;
-    ``dist.all_gather`` would take n-1 hops and a hand-off to gloo's worker thread).
+    names the rank that differs. Each rank tells *everyone* its call (one hop of n-1 tiny messages;
+    ``dist.all_gather`` would take n-1 hops and a hand-off to gloo's worker thread), and waits for all of
+    theirs before its data moves: a wait for the slowest rank to arrive (~3 ms on emulated GPUs).
 
-    Waiting for everyone's message costs a wait for the slowest rank to arrive (~3 ms on emulated GPUs), so
-    a ring call that repeats the group's last verified call is *fast*: its data moves at once, and the
-    messages are only read at the end. If some rank changed its call meanwhile, that rank is *slow*: it
-    waits for every message, sees the difference, and before raising stands in for the ring towards its
-    fast neighbours (:func:`_ring` on zeros of their shape), so they finish, read the messages and raise
-    too. Naive and tree are always slow, and so is every batched call (``TAGGED_BACKENDS``). Unposted
-    (``check=False`` or a world of one) it verifies nothing.
+    A ring call that repeats the group's last verified call is *fast*: it tells only its two neighbours,
+    whose links carry its data anyway (so it costs next to nothing), and its data moves at once. A rank that
+    changed its call is *slow*: it tells its neighbours and everyone. A slow rank next to a fast one stands in
+    for the ring towards its fast neighbours (:func:`_ring` on NaN of their shape), so they finish, with NaN
+    everywhere: every chunk passes through a stand-in on its way round. So a fast rank whose result does not
+    start with NaN knows every rank made its call; one whose result does (a mismatch, or a NaN in the data)
+    tells everyone too, and then every rank compares all the calls and raises if any differs. Naive and tree
+    are always slow, and so is every batched call (``TAGGED_BACKENDS``), which tells everyone in one batch.
+    Unposted (``check=False`` or a world of one) it verifies nothing.
     """
 
     mine: list[int]
     comm: _Comm
     fast: bool
-    received: dict[int, torch.Tensor] = field(default_factory=dict)
-    pending: list[dist.Work] = field(default_factory=list)
     device: torch.device = torch.device("cpu")
+    neighbours: list[torch.Tensor] = field(default_factory=list)  # [left's call, right's call] as they sent it
+    everyone: dict[int, torch.Tensor] = field(default_factory=dict)  # every other rank's call as it sent it
+    hearing_neighbours: list[dist.Work] = field(default_factory=list)  # each waited once: a second wait()
+    hearing_everyone: list[dist.Work] = field(default_factory=list)  # on a finished gloo recv hangs forever
+    done: bool = False
 
     @classmethod
     def post(cls, metadata: list[int], device: torch.device, comm: _Comm) -> _Agreement:
-        fast = not comm.batched and metadata == _verified.get(comm.group)
+        fast = not comm.batched and metadata[0] > 0 and metadata == _verified.get(comm.group)
         agreement = cls(metadata, comm, fast, device=device)
-        peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
-        sent = torch.tensor([*metadata, fast], dtype=torch.int64, device=device)
-        received = agreement.received = {peer: torch.empty_like(sent) for peer in peers}
-        if not comm.batched:  # on a tag of their own, these never meet the data, whichever is sent first
-            agreement.pending = [comm.irecv(received[peer], peer, _SHAPES_TAG) for peer in peers]
-            agreement.pending += [comm.isend(sent, peer, _SHAPES_TAG) for peer in peers]
-        else:  # NCCL has no tags, and sends and receives must go in one batch (see TAGGED_BACKENDS): wait now
-            exchange = [dist.P2POp(dist.irecv, received[peer], group=comm.group, group_peer=peer) for peer in peers]
-            exchange += [dist.P2POp(dist.isend, sent, group=comm.group, group_peer=peer) for peer in peers]
-            for work in dist.batch_isend_irecv(exchange):
-                work.wait()
+        if not comm.batched:
+            agreement._tell_neighbours()
+        if not fast:
+            agreement._tell_everyone()
         return agreement
 
-    def verify(self) -> None:
-        """Wait for every rank's message; raise ValueError on every rank, naming the ranks that differ from
-        rank 0, if any do. A second call returns at once."""
-        if not self.received:
+    def verify(self, result: torch.Tensor | None = None) -> None:
+        """Raise ValueError on every rank, naming the ranks whose call differs from rank 0's, if any do. A slow
+        call verifies before its data moves; a fast one after, from its ``result``. Later calls return at once."""
+        if self.done or not (self.neighbours or self.everyone) or (self.fast and result is None):
             return
-        for work in self.pending:  # once only: a second wait() on a finished gloo recv hangs forever
-            work.wait()
-        everyone = [self.received[peer].tolist() if peer in self.received else [*self.mine, self.fast]
-                    for peer in range(self.comm.world_size)]
-        self.received = {}
-        calls, fast = [meta[:-1] for meta in everyone], [bool(meta[-1]) for meta in everyone]
+        self.done = True
+        _wait(self.hearing_neighbours)
+        if self.fast:
+            if not math.isnan(result[0].item()):
+                return  # no rank stood in (it would have sent NaN): every rank made this very call
+            self._tell_everyone()  # a stand-in's NaN, or the data's own: compare everyone's call
+        elif self.neighbours:
+            left, right = (bool(message[-1].item()) for message in self.neighbours)
+            if left or right:  # a fast neighbour is running the ring: the calls differ
+                self._stand_in(self.neighbours[0 if left else 1].tolist()[:-1], left, right)
+        _wait(self.hearing_everyone)
+        calls = [self.everyone[peer].tolist()[:-1] if peer in self.everyone else self.mine
+                 for peer in range(self.comm.world_size)]
         odd = [r for r, call in enumerate(calls) if call != calls[0]]
         if not odd:
             if list(ALGORITHMS)[self.mine[3]] == "ring":  # the only one that has a fast path
                 _verified[self.comm.group] = self.mine
             return
         _verified.pop(self.comm.group, None)
-        if not self.fast and any(fast):
-            self._stand_in(calls[fast.index(True)], fast)
         raise ValueError(
             f"allreduce needs the same tensor shape, dtype, op and algorithm on every rank, but rank {odd[0]} "
             f"has {_describe(calls[odd[0]])} while rank 0 has {_describe(calls[0])} (ranks that differ "
@@ -431,9 +435,42 @@ class _Agreement:
             "tensor on every rank."
         )
 
-    def _stand_in(self, fast_call: list[int], fast: list[bool]) -> None:
-        """Exchange with my fast neighbours what a ring rank with their call would (zeros), so they finish."""
-        n, rank = self.comm.world_size, self.comm.rank
+    def _message(self) -> torch.Tensor:
+        return torch.tensor([*self.mine, self.fast], dtype=torch.int64, device=self.device)
+
+    def _tell_neighbours(self) -> None:
+        """Send my call to both neighbours and post receives for theirs, on a tag of their own (so these never
+        meet the data, whichever is sent first). In a ring of 2 both neighbours are one rank, sending twice."""
+        comm, sent = self.comm, self._message()
+        left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
+        self.neighbours = [torch.empty_like(sent), torch.empty_like(sent)]
+        self.hearing_neighbours = [comm.irecv(self.neighbours[0], left, _NEIGHBOURS_TAG),
+                                   comm.irecv(self.neighbours[1], right, _NEIGHBOURS_TAG),
+                                   comm.isend(sent, right, _NEIGHBOURS_TAG), comm.isend(sent, left, _NEIGHBOURS_TAG)]
+
+    def _tell_everyone(self) -> None:
+        """Send my call to every other rank and post receives for theirs."""
+        comm, sent = self.comm, self._message()
+        peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
+        self.everyone = {peer: torch.empty_like(sent) for peer in peers}
+        if not comm.batched:
+            self.hearing_everyone = [comm.irecv(self.everyone[peer], peer, _EVERYONE_TAG) for peer in peers]
+            self.hearing_everyone += [comm.isend(sent, peer, _EVERYONE_TAG) for peer in peers]
+            return
+        # NCCL has no tags, and sends and receives must go in one batch (see TAGGED_BACKENDS): wait for it now
+        exchange = [dist.P2POp(dist.irecv, self.everyone[peer], group=comm.group, group_peer=peer) for peer in peers]
+        exchange += [dist.P2POp(dist.isend, sent, group=comm.group, group_peer=peer) for peer in peers]
+        _wait(dist.batch_isend_irecv(exchange))
+
+    def _stand_in(self, fast_call: list[int], hear_left: bool, talk_right: bool) -> None:
+        """Exchange with my fast neighbours what a ring rank with their call would, all NaN, so they finish."""
         numel, dtype = fast_call[0], DTYPES[fast_call[1]]
-        _ring(torch.zeros(numel, dtype=dtype, device=self.device), self.comm,
-              hear_left=fast[(rank - 1) % n], talk_right=fast[(rank + 1) % n])
+        poison = torch.full((numel,), math.nan, dtype=dtype, device=self.device)
+        _ring(poison, self.comm, hear_left=hear_left, talk_right=talk_right)
+
+
+def _wait(works: list[dist.Work]) -> None:
+    """Wait for each of ``works``, then forget them: gloo hangs on a second wait() for a finished receive."""
+    for work in works:
+        work.wait()
+    works.clear()

@@ -7,8 +7,10 @@ Every subset size k = 1..world_size is a process group of ranks 0..k-1 (``dist.n
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -187,15 +189,82 @@ def changed_calls(bad_rank: int) -> dict[str, tuple[str, bool, bool]]:
             mine = {"shape": (6, 4), "dtype": torch.float32, "op": "sum", "name": "ring"}
             if me.rank in changed:
                 mine.update(change)
+            tensor = torch.ones(mine["shape"], dtype=mine["dtype"])
             try:
-                ALGORITHMS[mine["name"]](torch.ones(mine["shape"], dtype=mine["dtype"]), op=mine["op"])
+                ALGORITHMS[mine["name"]](tensor, op=mine["op"])
                 message = "no error"
             except ValueError as error:
                 message = str(error)
+            left_as_documented = bool(tensor.isnan().all() if me.rank not in changed else (tensor == 1).all())
             after = ring(torch.full((6, 4), float(me.rank + 1)))
             expected = me.world_size * (me.world_size + 1) / 2
-            outcome[f"{label}/{what}"] = (message, bool((after == expected).all()), fast)
+            outcome[f"{label}/{what}"] = (message, bool((after == expected).all()), fast, left_as_documented)
     return outcome
+
+
+def small_rings(bad_rank: int = 1) -> dict[str, tuple[str, bool]]:
+    """Repeated ring calls on groups of 2 and 3 (in a ring of 2 both neighbours are one rank), then rank
+    ``bad_rank`` changes its numel: the error each rank of the group raised, and whether its next call is right."""
+    me = world.current()
+    groups = _groups(me.world_size)
+    outcome: dict[str, tuple[str, bool]] = {}
+    for k in (2, 3):
+        if me.rank >= k:
+            continue
+        ring = partial(ALGORITHMS["ring"], group=groups[k])
+        repeated = [ring(torch.full((7,), float(me.rank + 1))) for _ in range(3)]
+        right = all(bool((result == k * (k + 1) / 2).all()) for result in repeated)
+        try:
+            ring(torch.ones(8 if me.rank == bad_rank else 7))
+            message = "no error"
+        except ValueError as error:
+            message = str(error)
+        after = ring(torch.full((7,), float(me.rank + 1)))
+        outcome[str(k)] = (message, right and bool((after == k * (k + 1) / 2).all()))
+    return outcome
+
+
+def nan_in_the_data() -> list[bool]:
+    """A repeated ring call whose data holds NaN (first element, then another): no error, NaN where gloo puts
+    it, and the next call right."""
+    me = world.current()
+    ring = ALGORITHMS["ring"]
+    outcome = []
+    for where in (0, 5, None):
+        mine = torch.full((9,), float(me.rank + 1))
+        if where is not None and me.rank == 1:
+            mine[where] = math.nan
+        expected = mine.clone()
+        dist.all_reduce(expected)
+        ring(torch.ones(9))  # so the call below repeats it
+        got = ring(mine)
+        same_nan = torch.equal(got.isnan(), expected.isnan())
+        outcome.append(same_nan and torch.equal(got.nan_to_num(), expected.nan_to_num()))
+    return outcome
+
+
+def who_a_repeated_ring_call_tells() -> dict[str, list[int]]:
+    """The peers a ring call's check messages go to (anything not on the data's tag 0): for a new call, then for
+    the same call repeated."""
+    Comm = course.allreduce._Comm
+    told: list[int] = []
+    saved = Comm.isend
+
+    def recording(comm, tensor, peer, tag=0):
+        if tag != 0:
+            told.append(peer)
+        return saved(comm, tensor, peer, tag)
+
+    Comm.isend = recording
+    try:
+        found = {}
+        for label, numel in (("new", 13), ("repeated", 13)):
+            told.clear()
+            ALGORITHMS["ring"](torch.ones(numel))
+            found[label] = sorted(told)
+        return found
+    finally:
+        Comm.isend = saved
 
 
 def from_a_thread(numel: int = 4099) -> list[bool]:
@@ -329,6 +398,9 @@ def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
         "sizes": every_algorithm_and_size(),
         "mismatches": mismatches(bad_rank),
         "changed": changed_calls(bad_rank),
+        "small_rings": small_rings(),
+        "nan": nan_in_the_data(),
+        "told": who_a_repeated_ring_call_tells(),
         "thread": from_a_thread(),
         "pieces": ring_in_pieces(),
         "reduce_ops": with_reduce_ops(),

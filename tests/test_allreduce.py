@@ -66,11 +66,39 @@ def test_a_rank_that_changes_a_verified_ring_call_is_named_on_every_rank(report,
     """The repeated call moves data before reading shapes: the changed ranks stand in for the ring, so every
     rank still finishes, raises, and leaves the group clean for the next call."""
     for rank in report:
-        message, next_call_right, was_verified = rank["changed"][f"{who}/{what}"]
+        message, next_call_right, was_verified, left_as_documented = rank["changed"][f"{who}/{what}"]
         assert was_verified  # so the unchanged ranks took the fast path
         assert "same tensor shape, dtype, op and algorithm on every rank" in message, message
         assert f"rank {BAD_RANK} has" in message, message  # the first rank whose call differs from rank 0's
         assert next_call_right
+        assert left_as_documented  # NaN on the fast ranks, untouched on the changed ones
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("k", ["2", "3"])
+def test_rings_of_2_and_3_repeat_calls_and_name_a_rank_that_changes(report, k):
+    for rank in report[:int(k)]:
+        message, right = rank["small_rings"][k]
+        assert "rank 1 has numel 8" in message and "rank 0 has numel 7" in message, message
+        assert right
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_repeated_ring_call_with_nan_in_the_data_is_no_mismatch(report):
+    """The fast path reads a NaN at the start of its result as a sign that some rank stood in: with NaN in the
+    data it asks everyone, finds they all agree, and returns the result dist.all_reduce gives."""
+    assert [rank["nan"] for rank in report] == [[True] * 3] * WORLD_SIZE
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_repeated_ring_call_tells_its_two_neighbours_only(report):
+    for rank, got in enumerate(report):
+        assert got["told"]["new"] == sorted([r for r in range(WORLD_SIZE) if r != rank] + [(rank - 1) % WORLD_SIZE,
+                                                                                           (rank + 1) % WORLD_SIZE])
+        assert got["told"]["repeated"] == sorted([(rank - 1) % WORLD_SIZE, (rank + 1) % WORLD_SIZE])
 
 
 @pytest.mark.slow
