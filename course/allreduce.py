@@ -171,15 +171,17 @@ def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
     """
     flat, comm, agreement = _begin("ring", tensor, op, group, check)
     agreement.verify()  # a call the group has not verified yet: everyone's before any data moves (fast: no-op)
-    _ring(flat, comm)
+    _ring(flat, comm, before_waiting=agreement.answer_left)
     agreement.verify(flat)  # a repeated call moved its data at once: the result shows whether a rank stood in
     return _finish(tensor, op, comm)
 
 
-def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: bool = True) -> None:
+def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: bool = True,
+          before_waiting: Callable[[], None] = lambda: None) -> None:
     """The ring's messages (see :func:`ring_allreduce`): all receives posted up front, each piece passed on
-    as soon as it is reduced. A stand-in for a rank that is not running this ring (see :class:`_Agreement`)
-    turns off the links to neighbours that are not running it either."""
+    as soon as it is reduced; ``before_waiting`` runs once the first sends are out. A stand-in for a rank
+    that is not running this ring (see :class:`_Agreement`) turns off the links to neighbours that are not
+    running it either."""
     n, rank = comm.world_size, comm.rank
     if n == 1 or flat.numel() == 0:
         return
@@ -198,6 +200,7 @@ def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: b
 
     arriving = [post_receives(step) for step in range(steps)]  # all posted at once: matched in order
     sends = [comm.isend(chunks[rank][a:b], right) for a, b in _pieces(chunks[rank])] if talk_right else []
+    before_waiting()
     for step in range(steps):
         for piece, landed, work in arriving[step]:
             if work is not None:
@@ -358,7 +361,7 @@ def _describe(metadata: list[int]) -> str:
             f"{list(ALGORITHMS)[algorithm]} allreduce")
 
 
-_NEIGHBOURS_TAG, _EVERYONE_TAG = 1, 2  # the data goes on tag 0
+_CALL_TAG, _ANSWER_TAG, _EVERYONE_TAG = 1, 2, 3  # the data goes on tag 0
 #: Per process group, the last call every rank was verified to agree on (ring calls only).
 _verified: dict[dist.ProcessGroup, list[int]] = {}
 
@@ -373,14 +376,16 @@ class _Agreement:
     ``dist.all_gather`` would take n-1 hops and a hand-off to gloo's worker thread), and waits for all of
     theirs before its data moves: a wait for the slowest rank to arrive (~3 ms on emulated GPUs).
 
-    A ring call that repeats the group's last verified call is *fast*: it tells only its two neighbours,
-    whose links carry its data anyway (so it costs next to nothing), and its data moves at once. A rank that
-    changed its call is *slow*: it tells its neighbours and everyone. A slow rank next to a fast one stands in
-    for the ring towards its fast neighbours (:func:`_ring` on NaN of their shape), so they finish, with NaN
-    everywhere: every chunk passes through a stand-in on its way round. So a fast rank whose result does not
-    start with NaN knows every rank made its call; one whose result does (a mismatch, or a NaN in the data)
-    tells everyone too, and then every rank compares all the calls and raises if any differs. Naive and tree
-    are always slow, and so is every batched call (``TAGGED_BACKENDS``), which tells everyone in one batch.
+    A ring call that repeats the group's last verified call is *fast*: it tells only its right neighbour,
+    on the link that carries its data anyway (so it costs next to nothing), and its data moves at once. A
+    rank that changed its call is *slow*: it tells its right neighbour and everyone. Every rank reads its
+    left neighbour's call before waiting for data from it, and answers with its own if that neighbour is
+    slow. So a slow rank learns both neighbours' calls, and next to a fast one it stands in for the ring
+    towards its fast neighbours (:func:`_ring` on NaN of their shape), so they finish, with NaN everywhere:
+    every chunk passes through a stand-in on its way round. A fast rank whose result does not start with
+    NaN therefore knows every rank made its call; one whose result does (a mismatch, or a NaN in the data)
+    tells everyone too, and every rank compares all the calls and raises if any differs. Naive and tree are
+    always slow, and so is every batched call (``TAGGED_BACKENDS``), which tells everyone in one batch.
     Unposted (``check=False`` or a world of one) it verifies nothing.
     """
 
@@ -388,10 +393,13 @@ class _Agreement:
     comm: _Comm
     fast: bool
     device: torch.device = torch.device("cpu")
-    neighbours: list[torch.Tensor] = field(default_factory=list)  # [left's call, right's call] as they sent it
-    everyone: dict[int, torch.Tensor] = field(default_factory=dict)  # every other rank's call as it sent it
-    hearing_neighbours: list[dist.Work] = field(default_factory=list)  # each waited once: a second wait()
-    hearing_everyone: list[dist.Work] = field(default_factory=list)  # on a finished gloo recv hangs forever
+    left: torch.Tensor | None = None  # my left neighbour's call, as it sent it
+    right: torch.Tensor | None = None  # my right neighbour's answer (slow calls only)
+    everyone: dict[int, torch.Tensor] = field(default_factory=dict)  # every other rank's call, as it sent it
+    hearing_left: list[dist.Work] = field(default_factory=list)  # each list waited once: a second wait()
+    hearing_right: list[dist.Work] = field(default_factory=list)  # on a finished gloo recv hangs forever
+    hearing_everyone: list[dist.Work] = field(default_factory=list)
+    sending: list[dist.Work] = field(default_factory=list)
     done: bool = False
 
     @classmethod
@@ -399,27 +407,41 @@ class _Agreement:
         fast = not comm.batched and metadata[0] > 0 and metadata == _verified.get(comm.group)
         agreement = cls(metadata, comm, fast, device=device)
         if not comm.batched:
-            agreement._tell_neighbours()
+            agreement._tell_right()
         if not fast:
             agreement._tell_everyone()
         return agreement
 
+    def answer_left(self) -> None:
+        """Read my left neighbour's call and, if it is slow, answer with mine (it waits for that to learn
+        whether I run the ring). A fast call does this before it first waits for data: a slow left
+        neighbour sends none until answered."""
+        if self.left is None or not self.hearing_left:
+            return
+        _wait(self.hearing_left)
+        if not self.left[-1].item():
+            left = (self.comm.rank - 1) % self.comm.world_size
+            self.sending.append(self.comm.isend(self._message(), left, _ANSWER_TAG))
+
     def verify(self, result: torch.Tensor | None = None) -> None:
         """Raise ValueError on every rank, naming the ranks whose call differs from rank 0's, if any do. A slow
         call verifies before its data moves; a fast one after, from its ``result``. Later calls return at once."""
-        if self.done or not (self.neighbours or self.everyone) or (self.fast and result is None):
+        if self.done or not (self.left is not None or self.everyone) or (self.fast and result is None):
             return
         self.done = True
-        _wait(self.hearing_neighbours)
+        self.answer_left()
         if self.fast:
             if not math.isnan(result[0].item()):
+                _wait(self.sending)
                 return  # no rank stood in (it would have sent NaN): every rank made this very call
             self._tell_everyone()  # a stand-in's NaN, or the data's own: compare everyone's call
-        elif self.neighbours:
-            left, right = (bool(message[-1].item()) for message in self.neighbours)
+        elif self.right is not None:
+            _wait(self.hearing_right)
+            left, right = bool(self.left[-1].item()), bool(self.right[-1].item())
             if left or right:  # a fast neighbour is running the ring: the calls differ
-                self._stand_in(self.neighbours[0 if left else 1].tolist()[:-1], left, right)
+                self._stand_in((self.left if left else self.right).tolist()[:-1], left, right)
         _wait(self.hearing_everyone)
+        _wait(self.sending)
         calls = [self.everyone[peer].tolist()[:-1] if peer in self.everyone else self.mine
                  for peer in range(self.comm.world_size)]
         odd = [r for r, call in enumerate(calls) if call != calls[0]]
@@ -438,15 +460,17 @@ class _Agreement:
     def _message(self) -> torch.Tensor:
         return torch.tensor([*self.mine, self.fast], dtype=torch.int64, device=self.device)
 
-    def _tell_neighbours(self) -> None:
-        """Send my call to both neighbours and post receives for theirs, on a tag of their own (so these never
-        meet the data, whichever is sent first). In a ring of 2 both neighbours are one rank, sending twice."""
+    def _tell_right(self) -> None:
+        """Send my call to my right neighbour and post a receive for my left one's (and, slow, for my right
+        one's answer), on tags of their own: these never meet the data, whichever is sent first."""
         comm, sent = self.comm, self._message()
         left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
-        self.neighbours = [torch.empty_like(sent), torch.empty_like(sent)]
-        self.hearing_neighbours = [comm.irecv(self.neighbours[0], left, _NEIGHBOURS_TAG),
-                                   comm.irecv(self.neighbours[1], right, _NEIGHBOURS_TAG),
-                                   comm.isend(sent, right, _NEIGHBOURS_TAG), comm.isend(sent, left, _NEIGHBOURS_TAG)]
+        self.left = torch.empty_like(sent)
+        self.hearing_left = [comm.irecv(self.left, left, _CALL_TAG)]
+        self.sending = [comm.isend(sent, right, _CALL_TAG)]
+        if not self.fast:
+            self.right = torch.empty_like(sent)
+            self.hearing_right = [comm.irecv(self.right, right, _ANSWER_TAG)]
 
     def _tell_everyone(self) -> None:
         """Send my call to every other rank and post receives for theirs."""
@@ -455,7 +479,7 @@ class _Agreement:
         self.everyone = {peer: torch.empty_like(sent) for peer in peers}
         if not comm.batched:
             self.hearing_everyone = [comm.irecv(self.everyone[peer], peer, _EVERYONE_TAG) for peer in peers]
-            self.hearing_everyone += [comm.isend(sent, peer, _EVERYONE_TAG) for peer in peers]
+            self.sending += [comm.isend(sent, peer, _EVERYONE_TAG) for peer in peers]
             return
         # NCCL has no tags, and sends and receives must go in one batch (see TAGGED_BACKENDS): wait for it now
         exchange = [dist.P2POp(dist.irecv, self.everyone[peer], group=comm.group, group_peer=peer) for peer in peers]
