@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course.validation import check_count
+
 #: PyTorch DDP's default bucket_cap_mb is 25 MB; the same default here makes the two comparable.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
 
@@ -48,8 +50,7 @@ def assign_buckets(grad_bytes: Sequence[int], bucket_bytes: int) -> list[list[in
     Returns:
         Lists of indices into ``grad_bytes``; concatenated they are ``0, 1, ..., len(grad_bytes) - 1``.
     """
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}.")
+    bucket_bytes = check_count("bucket_bytes", bucket_bytes, unit="number of bytes")
     buckets: list[list[int]] = []
     filled = 0
     for index, size in enumerate(grad_bytes):

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from course import allreduce
 from course.buckets import DEFAULT_BUCKET_BYTES, Bucket, assign_buckets, flatten, unflatten
-from course.validation import check_choice
+from course.validation import check_choice, check_count
 
 OPS = ("avg", "sum")
 #: Wire dtype per compression name; None sends gradients in their own dtype.
@@ -94,14 +94,11 @@ class DistributedOptimizer:
         if not dist.is_initialized():
             raise RuntimeError("no process group: call course.world.init_from_env() (or run under "
                                "course.launch.launch / torchrun) before building a DistributedOptimizer.")
-        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
-                or backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}.")
         self.optimizer = optimizer
         self.op = check_choice("op", op, OPS)
         self.compression = check_choice("compression", compression, COMPRESSIONS)
         self.algorithm = check_choice("algorithm", algorithm, allreduce.ALGORITHMS)
-        self.backward_passes_per_step = backward_passes_per_step
+        self.backward_passes_per_step = check_count("backward_passes_per_step", backward_passes_per_step)
         self.record_events = record_events
         self.events: list[Event] = []
         self.group = group
