@@ -81,12 +81,13 @@ class _Comm:
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
         return self.group.recv([tensor], peer, tag)
 
-    def exchange(self, outgoing: torch.Tensor, to: int, incoming: torch.Tensor, source: int) -> None:
-        """Send ``outgoing`` to ``to`` while receiving ``incoming`` from ``source``, as one batch (an empty
-        tensor is skipped: its peer skips it too)."""
-        ops = [dist.P2POp(dist.isend, outgoing, group=self.group, group_peer=to)] if outgoing.numel() else []
-        if incoming.numel():
-            ops.append(dist.P2POp(dist.irecv, incoming, group=self.group, group_peer=source))
+    def exchange(self, sends: list[tuple[torch.Tensor, int]], receives: list[tuple[torch.Tensor, int]]) -> None:
+        """Send each ``(tensor, peer)`` of ``sends`` while receiving each of ``receives``, as one batch, and wait
+        for all of them (an empty tensor is skipped: its peer skips it too)."""
+        ops = [dist.P2POp(dist.isend, tensor, group=self.group, group_peer=peer) for tensor, peer in sends
+               if tensor.numel()]
+        ops += [dist.P2POp(dist.irecv, tensor, group=self.group, group_peer=peer) for tensor, peer in receives
+                if tensor.numel()]
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
 
@@ -123,7 +124,7 @@ def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGro
         check: every rank sends its numel/shape/dtype/op/algorithm to every other rank, and all raise if any
             rank disagrees. Naive and tree wait for every rank's before their first message: a wait for the
             slowest rank to arrive, ~3 ms on emulated GPUs. The ring does so only for a call that differs
-            from the last one the group verified; repeating it, it tells its neighbours only, its data moves
+            from the last one the group verified; repeating it, it tells its right neighbour only, its data moves
             at once and the check costs next to nothing (see ``_Agreement``). After a mismatch ``tensor`` is
             as it was, except on the ranks of a repeated ring call, where it holds NaN. Must be the same on
             every rank.
@@ -222,10 +223,10 @@ def _ring_in_lock_step(chunks: list[torch.Tensor], comm: _Comm) -> None:
     for step in range(2 * (n - 1)):
         outgoing, incoming = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
         if step < n - 1:  # reduce-scatter: land, then add
-            comm.exchange(outgoing, right, landing[:incoming.numel()], left)
+            comm.exchange([(outgoing, right)], [(landing[:incoming.numel()], left)])
             incoming.add_(landing[:incoming.numel()])
         else:  # all-gather: straight in place
-            comm.exchange(outgoing, right, incoming, left)
+            comm.exchange([(outgoing, right)], [(incoming, left)])
 
 
 def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
@@ -482,9 +483,7 @@ class _Agreement:
             self.sending += [comm.isend(sent, peer, _EVERYONE_TAG) for peer in peers]
             return
         # NCCL has no tags, and sends and receives must go in one batch (see TAGGED_BACKENDS): wait for it now
-        exchange = [dist.P2POp(dist.irecv, self.everyone[peer], group=comm.group, group_peer=peer) for peer in peers]
-        exchange += [dist.P2POp(dist.isend, sent, group=comm.group, group_peer=peer) for peer in peers]
-        _wait(dist.batch_isend_irecv(exchange))
+        comm.exchange([(sent, peer) for peer in peers], [(self.everyone[peer], peer) for peer in peers])
 
     def _stand_in(self, fast_call: list[int], hear_left: bool, talk_right: bool) -> None:
         """Exchange with my fast neighbours what a ring rank with their call would, all NaN, so they finish."""

@@ -341,10 +341,9 @@ def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
         return record
 
     def recording_exchange(call):
-        def record(comm, outgoing, to, incoming, source):
-            if outgoing.numel():
-                recorded.append((to, chunk_of(outgoing), "exchange"))
-            return call(comm, outgoing, to, incoming, source)
+        def record(comm, outgoing, incoming):
+            recorded.extend((to, chunk_of(tensor), "exchange") for tensor, to in outgoing if tensor.numel())
+            return call(comm, outgoing, incoming)
         return record
 
     saved = Comm.isend, Comm.exchange
