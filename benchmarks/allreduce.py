@@ -55,12 +55,14 @@ def main() -> int:
     def ratio(name: str, size: int) -> float:
         return float(np.median(ratios(name, size)))
 
-    def interval(name: str, size: int) -> tuple[float, float]:
+    def bootstrap(name: str, size: int) -> tuple[float, float]:
         """95% bootstrap interval of the median ratio (rounds resampled with replacement, fixed seed)."""
         values = ratios(name, size)
         medians = np.median(np.random.default_rng(0).choice(values, (2000, len(values))), axis=1)
         low, high = np.percentile(medians, [2.5, 97.5])
         return float(low), float(high)
+
+    intervals = {(name, size): bootstrap(name, size) for name in algorithms for size in sizes}
 
     n = args.world_size
     print(f"allreduce of float32 tensors on {n} ranks, {args.repeats} rounds of {args.calls} calls back to back "
@@ -70,7 +72,7 @@ def main() -> int:
     for size in sizes:
         for name in algorithms:
             seconds = times[name][size]
-            low, high = interval(name, size)
+            low, high = intervals[name, size]
             print(f"{size // MB:>4}MB  {name:<20}{seconds * 1e3:>10.1f}{cost_model.algbw(size, seconds) / 1e9:>12.3f}"
                   f"{cost_model.busbw(size, seconds, n) / 1e9:>12.3f}{ratio(name, size):>13.2f}x"
                   f"{low:>9.2f}-{high:.2f}")
@@ -78,9 +80,9 @@ def main() -> int:
     for name in ("ring", "ring (check=False)"):
         values = [ratio(name, s) for s in big]
         verdict = "PASS" if values and min(values) >= 1.0 else "FAIL"
-        shown = ", ".join(f"{s // MB} MB {ratio(name, s):.2f}x ({interval(name, s)[0]:.2f}-{interval(name, s)[1]:.2f})"
-                          for s in big)
-        unsure = [s for s in big if interval(name, s)[0] < 1.0 <= interval(name, s)[1]]
+        shown = ", ".join(f"{s // MB} MB {ratio(name, s):.2f}x ({low:.2f}-{high:.2f})"
+                          for s in big for low, high in [intervals[name, s]])
+        unsure = [s for s in big if intervals[name, s][0] < 1.0 <= intervals[name, s][1]]
         note = f"; 1.0x is inside the interval at {', '.join(f'{s // MB} MB' for s in unsure)}" if unsure else ""
         print(f"{name} >= 1.0x {cost_model.REFERENCE} at 16 MB and above: {verdict} ({shown}{note})")
     ring_ok = bool(big) and min(ratio("ring", s) for s in big) >= 1.0
