@@ -41,8 +41,8 @@ EXPECTED = {
     "no_checkpoint": ("ok", {"target_accuracy"}),
     "fake_score": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
     "forged_records": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
-    # rank 0 trains alone on its quarter of the data: 0.91 on the grader's held-out copy, under the target
-    "noop_allreduce": ("ok", {"equal_parameters", "matches_single_process", "target_accuracy", "integrity"}),
+    # rank 0 trains alone on its quarter of the data (about 0.91 on the grader's held-out copy: see NEAR_TARGET)
+    "noop_allreduce": ("ok", {"equal_parameters", "matches_single_process", "integrity"}),
     "output_flood": ("ok", {"rank0_checkpoint_and_logs"}),
     "no_shutdown": ("ok", {"ran_to_the_end"}),
     "diverging_ranks": ("ok", {"equal_parameters"}),
@@ -56,6 +56,13 @@ EXPECTED = {
     "memory_bomb": ("out of memory", SCORED),
     "fork_bomb": ("too many processes", SCORED),
 }
+# Broken submissions that still train: their held-out accuracy lands within a few points of the target, above it
+# on one CPU and below on another (per_rank_seeds: 0.94 here, 0.91 elsewhere), so their target_accuracy verdict is
+# not part of the proof. target_accuracy is proven by submissions that fail it by construction (no checkpoint, over
+# the epoch budget, 2 epochs of 6) and by the reference, which passes it.
+NEAR_TARGET = {"no_sampler", "no_set_epoch", "summed_gradients", "per_rank_seeds", "every_rank_checkpoints",
+               "unscaled_lr", "noop_allreduce", "output_flood", "no_shutdown", "diverging_ranks", "local_metrics",
+               "wraps_save"}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +75,7 @@ def graded():
 
 
 def test_every_submission_is_in_the_proof_set():
-    assert {p.stem for p in SUBMISSIONS.glob("*.py")} == set(EXPECTED)
+    assert {p.stem for p in SUBMISSIONS.glob("*.py")} == set(EXPECTED) >= NEAR_TARGET
 
 
 def test_every_check_is_failed_by_some_submission_that_ran_normally():
@@ -84,7 +91,7 @@ def test_every_check_is_failed_alone_by_some_submission():
 def test_the_submission_gets_its_status_and_fails_exactly_its_checks(graded, name):
     status, failed = EXPECTED[name]
     results = graded[name]
-    got = {c.name for c in results.checks if not c.passed}
+    got = {c.name for c in results.checks if not c.passed} - ({"target_accuracy"} if name in NEAR_TARGET else set())
     assert (results.status, got) == (status, failed), results.detail + "\n" + "\n".join(
         f"{c.name}: {c.message}" for c in results.checks if not c.passed)
 
