@@ -8,8 +8,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from course import world
@@ -56,11 +59,43 @@ def plan(world_size: int, hardware: world.Hardware) -> str:
     return hardware.describe(world_size)
 
 
+# labconfig/ holds the course's Lab settings: no news pop-up
+LAB_CONFIG = Path(__file__).resolve().parent / "jupyter_config"
+
+
 def lab_command(extra: list[str]) -> list[str]:
-    """The command ``course lab`` runs: JupyterLab rooted at the course's notebooks."""
+    """The command ``course lab`` runs: JupyterLab rooted at the course's notebooks.
+
+    Its terminals run bash with the course's rc file (``jupyter_config/bashrc``): the user's ``~/.bashrc``, then
+    the course's ``bin/`` back in front of ``PATH``. Jupyter's default, a login shell, would read ``/etc/profile``,
+    which resets ``PATH`` and hides the course's ``torchrun``, ``grader`` and ``course``.
+    """
     # Jupyter refuses to start as root (containers, cloud VMs) unless told it is deliberate.
     as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks_dir()}", *as_root, *extra]
+    bash = shutil.which("bash")
+    shell = [bash, "--rcfile", str(LAB_CONFIG / "bashrc")] if bash else [os.environ.get("SHELL") or "/bin/sh"]
+    terminals = json.dumps({"shell_command": shell})
+    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks_dir()}",
+            f"--ServerApp.terminado_settings={terminals}", *as_root, *extra]
+
+
+def lab_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of ``course lab``, inherited by its kernels and terminals: the ``bin/`` of the Python
+    that runs the course first on ``PATH`` (so ``torchrun``, ``grader``, ``course`` and ``python`` are the
+    course's, as the notebooks' terminal commands expect), ``VIRTUAL_ENV`` set when that Python is a venv's, and the
+    course's Lab settings (:data:`LAB_CONFIG`) on ``JUPYTER_CONFIG_PATH``.
+
+    Args:
+        base: the environment to extend (default: this process's).
+    """
+    env = dict(os.environ if base is None else base)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir)])
+    env["COURSE_BIN"] = bin_dir  # read by the terminals' rc file, after the user's ~/.bashrc
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(filter(None, [str(LAB_CONFIG), env.get("JUPYTER_CONFIG_PATH")]))
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as error:
         print(f"course lab: {error}", file=sys.stderr)
         return 1
-    os.execv(command[0], command)
+    os.chdir(notebooks_dir())  # where the Lab's terminals start, so `python assignment/train_1gpu.py` works there
+    os.execve(command[0], command, lab_environment())
     return 0  # not reached: execv replaces this process
 
 

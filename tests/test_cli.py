@@ -64,17 +64,55 @@ def test_hello_with_a_bad_world_size_fails_cleanly(capsys):
 def test_lab_command_roots_jupyterlab_at_the_notebooks():
     command = cli.lab_command(["--no-browser"])
     assert command[1:3] == ["-m", "jupyterlab"] and command[-1] == "--no-browser"
-    assert command[3].endswith("notebooks")
+    assert command[3] == f"--ServerApp.root_dir={cli.notebooks_dir()}"
+
+
+def test_lab_environment_puts_the_course_first_on_path_and_adds_its_lab_settings():
+    env = cli.lab_environment({"PATH": f"/usr/bin{os.pathsep}{os.path.dirname(sys.executable)}",
+                               "JUPYTER_CONFIG_PATH": "/etc/mine"})
+    assert env["PATH"].split(os.pathsep) == [os.path.dirname(sys.executable), "/usr/bin"]
+    assert env["JUPYTER_CONFIG_PATH"] == f"{cli.LAB_CONFIG}{os.pathsep}/etc/mine"
+    overrides = json.loads((cli.LAB_CONFIG / "labconfig" / "default_setting_overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+
+
+def _terminal_output(port: int, token: str, command: str, until: str, timeout_s: float = 60) -> str:
+    """Open a Lab terminal as the browser does (REST, then its websocket), type ``command``, read up to ``until``."""
+    from tornado.ioloop import IOLoop
+    from tornado.websocket import websocket_connect
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/terminals?token={token}", data=b"{}",
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    name = json.load(urllib.request.urlopen(request, timeout=10))["name"]
+
+    async def talk() -> str:
+        socket = await websocket_connect(f"ws://127.0.0.1:{port}/terminals/websocket/{name}?token={token}")
+        socket.write_message(json.dumps(["stdin", command + "\n"]))
+        seen = ""
+        deadline = time.monotonic() + timeout_s
+        while until not in seen and time.monotonic() < deadline:
+            message = await socket.read_message()
+            if message is None:
+                break
+            kind, *payload = json.loads(message)
+            seen += payload[0] if kind == "stdout" else ""
+        socket.close()
+        return seen
+
+    return IOLoop.current().run_sync(talk, timeout=timeout_s + 10)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_course_lab_serves_the_notebooks(tmp_path):
+@pytest.mark.timeout(240)
+def test_course_lab_serves_the_notebooks_with_terminals_that_run_the_course(tmp_path):
     port = free_port()
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
+    # a PATH without the course's bin and a login-shell-like environment, as `make lab` leaves it
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != os.path.dirname(sys.executable))
+    env = {**os.environ, "PATH": path, "JUPYTER_RUNTIME_DIR": str(tmp_path),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings")}
     server = subprocess.Popen(
         [sys.executable, "-m", "course.cli", "lab", "--no-browser", f"--port={port}", "--IdentityProvider.token=t"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
     try:
         listing = None
         for _ in range(120):
@@ -86,6 +124,15 @@ def test_course_lab_serves_the_notebooks(tmp_path):
                 time.sleep(1)
         assert listing is not None, "JupyterLab did not answer within two minutes"
         assert "00_start_here.ipynb" in {item["name"] for item in listing["content"]}
+        url = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification?token=t"
+        defaults = json.load(urllib.request.urlopen(url, timeout=10))["schema"]["properties"]
+        assert defaults["fetchNews"]["default"] == "false"  # the course's override: no news pop-up
+        out = _terminal_output(port, "t", "pwd; for c in torchrun grader course python; do command -v $c; done; "
+                               "echo END-$((6*7))", until="END-42")
+        bin_dir = os.path.dirname(sys.executable)
+        assert str(cli.notebooks_dir()) in out, out
+        for name in ("torchrun", "grader", "course", "python"):
+            assert os.path.join(bin_dir, name) in out, out
     finally:
         server.terminate()
         server.wait(timeout=30)
