@@ -167,15 +167,24 @@ class _StderrRelay:
         self.paths = paths
         self.sent = [0] * len(paths)
 
-    def relay(self, final: bool = False) -> None:
-        """Write what the ranks added since the last call; whole lines only, unless ``final``."""
+    def relay(self, final: bool = False, failed: int | None = None) -> None:
+        """Write what the ranks added since the last call; whole lines only, unless ``final``.
+
+        After rank ``failed`` failed, the other ranks' new lines are the echo of its failure (gloo's
+        "Connection reset by peer" as its peers were stopped): they are counted, not shown.
+        """
         for rank, path in enumerate(self.paths):
             with contextlib.suppress(OSError), open(path, "rb") as handle:
                 handle.seek(self.sent[rank])
                 new = handle.read()
                 new = new if final else new[:new.rfind(b"\n") + 1]
                 self.sent[rank] += len(new)
-                for line in new.decode(errors="replace").splitlines():
+                lines = new.decode(errors="replace").splitlines()
+                if failed is not None and rank != failed and lines:
+                    sys.stderr.write(f"[rank {rank}] ({len(lines)} line(s) of stderr written as it was stopped "
+                                     f"after rank {failed} failed: not shown)\n")
+                    continue
+                for line in lines:
                     sys.stderr.write(f"[rank {rank}] {line}\n")
 
     def tail(self, rank: int, lines: int = 40) -> str:
@@ -247,6 +256,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     stderr = _StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
     results: dict[int, Any] = {}
     left: set[int] = set()  # ranks that have left the process group after reporting
+    failed: int | None = None  # the rank blamed by RankFailed: its peers' last stderr is the echo of its failure
     silent_since: dict[int, float] = {}
     try:
         resource_tracker.ensure_running()  # started now, it keeps this process's stderr, not a rank's
@@ -275,10 +285,13 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
                 raise _root_cause(message[1], message[2], processes, stderr, run_dir)
         _let_exit(processes, channel, deadline, left)
         return [results[rank] for rank in range(world_size)]
+    except RankFailed as failure:
+        failed = failure.rank
+        raise
     finally:
         sys.stdout.flush()
         _stop(processes)
-        stderr.relay(final=True)
+        stderr.relay(final=True, failed=failed)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

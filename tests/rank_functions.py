@@ -92,3 +92,17 @@ def sleep_while_peers_all_reduce(bad_rank: int) -> int:
         time.sleep(3600)
     dist.all_reduce(torch.ones(1))
     return me.rank
+
+
+def noisy_when_a_peer_fails(bad_rank: int) -> int:
+    """Rank ``bad_rank`` raises; the others write to stderr when their barrier breaks, as gloo does."""
+    me = world.current()
+    if me.rank == bad_rank:
+        raise RuntimeError(f"rank {me.rank} fails on purpose")
+    try:
+        dist.barrier()
+    except RuntimeError:
+        os.write(2, b"echo of the failure: Connection reset by peer\n")
+        time.sleep(5)
+        raise
+    return me.rank

@@ -53,6 +53,14 @@ def test_arguments_that_cannot_be_pickled_are_refused_clearly():
     assert live_children() == []
 
 
+def test_the_echo_of_a_failure_on_the_other_ranks_is_counted_not_shown(capfd):
+    with pytest.raises(RankFailed) as caught:
+        launch(rf.noisy_when_a_peer_fails, 3, 1, timeout_s=60)
+    assert caught.value.rank == 1 and "fails on purpose" in str(caught.value)
+    err = capfd.readouterr().err
+    assert "echo of the failure" not in err  # when it was written in time, a "[rank k] (1 line(s) ...)" stands in
+
+
 def test_output_is_prefixed_by_rank(capsys):
     launch(rf.print_lines, 2, timeout_s=60)
     out = capsys.readouterr().out.splitlines()
