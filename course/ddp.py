@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, world
+from course import data, root_cause, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
@@ -80,11 +80,7 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
         RuntimeError: it failed or timed out; the message ends with the last lines of its output.
     """
     world.check_world_size(nproc_per_node)
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    # Each rank gets its share of the cores (torchrun would otherwise set 1 and warn about it).
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    env = torchrun_environment(nproc_per_node)
     command = torchrun_command(script, nproc_per_node, script_args)
     # Its own session, so a timeout (or Ctrl-C) stops torchrun's workers too, not just torchrun.
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -101,11 +97,19 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
         raise
     done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     if done.returncode != 0:
-        # A rank's own traceback comes first on stderr; torchrun's summary of the failure comes last.
-        errors = done.stderr if len(done.stderr) < 4000 else done.stderr[:2500] + "\n...\n" + done.stderr[-1500:]
-        raise RuntimeError(f"torchrun {Path(script).name} exited with code {done.returncode}; last output:\n"
-                           f"{done.stdout[-1000:]}\n{errors}")
+        raise RuntimeError(f"torchrun {Path(script).name} failed; last output:\n"
+                           f"{root_cause.explain(done.returncode, done.stdout, done.stderr, stdout_chars=1000)}")
     return done
+
+
+def torchrun_environment(nproc_per_node: int) -> dict[str, str]:
+    """This process's environment for a torchrun job: the course importable, each rank its share of the cores."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    # torchrun would otherwise set 1 and warn about it
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    return env
 
 
 def bucket_report(model: nn.Module, bucket_cap_mb: float = 25.0) -> dict[str, float]:

@@ -129,7 +129,7 @@ def test_metric_steps_count_every_validation_sample_exactly_once(step, monkeypat
 def test_a_failing_script_reports_its_output(tmp_path):
     script = tmp_path / "step0_broken.py"
     script.write_text("raise SystemExit('deliberately broken')\n")
-    with pytest.raises(RuntimeError, match="(?s)exited with code 1.*deliberately broken"):
+    with pytest.raises(RuntimeError, match="(?s)exit code 1.*deliberately broken"):
         ddp.run_torchrun(script, 1, timeout_s=120)
 
 
@@ -153,7 +153,7 @@ def test_a_rank_that_raises_in_the_final_step_ends_the_run_promptly_with_its_err
         "step7.main()\n"
     )
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="(?s)exited with code.*rank 1 fails on purpose"):
+    with pytest.raises(RuntimeError, match="(?s)exit code 1: rank 1 failed first.*rank 1 fails on purpose"):
         ddp.run_torchrun(script, 2, (str(tmp_path),), timeout_s=90)
     assert time.monotonic() - started < 60
     assert live_children() == []
