@@ -20,6 +20,7 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +52,41 @@ def _describe(kind: str) -> str:
             "psutil. Not a GPU measurement.")
 
 
+def _run_sparkline(history: History, device: int, width: int = 60) -> str:
+    """The device's whole run as ``width`` block characters, busy ones green and idle ones grey (HTML).
+
+    Scaled to the device's fair share (:func:`course.utilization.fair_share`): on 4 emulated GPUs sharing 2 cores,
+    a rank that gets its whole share of the CPU draws a full block, a rank waiting in a collective a low one.
+    """
+    values = [r.utilization for r in history.of(device)]
+    if len(values) > width:  # each character: the mean of an equal slice of the run
+        values = [sum(chunk) / len(chunk) for chunk in
+                  (values[i * len(values) // width:(i + 1) * len(values) // width] for i in range(width))]
+    top, threshold = utilization.fair_share(history), utilization.busy_threshold(history)
+    return "".join(f'<span style="color:{"#2a8c3c" if v >= threshold else "#9a9a9a"}">{sparkline([v], 1, top)}</span>'
+                   for v in values)
+
+
+def static_html(history: History, elapsed_s: float, stopped: bool = False) -> str:
+    """The panel of a finished run as plain HTML: it stays in a saved notebook, where widgets do not."""
+    top = utilization.fair_share(history)
+    rows = "".join(
+        f"<tr><td>GPU {s.device}</td><td>mean {s.mean_utilization:.0f}%</td>"
+        f"<td>busy {s.busy_fraction:.0%} of the time</td><td><code>{_run_sparkline(history, s.device)}</code></td></tr>"
+        for s in utilization.summarize(history))
+    state = "stopped" if stopped else "finished"
+    scale = ("" if history.kind == "nvml" else f" Each bar is scaled to {top:.0f}%, the share of the cores one "
+             "emulated GPU can get; green = busy, grey = idle or waiting.")
+    return (f"<div><b>{state} after {elapsed_s:.1f} s.</b> {_describe(history.kind)}{scale}"
+            f"<table>{rows or '<tr><td>no device was seen</td></tr>'}</table></div>")
+
+
 class LiveView:
-    """An ipywidgets panel: per device a bar, its numbers and a sparkline of its recent history."""
+    """An ipywidgets panel: per device a bar, its numbers and a sparkline of its recent history.
+
+    Bars and sparklines are scaled to what one device can reach (on emulated GPUs, its share of the cores) and
+    busy readings are green, idle ones grey. :meth:`finish` replaces the panel by :func:`static_html`.
+    """
 
     def __init__(self, kind: str, note: str = "") -> None:
         import ipywidgets as widgets
@@ -62,6 +96,7 @@ class LiveView:
         self.header = widgets.HTML(f"<b>{header}</b>")
         self.rows: dict[int, tuple[Any, Any, Any]] = {}  # device -> (bar, numbers, sparkline)
         self.panel = widgets.VBox([self.header])
+        self._handle: Any = None
 
     def _row(self, device: int, label: str) -> tuple[Any, Any, Any]:
         w = self._widgets
@@ -73,20 +108,32 @@ class LiveView:
         return self.rows[device]
 
     def update(self, history: History) -> None:
+        top = utilization.fair_share(history)
         for device in history.devices():
             readings = history.of(device)
             if not readings:
                 continue
             bar, numbers, spark = self.rows.get(device) or self._row(device, history.labels[device])
             last = readings[-1]
-            bar.value = min(last.utilization, bar.max)
+            bar.max = top
+            bar.value = min(last.utilization, top)
+            bar.bar_style = "success" if last.utilization >= utilization.busy_threshold(history) else ""
             numbers.value = f"{last.utilization:5.0f}% · {last.memory_bytes / _MIB:,.0f} MiB"
-            spark.value = f"<code>{sparkline([r.utilization for r in readings])}</code>"
+            spark.value = f"<code>{_run_sparkline(history, device, width=40)}</code>"
 
     def show(self) -> None:
         from IPython.display import display
 
-        display(self.panel)
+        self._handle = display(self.panel, display_id=True)
+
+    def finish(self, history: History, elapsed_s: float, stopped: bool = False) -> None:
+        """Replace the live panel by the run's static summary, which survives saving and reopening."""
+        from IPython.display import HTML
+
+        html = static_html(history, elapsed_s, stopped)
+        self.header.value = html
+        if self._handle is not None:
+            self._handle.update(HTML(html))
 
 
 class TextView:
@@ -107,6 +154,9 @@ class TextView:
 
     def show(self) -> None:
         pass
+
+    def finish(self, history: History, elapsed_s: float, stopped: bool = False) -> None:
+        print(f"{'stopped' if stopped else 'finished'} after {elapsed_s:.1f} s", flush=True)
 
 
 def _in_jupyter() -> bool:
@@ -139,17 +189,23 @@ def watch(target: subprocess.Popen | int | None = None, interval_s: float = 0.5,
     pid = os.getpid() if target is None else target if isinstance(target, int) else target.pid
     source, note = utilization.source_for(pid, world.detect_hardware().emulated, nvml)
     sampler = utilization.Sampler(source, interval_s)
+    view = None
     if display:
         view = LiveView(source.kind, note) if _in_jupyter() else TextView(source.kind, note)
         view.show()
         sampler.on_sample = view.update
+    start, stopped = time.monotonic(), True
     try:
         with sampler as history:
             yield history
+        stopped = False
     except BaseException:
         if isinstance(target, subprocess.Popen):
             kill_tree(target)
         raise
+    finally:
+        if view is not None:
+            view.finish(sampler.history, time.monotonic() - start, stopped)
 
 
 @dataclass

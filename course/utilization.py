@@ -313,17 +313,24 @@ class DeviceSummary:
     readings: int
 
 
-def busy_threshold(history: History, cpu_count: int | None = None) -> float:
-    """The utilization (percent) at or above which a device counts as busy: half of what it could get.
+def fair_share(history: History, cpu_count: int | None = None) -> float:
+    """The most utilization (percent) one device of ``history`` can show: 100 for a GPU.
 
-    A GPU can reach 100%, so the bar is 50%. Emulated GPUs share the CPU: ``world_size`` processes on
-    ``cpu_count`` cores get at most ``100 * cpu_count / world_size`` percent each (4 on 2 cores: 50%), so the
-    bar is half of that share; otherwise a rank that works all the time could never count as busy.
+    Emulated GPUs share the CPU: ``world_size`` processes on ``cpu_count`` cores get at most
+    ``100 * cpu_count / world_size`` percent each (4 on 2 cores: 50%).
     """
     if history.kind == "nvml":
-        return 100.0 * BUSY_SHARE
-    share = 100.0 * min(1.0, (cpu_count or os.cpu_count() or 1) / max(1, len(history.devices())))
-    return share * BUSY_SHARE
+        return 100.0
+    return 100.0 * min(1.0, (cpu_count or os.cpu_count() or 1) / max(1, len(history.devices())))
+
+
+def busy_threshold(history: History, cpu_count: int | None = None) -> float:
+    """The utilization (percent) at or above which a device counts as busy: half of its :func:`fair_share`.
+
+    A GPU can reach 100%, so the bar is 50%; 4 emulated GPUs on 2 cores, 25%. Otherwise a rank that works all
+    the time on a shared CPU could never count as busy.
+    """
+    return fair_share(history, cpu_count) * BUSY_SHARE
 
 
 def summarize(history: History, threshold: float | None = None) -> list[DeviceSummary]:

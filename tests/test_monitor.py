@@ -6,6 +6,7 @@ The pure parts of the measurement (NVML parsing, summaries) are tested in test_u
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,8 +75,8 @@ def test_ranks_are_found_by_local_rank_and_a_busy_one_shows_high_cpu_a_sleeping_
     finally:
         kill_tree(tree)
     means = {s.device: s.mean_utilization for s in utilization.summarize(history)}
-    # Generous: two cores shared with other jobs (a load of 6 leaves a spinner ~25%), but a sleeper gets ~0.
-    assert means[0] > 8 and means[2] > 8, means  # rank 2's worker's CPU counts for rank 2
+    # Generous: two cores shared with other jobs (a load of 6 leaves a spinner ~25%, of 18 ~8%), a sleeper gets ~0.
+    assert means[0] > 2 and means[2] > 2, means  # rank 2's worker's CPU counts for rank 2
     assert means[1] < 4, means
     assert min(means[0], means[2]) > 4 * means[1], means
     assert history.kind == "process"
@@ -113,17 +114,54 @@ def test_sparkline():
     assert len(monitor.sparkline([10] * 100, width=40)) == 40
 
 
-def test_the_widget_is_built_and_updated_without_a_frontend():
+def _blocks(html: str) -> str:
+    """The sparkline characters of a view's HTML, tags removed."""
+    return re.sub(r"<[^>]+>", "", html)
+
+
+def test_the_widget_is_built_and_updated_without_a_frontend(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     view = monitor.LiveView("process")
     view.update(history_of({0: [100, 250], 1: [30]}))
     assert sorted(view.rows) == [0, 1]
     bar, numbers, spark = view.rows[0]
-    assert bar.value == 100.0  # 250% (more than one core) fills the bar
+    assert (bar.value, bar.max) == (100.0, 100.0)  # 2 processes on 2 cores: a core each; 250% fills the bar
     assert "250%" in numbers.value and "MiB" in numbers.value
-    assert "██" in spark.value
+    assert _blocks(spark.value) == "██"
     assert "Not a GPU measurement" in view.header.value
     assert "NVML" in monitor.LiveView("nvml").header.value
     assert len(view.panel.children) == 3  # the header and one row per device
+
+
+def test_emulated_gpus_are_drawn_against_their_share_of_the_cores_busy_green_idle_grey(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    history = history_of({0: [50, 50], 1: [2, 2], 2: [48, 5], 3: [50, 50]})  # 4 ranks on 2 cores: 50% each at most
+    view = monitor.LiveView("process")
+    view.update(history)
+    bar, _, spark = view.rows[0]
+    assert (bar.value, bar.max, bar.bar_style) == (50.0, 50.0, "success")
+    assert view.rows[1][0].bar_style == ""
+    assert _blocks(spark.value) == "██" and _blocks(view.rows[1][2].value) == "  "
+    assert spark.value.count("#2a8c3c") == 2 and view.rows[2][2].value.count("#9a9a9a") == 1
+
+
+def test_a_finished_run_leaves_a_static_summary_that_survives_saving(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    history = history_of({0: [100] * 200, 1: [0] * 100 + [100] * 100})  # 2 ranks on 2 cores: a core each
+    html = monitor.static_html(history, 12.34)
+    assert html.startswith("<div><b>finished after 12.3 s.</b>") and "scaled to 100%" in html
+    rows = html.split("<tr>")[1:]
+    assert "busy 100% of the time" in rows[0] and "busy 50% of the time" in rows[1]
+    assert _blocks(rows[1].split("<code>")[1]) == " " * 30 + "█" * 30  # the whole run in 60 characters
+    view = monitor.LiveView("process")
+    view.show()
+    view.finish(history, 12.34, stopped=True)
+    assert "stopped after 12.3 s" in view.header.value
+
+
+def test_the_text_view_says_when_the_run_ended(capsys):
+    monitor.TextView("process").finish(History(kind="process"), 3.0)
+    assert capsys.readouterr().out.splitlines()[-1] == "finished after 3.0 s"
 
 
 def test_the_text_view_prints_a_line_every_few_seconds(capsys):
