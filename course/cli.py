@@ -63,8 +63,8 @@ def plan(world_size: int, hardware: world.Hardware) -> str:
 LAB_CONFIG = Path(__file__).resolve().parent / "jupyter_config"
 
 
-def lab_command(extra: list[str]) -> list[str]:
-    """The command ``course lab`` runs: JupyterLab rooted at the course's notebooks.
+def lab_command(extra: list[str], root: Path | None = None) -> list[str]:
+    """The command ``course lab`` runs: JupyterLab rooted at ``root`` (default: the course's notebooks).
 
     Its terminals run bash with the course's rc file (``jupyter_config/bashrc``): the user's ``~/.bashrc``, then
     the course's ``bin/`` back in front of ``PATH``. Jupyter's default, a login shell, would read ``/etc/profile``,
@@ -75,7 +75,7 @@ def lab_command(extra: list[str]) -> list[str]:
     bash = shutil.which("bash")
     shell = [bash, "--rcfile", str(LAB_CONFIG / "bashrc")] if bash else [os.environ.get("SHELL") or "/bin/sh"]
     terminals = json.dumps({"shell_command": shell})
-    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={notebooks_dir()}",
+    return [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root or notebooks_dir()}",
             f"--ServerApp.terminado_settings={terminals}", *as_root, *extra]
 
 
