@@ -84,8 +84,8 @@ def _check_script(path: Path, assignment: Assignment) -> None:
     if not path.is_file():
         raise BadSubmission(f"no file {path.name} was submitted: submit your {assignment.script_name}.")
     if path.suffix == ".ipynb":
-        raise BadSubmission(f"{path.name} is a notebook, not a script: submit the {assignment.script_name} that "
-                            "the %%writefile cell of notebook 06 wrote (torchrun runs scripts, not notebooks).")
+        raise BadSubmission(f"{path.name} is a notebook, not a script: submit runs/{assignment.script_name}, the "
+                            "script you wrote for notebook 06 (torchrun runs scripts, not notebooks).")
     if path.suffix != ".py":
         raise BadSubmission(f"{path.name} is not a Python script: submit {assignment.script_name}.")
     raw = path.read_bytes()

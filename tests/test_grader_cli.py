@@ -166,3 +166,15 @@ def test_report_rebuilds_the_gradebook_for_the_submissions_it_lists_not_withdraw
 def test_report_on_a_folder_without_results_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path)]) == 2
     assert "results does not exist" in capsys.readouterr().err
+
+
+def test_a_submitted_notebook_is_pointed_to_the_script_notebook_06_has_students_write(tmp_path):
+    submission = make_class(tmp_path / "submission", [])
+    (submission / "train_4gpu.ipynb").write_text("{}")
+    out = tmp_path / "results.json"
+    assert cli.main(["gradescope", "--submission", str(submission), "--results", str(out)]) == 0
+    output = json.loads(out.read_text())["output"]
+    notebook = (Path(__file__).parent.parent / "notebooks" / "06_assignment.ipynb").read_text()
+    assert "is a notebook" in output and "runs/train_4gpu.py" in output and "%%writefile" not in output
+    assert 'Path(\\"runs/train_4gpu.py\\")' in notebook  # the file the notebook has the student write
+
