@@ -356,13 +356,15 @@ def _finish(results: Results, evidence: Evidence | None, config: GradingConfig, 
             continue
         if evidence is None:
             results.checks.append(CheckResult(check.name, check.title, 0.0, check.points, check.visibility, False,
-                                              f"not run ({results.status}: see above).", ran=False))
+                                              f"not run ({results.status}: see above).", ran=False,
+                                              voids_score=check.voids_score))
             continue
         try:
             passed, message = check.test(evidence, config.assignment)
         except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
             passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
         results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
-                                          check.points, check.visibility, passed, message))
+                                          check.points, check.visibility, passed, message,
+                                          voids_score=check.voids_score))
     results.elapsed_s = time.monotonic() - start
     return results

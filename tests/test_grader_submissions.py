@@ -142,6 +142,12 @@ def test_checks_a_crash_left_without_evidence_give_no_advice(graded):
                 assert check.message.startswith("not assessed: the run did not finish"), (name, check.message)
 
 
+def test_a_detected_tamper_withholds_the_score(graded):
+    for name in ("fake_score", "forged_records", "noop_allreduce", "wraps_save"):
+        results = graded[name]
+        assert results.score == 0 and results.raw_score > 0 and results.grade_status == "integrity violation"
+
+
 def test_printed_numbers_are_not_believed(graded):
     results = graded["fake_score"]
     assert "0.99" in results.output  # it printed a fake score ...
