@@ -7,6 +7,12 @@ submission in ``tests/submissions/`` that must fail it alone. Where a rank's rec
 what the grader measured itself (the checkpoint's parameters and validation accuracy), they are: a rank's
 process can sign records as that rank (see :mod:`grader.channel`), so forging one gains nothing. Used by
 the grader of notebook 06.
+
+A check credits only the behaviour its title names, seen happening: ranks that all train on rank 0's batches stay
+identical with or without averaging, so equal parameters show nothing there, and the check fails saying what it
+needs ("needs each rank to see its own shard: see disjoint shards"). When the run did not finish, a check left
+without its evidence says "not assessed" and gives no advice (the run's status says what happened). A failed
+check declared ``voids_score`` (integrity) withholds the whole score, see :class:`grader.results.Results`.
 """
 
 from __future__ import annotations
@@ -217,7 +223,8 @@ def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
 def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
     initial = {r: ev.initials[r][0]["fingerprint"] for r in ev.ranks if ev.initials.get(r)}
     if len(initial) < a.world_size:
-        return _not_assessed(ev, f"needs every rank to train: {_took(_idle(ev))} (see ran to the end).")
+        idle = [r for r in ev.ranks if r not in initial]
+        return _not_assessed(ev, f"needs every rank to train: {_took(idle)} (see ran to the end).")
     differ = [r for r in ev.ranks if not fingerprints_equal(initial[r], initial[0])]
     if differ:
         return False, (f"{_ranks(differ)} started from different parameters than rank 0: wrap the model in "
