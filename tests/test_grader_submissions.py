@@ -1,8 +1,9 @@
 """The proof: the reference gets full marks; each broken or hostile submission fails exactly its check(s).
 
 Every submission in tests/submissions/ is graded for real (4 ranks in the sandbox), two at a time, once per
-test session; each test then reads its results. Expensive: about 16 four-rank runs (see the module's timing
-in the grader engineer's report). Hostile runs get tight limits so they end quickly.
+test session; each test then reads its results. Expensive: 28 four-rank runs, and 4 more grading a small class
+twice (about 13 minutes in all, two at a time on a loaded 2-core machine). Hostile runs get tight limits so they
+end quickly.
 """
 
 import csv
