@@ -7,10 +7,17 @@ submission in ``tests/submissions/`` that must fail it alone. Where a rank's rec
 what the grader measured itself (the checkpoint's parameters and validation accuracy), they are: a rank's
 process can sign records as that rank (see :mod:`grader.channel`), so forging one gains nothing. Used by
 the grader of notebook 06.
+
+A check credits only the behaviour its title names, seen happening: ranks that all train on rank 0's batches stay
+identical with or without averaging, so equal parameters show nothing there, and the check fails saying what it
+needs ("needs each rank to see its own shard: see disjoint shards"). When the run did not finish, a check left
+without its evidence says "not assessed" and gives no advice (the run's status says what happened). A failed
+check declared ``voids_score`` (integrity) withholds the whole score, see :class:`grader.results.Results`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +37,8 @@ class Check:
         points: score when passed (0 when failed).
         visibility: Gradescope's ``visible``, ``after_published`` or ``hidden``; the self-check runs ``visible``.
         test: ``(evidence, assignment) -> (passed, message)``.
+        voids_score: when failed, the submission's score is withheld (0, the raw score kept for the
+            instructor's review): the records every other check rests on cannot be trusted.
     """
 
     name: str
@@ -37,6 +46,7 @@ class Check:
     points: float
     visibility: str
     test: Callable[[Evidence, Assignment], Outcome]
+    voids_score: bool = False
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -45,9 +55,64 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
+def _took(ranks: list[int]) -> str:
+    return f"{_ranks(ranks)} took no optimizer step"
+
+
+def _not_assessed(ev: Evidence, advice: str) -> Outcome:
+    """A failure for lack of evidence: ``advice`` if the run finished, else "not assessed" and no advice
+    (what was never seen is the crash's doing, which the run's status names)."""
+    if ev.status != "ok":
+        return False, f"not assessed: the run did not finish ({ev.status}); see the run's status above."
+    return False, advice
+
+
+def _idle(ev: Evidence) -> list[int]:
+    """Ranks that took no optimizer step."""
+    return [r for r in ev.ranks if not ev.steps.get(r)]
+
+
+def _copies_of_rank0(ev: Evidence) -> list[int]:
+    """Ranks other than 0 that fetched exactly rank 0's samples at every step both took (so whatever they did,
+    their parameters stay rank 0's: their equality shows nothing about averaging)."""
+    def batches(r: int) -> list[list[int]]:
+        return [sorted(s.get("indices", [])) for s in ev.steps.get(r, [])]
+    mine = batches(0)
+    return [r for r in ev.ranks if r != 0 and mine and batches(r)
+            and all(a == b for a, b in zip(batches(r), mine, strict=False))]
+
+
+def _needs_data_parallel(ev: Evidence) -> Outcome | None:
+    """Why the run cannot show gradients averaged across ranks that saw different data (what the check needs,
+    as a failure), or None when it can."""
+    alone = [r for r in ev.ranks if not ev.inits.get(r)]
+    idle = _idle(ev)
+    if alone or idle:
+        if alone:
+            advice = (f"needs the ranks to join one process group: {_ranks(alone)} never did, so each process "
+                      "trained alone and nothing was averaged across processes (one process, nn.DataParallel "
+                      "included, is not the assignment): see ran to the end.")
+        else:
+            advice = (f"needs every rank to train: {_took(idle)}, so no step combined the ranks' batches "
+                      "(the union batch is the training ranks' alone): see ran to the end.")
+        return _not_assessed(ev, advice)
+    if not any(s.get("indices") for s in ev.steps[0]):
+        return False, ("needs the samples each rank trained on: build the training DataLoader on "
+                       "data.load().train itself (see disjoint shards).")
+    same = _copies_of_rank0(ev)
+    if same:
+        return False, (f"needs each rank to see its own shard: {_ranks(same)} trained on rank 0's batches at "
+                       "every step, so they stay equal to rank 0 whether or not gradients are averaged "
+                       "(see disjoint shards).")
+    return None
+
+
 def ran_to_the_end(ev: Evidence, a: Assignment) -> Outcome:
     if ev.status != "ok":
-        return False, f"the run did not finish normally ({ev.status}); see the run's status above."
+        idle = _idle(ev)
+        lone = (f" Before that, {_took(idle)}: every rank must train, not only "
+                f"{_ranks([r for r in ev.ranks if r not in idle])}." if 0 < len(idle) < ev.world_size else "")
+        return False, f"the run did not finish normally ({ev.status}); see the run's status above.{lone}"
     missing = [r for r in ev.ranks if not ev.inits.get(r)]
     if missing:
         return False, (f"{_ranks(missing)} never joined a process group: call course.world.init_from_env() "
@@ -59,10 +124,10 @@ def ran_to_the_end(ev: Evidence, a: Assignment) -> Outcome:
     wrong_device = _wrong_devices(ev)
     if wrong_device:
         return False, wrong_device
-    idle = [r for r in ev.ranks if not ev.steps.get(r)]
+    idle = _idle(ev)
     if idle:
-        return False, (f"{_ranks(idle)} took no optimizer step: the script ended before training "
-                       "(an early sys.exit or return?).")
+        return False, (f"{_took(idle)}: every rank must train on its own shard "
+                       "(an early sys.exit or return, or training only on rank 0?).")
     counts = {r: len(ev.steps[r]) for r in ev.ranks}
     if len(set(counts.values())) > 1:
         return False, f"ranks took different numbers of optimizer steps {counts}: every rank must take every step."
@@ -104,9 +169,13 @@ def _diverged_at(ev: Evidence) -> int | None:
 
 def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
     epochs = {r: ev.epochs(r) for r in ev.ranks}
-    if not all(epochs[r] for r in ev.ranks):
-        return False, ("the grader saw no training samples fetched on some ranks: build the training "
-                       "DataLoader on data.load().train itself (not on its tensors).")
+    idle = _idle(ev)
+    if idle:
+        return _not_assessed(ev, f"needs every rank to train: {_took(idle)} (see ran to the end).")
+    unseen = [r for r in ev.ranks if not epochs[r]]
+    if unseen:
+        return _not_assessed(ev, (f"the grader saw no training samples fetched on {_ranks(unseen)}: build the "
+                                  "training DataLoader on data.load().train itself (not on its tensors)."))
     first = {r: epochs[r][min(epochs[r])] for r in ev.ranks}
     n = ev.train_size
     union = set().union(*first.values())
@@ -129,8 +198,17 @@ def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
 
 def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
     epochs = {r: ev.epochs(r) for r in ev.ranks}
-    if not all(len(epochs[r]) >= 2 for r in ev.ranks):
-        return False, "fewer than two training epochs were seen on some rank: train for the full epoch budget."
+    idle = _idle(ev)
+    if idle:
+        return _not_assessed(ev, f"needs every rank to train: {_took(idle)} (see ran to the end).")
+    short = [r for r in ev.ranks if len(epochs[r]) < 2]
+    if short:
+        return _not_assessed(ev, (f"fewer than two training epochs were seen on {_ranks(short)}: train for the "
+                                  "full epoch budget."))
+    same = _copies_of_rank0(ev)
+    if same:  # a DataLoader with shuffle=True reshuffles all the data, not a shard
+        return False, (f"needs each rank to draw its own shard: {_ranks(same)} drew rank 0's samples at every "
+                       "step (see disjoint shards); then call sampler.set_epoch(epoch) every epoch.")
     unchanged = []
     for r in ev.ranks:
         first, second = sorted(epochs[r])[:2]
@@ -139,13 +217,14 @@ def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
     if unchanged:
         return False, (f"{_ranks(unchanged)} drew the same samples in the same order in epochs 0 and 1: call "
                        "sampler.set_epoch(epoch) at the start of every epoch so each epoch is shuffled anew.")
-    return True, "every rank drew a new shuffle of its shard each epoch (set_epoch)."
+    return True, "every rank drew its own samples in a new order each epoch."
 
 
 def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
     initial = {r: ev.initials[r][0]["fingerprint"] for r in ev.ranks if ev.initials.get(r)}
     if len(initial) < a.world_size:
-        return False, "not every rank took an optimizer step, so there is nothing to compare."
+        idle = [r for r in ev.ranks if r not in initial]
+        return _not_assessed(ev, f"needs every rank to train: {_took(idle)} (see ran to the end).")
     differ = [r for r in ev.ranks if not fingerprints_equal(initial[r], initial[0])]
     if differ:
         return False, (f"{_ranks(differ)} started from different parameters than rank 0: wrap the model in "
@@ -158,10 +237,17 @@ def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
             return False, (f"after step {i + 1} the parameters of {_ranks(differ)} differ from rank 0's: every "
                            "rank must apply the same averaged gradient (DDP, or all_reduce the gradients) and "
                            "change its parameters in no other way (no per-rank random noise or re-initialisation).")
-    return True, f"all ranks held identical parameters at the start and after each of {steps} steps."
+    needs = _needs_data_parallel(ev)
+    if needs:
+        return needs
+    return True, (f"all ranks held identical parameters at the start and after each of {steps} steps, "
+                  "each rank having trained on its own batches.")
 
 
 def matches_single_process(ev: Evidence, a: Assignment) -> Outcome:
+    needs = _needs_data_parallel(ev)
+    if needs:
+        return needs
     if ev.replay_error or not ev.comparisons:
         return False, f"the grader could not replay the first steps: {ev.replay_error or 'no steps recorded'}."
     for c in ev.comparisons:
@@ -174,27 +260,51 @@ def matches_single_process(ev: Evidence, a: Assignment) -> Outcome:
                        f"of the ranks' batches (relative error {c.relative_error:.2g}): the gradients were not "
                        "averaged across ranks, or the ranks did not start from the same parameters.")
     worst = max(c.relative_error for c in ev.comparisons)
-    return True, (f"the first {len(ev.comparisons)} steps match one process training on the union batch "
-                  f"(relative error at most {worst:.1e}).")
+    return True, (f"the first {len(ev.comparisons)} steps match one process training on the union of the "
+                  f"{a.world_size} ranks' batches (relative error at most {worst:.1e}).")
+
+
+# What notebook 02 (course.lr_scaling) teaches for a k-times bigger global batch: linear scaling (Goyal et al.
+# 2017, for SGD) everywhere; the square-root rule too for Adam-family optimizers (Malladi et al. 2022).
+ADAPTIVE_OPTIMIZERS = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam")
+
+
+def lr_rules(optimizer: str | None) -> dict[str, Callable[[float], float]]:
+    """The scaling rules the course accepts for ``optimizer`` (its class name): rule -> ``k -> factor``."""
+    rules: dict[str, Callable[[float], float]] = {"linear": lambda k: k}
+    if optimizer in ADAPTIVE_OPTIMIZERS:
+        rules["square-root"] = math.sqrt
+    return rules
 
 
 def lr_scaled(ev: Evidence, a: Assignment) -> Outcome:
-    steps = ev.steps.get(0, [])
-    if not steps:
-        return False, "rank 0 took no optimizer step."
-    global_batch = sum(len(ev.steps[r][0]["indices"]) for r in ev.ranks if ev.steps.get(r))
-    expected = a.base_lr * global_batch / a.base_batch_size
+    alone, idle = [r for r in ev.ranks if not ev.inits.get(r)], _idle(ev)
+    if 0 in idle:
+        return _not_assessed(ev, "rank 0 took no optimizer step.")
+    steps = ev.steps[0]
+    if alone or idle:
+        batch = len(steps[0]["indices"])
+        why = (f"{_ranks(alone)} never joined a process group, so each process took its steps of {batch} "
+               "samples alone (one process, nn.DataParallel included, is not the assignment)" if alone else
+               f"{_took(idle)}, so no step averaged the ranks' batches")
+        return _not_assessed(ev, f"needs a global batch to scale for: {why}; see ran to the end.")
+    global_batch = sum(len(ev.steps[r][0]["indices"]) for r in ev.ranks)
+    k = global_batch / a.base_batch_size
+    optimizer = steps[0].get("optimizer")
+    rules = {rule: a.base_lr * factor(k) for rule, factor in lr_rules(optimizer).items()}
     lrs = [s["lr"][0] for s in steps]
     peak = max(lrs)
-    if abs(peak / expected - 1) > a.lr_tolerance:
+    seen = next((rule for rule, lr in rules.items() if abs(peak / lr - 1) <= a.lr_tolerance), None)
+    if seen is None:
+        expected = " or ".join(f"{rule} {lr:.4g}" for rule, lr in rules.items())
         return False, (f"the peak learning rate was {peak:.4g}, but each step averages {global_batch} samples "
-                       f"({global_batch / a.base_batch_size:g}x the starter's {a.base_batch_size}): scale "
-                       f"{a.base_lr:g} linearly to {expected:.4g}.")
+                       f"({k:g}x the starter's {a.base_batch_size}): scale {a.base_lr:g} by a rule notebook 02 "
+                       f"teaches for {optimizer or 'this optimizer'}: {expected}.")
     if lrs[0] >= 0.99 * peak:
         return False, (f"the learning rate started at its peak {peak:.4g}: warm it up over the first steps "
                        "(e.g. LambdaLR with min(1, (step + 1) / warmup_steps)).")
-    return True, (f"learning rate scaled to {peak:.4g} for a global batch of {global_batch}, "
-                  f"warmed up from {lrs[0]:.3g}.")
+    return True, (f"learning rate scaled by the {seen} rule ({optimizer or 'optimizer'}) to {peak:.4g} for a "
+                  f"global batch of {global_batch}, warmed up from {lrs[0]:.3g}.")
 
 
 def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
@@ -208,18 +318,21 @@ def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
     if others:
         return False, (f"{_ranks(others)} printed or reported: "
                        "log on rank 0 only (if rank.is_main, or course.world.print0).")
-    if not savers and (ev.status != "ok" or not all(ev.steps.get(r) for r in ev.ranks)):
-        return False, "nothing to assess: the run did not train to the end (see ran to the end)."
-    if not savers:  # target_accuracy fails for the missing checkpoint; this check is about who writes
-        return True, (f"no rank wrote files and only rank 0 printed (but save the checkpoint to {a.checkpoint} "
-                      "on rank 0: see target accuracy).")
+    idle = _idle(ev)
+    if not savers and (ev.status != "ok" or idle):
+        return _not_assessed(ev, f"needs every rank to train: {_took(idle)} (see ran to the end).")
+    if not savers and ev.test_accuracy is None:  # target_accuracy fails for it; this check is about who writes
+        return True, (f"no rank wrote files and only rank 0 printed (no checkpoint was saved at {a.checkpoint}: "
+                      "see target accuracy).")
+    if not savers:
+        return True, "no other rank wrote files or printed."
     return True, "only rank 0 wrote the checkpoint and printed."
 
 
 def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
     reports = ev.reports.get(0, [])
     if not reports:
-        return False, "rank 0 never called report(epoch, train_loss, val_accuracy)."
+        return _not_assessed(ev, "rank 0 never called report(epoch, train_loss, val_accuracy).")
     diverged = _diverged_at(ev)
     if diverged is not None:  # the ranks' accuracies are of different models: rank 0's says nothing of the mean
         reports = [r for r in reports if r.get("step", 0) < diverged]
@@ -268,7 +381,7 @@ def target_accuracy(ev: Evidence, a: Assignment) -> Outcome:
                        f"the 4-GPU script must reach the target in the starter's {a.epochs} epochs (each epoch "
                        "is now 4x fewer steps; scale the learning rate instead of training longer).")
     if ev.test_accuracy is None:
-        return False, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate."
+        return _not_assessed(ev, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate.")
     if ev.test_accuracy < a.target_accuracy:
         return False, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data; the target is "
                        f"{a.target_accuracy:.2f}.")
@@ -325,5 +438,5 @@ CHECKS: tuple[Check, ...] = (
           rank0_checkpoint_and_logs),
     Check("metrics_averaged", "metrics averaged across ranks", 5, "visible", metrics_averaged),
     Check("target_accuracy", "target accuracy reached", 10, "visible", target_accuracy),
-    Check("integrity", "grader's probes untouched", 0, "hidden", integrity),
+    Check("integrity", "grader's probes untouched", 0, "hidden", integrity, voids_score=True),
 )

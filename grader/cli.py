@@ -209,7 +209,7 @@ def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | 
             save(results, out, keys[results.submission])
             graded[results.submission] = results
             reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
-            bar.set_postfix_str(f"{results.submission}: {results.status}")
+            bar.set_postfix_str(f"{results.submission}: {results.grade_status}")
             bar.update()
     reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
     return [graded[p.name] for p in submissions]

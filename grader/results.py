@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+INTEGRITY_VIOLATION = "integrity violation"  # the gradebook status of a run whose records cannot be trusted
+DERIVED = ("score", "max_score", "raw_score", "grade_status")  # saved for readers of the JSON, recomputed on load
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -25,6 +28,7 @@ class CheckResult:
     passed: bool
     message: str  # what to tell the student, in the course's terms
     ran: bool = True  # False when the submission was not run (bad submission, grader error): no verdict
+    voids_score: bool = False  # failed, it withholds the whole score (see Results.violation)
 
 
 @dataclass
@@ -34,7 +38,8 @@ class Results:
     Attributes:
         submission: the submission's name (file or folder name).
         status: ``ok``, ``timeout``, ``crash on rank k``, ``hang on rank k``, ``out of memory``,
-            ``too many processes``, ``output limit``, ``bad submission``, ...
+            ``too many processes``, ``output limit``, ``bad submission``, ...: how the run ended
+            (:attr:`grade_status` puts ``integrity violation`` over it).
         detail: why, in the course's terms.
         checks: one entry per check that was run.
         elapsed_s: wall time of the whole grading of this submission.
@@ -53,19 +58,36 @@ class Results:
     seed: int = 0
 
     @property
-    def score(self) -> float:
+    def raw_score(self) -> float:
+        """The sum of the checks' scores, as if every record were trusted."""
         return sum(c.score for c in self.checks)
+
+    @property
+    def violation(self) -> str | None:
+        """Why the records cannot be trusted (a failed check that voids the score, e.g. integrity), or None."""
+        return next((c.message for c in self.checks if c.voids_score and c.ran and not c.passed), None)
+
+    @property
+    def score(self) -> float:
+        """The grade: :attr:`raw_score`, or 0 after a :attr:`violation` (withheld for the instructor's review)."""
+        return 0.0 if self.violation else self.raw_score
+
+    @property
+    def grade_status(self) -> str:
+        """What the gradebook's status column says: ``integrity violation`` over the run's own :attr:`status`."""
+        return INTEGRITY_VIOLATION if self.violation else self.status
 
     @property
     def max_score(self) -> float:
         return sum(c.max_score for c in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "score": self.score, "max_score": self.max_score}
+        return {**asdict(self), "score": self.score, "max_score": self.max_score, "raw_score": self.raw_score,
+                "grade_status": self.grade_status}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Results:
-        raw = {k: v for k, v in raw.items() if k not in ("score", "max_score")}
+        raw = {k: v for k, v in raw.items() if k not in DERIVED}
         raw["checks"] = [CheckResult(**c) for c in raw.get("checks", [])]
         return cls(**raw)
 

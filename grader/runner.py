@@ -84,8 +84,8 @@ def _check_script(path: Path, assignment: Assignment) -> None:
     if not path.is_file():
         raise BadSubmission(f"no file {path.name} was submitted: submit your {assignment.script_name}.")
     if path.suffix == ".ipynb":
-        raise BadSubmission(f"{path.name} is a notebook, not a script: submit the {assignment.script_name} that "
-                            "the %%writefile cell of notebook 06 wrote (torchrun runs scripts, not notebooks).")
+        raise BadSubmission(f"{path.name} is a notebook, not a script: submit runs/{assignment.script_name}, the "
+                            "script you wrote for notebook 06 (torchrun runs scripts, not notebooks).")
     if path.suffix != ".py":
         raise BadSubmission(f"{path.name} is not a Python script: submit {assignment.script_name}.")
     raw = path.read_bytes()
@@ -356,13 +356,15 @@ def _finish(results: Results, evidence: Evidence | None, config: GradingConfig, 
             continue
         if evidence is None:
             results.checks.append(CheckResult(check.name, check.title, 0.0, check.points, check.visibility, False,
-                                              f"not run ({results.status}: see above).", ran=False))
+                                              f"not run ({results.status}: see above).", ran=False,
+                                              voids_score=check.voids_score))
             continue
         try:
             passed, message = check.test(evidence, config.assignment)
         except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
             passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
         results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
-                                          check.points, check.visibility, passed, message))
+                                          check.points, check.visibility, passed, message,
+                                          voids_score=check.voids_score))
     results.elapsed_s = time.monotonic() - start
     return results

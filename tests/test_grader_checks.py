@@ -118,11 +118,13 @@ def defect(name):
 
 
 @pytest.mark.parametrize("name, failed, phrase", [
-    ("same_data", {"disjoint_shards"}, "ranks 1–3 saw the same samples as rank 0"),
+    # identical ranks stay identical: their equal parameters and gradients show no averaging
+    ("same_data", {"disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process"},
+     "ranks 1–3 saw the same samples as rank 0"),
     ("no_set_epoch", {"reshuffled"}, "set_epoch"),
     ("diverged", {"equal_parameters"}, "after step 6"),
     ("summed", {"matches_single_process"}, "4.00x"),
-    ("unscaled", {"lr_scaled"}, "linearly to 0.008"),
+    ("unscaled", {"lr_scaled"}, "linear 0.008"),
     ("no_warmup", {"lr_scaled"}, "warm it up"),
     ("every_rank_saves", {"rank0_checkpoint_and_logs"}, "rank 0 only"),
     ("ranks_print", {"rank0_checkpoint_and_logs"}, "rank 1 printed"),
@@ -175,3 +177,89 @@ def test_records_must_come_from_their_signer():
                {"kind": "step", "rank": 1, "signer": 1}]
     ev = collect(records, world_size=W, expected_backend="gloo")
     assert ev.misattributed == 2 and ev.exits[1]["returncode"] == 3 and list(ev.steps) == [1]
+
+
+def outcome(ev: Evidence, name: str) -> tuple[bool, str]:
+    return next(c for c in CHECKS if c.name == name).test(ev, ASSIGNMENT)
+
+
+def test_identical_ranks_get_no_credit_for_averaging_and_are_told_what_is_needed():
+    ev = defect("same_data")  # the skeleton with init_from_env(): every rank trains rank 0's model on its batches
+    for name in ("equal_parameters", "matches_single_process", "reshuffled"):
+        passed, message = outcome(ev, name)
+        assert not passed and "needs each rank to" in message and "see disjoint shards" in message, name
+
+
+def only_rank0_trains(status: str = "ok") -> Evidence:
+    ev = perfect_run()
+    ev.status = status
+    for r in (1, 2, 3):
+        del ev.steps[r], ev.initials[r]
+    ev.comparisons = [Comparison(1, 1e-7, 1.0)]  # the union batch is rank 0's alone: it matches trivially
+    return ev
+
+
+def test_when_only_rank_0_trains_the_cause_is_named_and_the_union_batch_is_not_credited():
+    ev = only_rank0_trains()
+    assert {"ran_to_the_end", "disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process",
+            "lr_scaled"} <= failures(ev)
+    assert "ranks 1–3 took no optimizer step" in outcome(ev, "ran_to_the_end")[1]
+    passed, message = outcome(ev, "matches_single_process")
+    assert not passed and "needs every rank to train: ranks 1–3 took no optimizer step" in message
+    crashed = only_rank0_trains("crash on rank 0")  # rank 0 then failed in a collective its peers had left
+    assert "ranks 1–3 took no optimizer step" in outcome(crashed, "ran_to_the_end")[1]
+
+
+@pytest.mark.parametrize("status", ["crash on rank 2", "hang on rank 3", "timeout"])
+def test_checks_that_a_crash_left_without_evidence_say_not_assessed_and_give_no_advice(status):
+    ev = Evidence(world_size=W, expected_backend="gloo", train_size=N, status=status)
+    for r in ev.ranks:
+        ev.inits[r] = [{"kind": "init", "rank": r, "backend": "gloo", "world_size": W, "local_rank": r}]
+    ev.checkpoint_error = "no checkpoint at checkpoint.pt: save model.state_dict() there on rank 0 after training."
+    for check in CHECKS[1:]:
+        passed, message = check.test(ev, ASSIGNMENT)
+        if check.name != "integrity":
+            assert not passed and message.startswith(f"not assessed: the run did not finish ({status})"), check.name
+        assert not any(advice in message for advice in ("data.load", "epoch budget", "never called report",
+                                                          "save model", "DistributedSampler")), check.name
+
+
+def with_lr(ev: Evidence, peak: float, optimizer: str) -> Evidence:
+    for r in ev.ranks:
+        for step in ev.steps[r]:
+            step["lr"], step["optimizer"] = [peak * min(1.0, step["step"] / 10)], optimizer
+    return ev
+
+
+@pytest.mark.parametrize("peak, optimizer, rule", [(0.004, "Adam", "square-root"), (0.004, "AdamW", "square-root"),
+                                                   (0.008, "Adam", "linear"), (0.008, "SGD", "linear")])
+def test_every_scaling_rule_the_course_teaches_for_the_optimizer_passes_and_is_named(peak, optimizer, rule):
+    passed, message = outcome(with_lr(perfect_run(), peak, optimizer), "lr_scaled")
+    assert passed and f"by the {rule} rule ({optimizer})" in message
+
+
+def test_the_square_root_rule_is_not_accepted_for_sgd():
+    passed, message = outcome(with_lr(perfect_run(), 0.004, "SGD"), "lr_scaled")
+    assert not passed and "linear 0.008" in message and "square-root" not in message
+    passed, message = outcome(with_lr(perfect_run(), 0.002, "Adam"), "lr_scaled")
+    assert not passed and "linear 0.008 or square-root 0.004" in message
+
+
+def test_processes_that_never_joined_a_group_are_not_told_about_averaged_samples():
+    ev = perfect_run()  # nn.DataParallel in one process: 4 processes, no process group, 128 samples per step
+    ev.inits = {}
+    for r in ev.ranks:
+        ev.steps[r] = [{**step, "indices": list(range(128))} for step in ev.steps[0]]
+    passed, message = outcome(ev, "lr_scaled")
+    assert not passed and "512" not in message and "averages" not in message
+    assert "ranks 0–3 never joined a process group" in message and "nn.DataParallel" in message
+    passed, message = outcome(ev, "equal_parameters")
+    assert not passed and "needs the ranks to join one process group" in message
+
+
+def test_the_rank_0_check_points_to_target_accuracy_only_when_there_is_no_checkpoint():
+    ev = perfect_run()
+    del ev.saves[0]  # written some way torch.save did not see; the grader evaluated it anyway
+    assert "target accuracy" not in outcome(ev, "rank0_checkpoint_and_logs")[1]
+    ev.test_accuracy = None
+    assert "see target accuracy" in outcome(ev, "rank0_checkpoint_and_logs")[1]

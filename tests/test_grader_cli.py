@@ -6,6 +6,7 @@ tests take a fraction of a second. The real 4-rank class run is in test_grader_s
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,39 @@ def test_report_rebuilds_the_gradebook_for_the_submissions_it_lists_not_withdraw
 def test_report_on_a_folder_without_results_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path)]) == 2
     assert "results does not exist" in capsys.readouterr().err
+
+
+def test_a_submitted_notebook_is_pointed_to_the_script_notebook_06_has_students_write(tmp_path):
+    submission = make_class(tmp_path / "submission", [])
+    (submission / "train_4gpu.ipynb").write_text("{}")
+    out = tmp_path / "results.json"
+    assert cli.main(["gradescope", "--submission", str(submission), "--results", str(out)]) == 0
+    output = json.loads(out.read_text())["output"]
+    notebook = (Path(__file__).parent.parent / "notebooks" / "06_assignment.ipynb").read_text()
+    assert "is a notebook" in output and "runs/train_4gpu.py" in output and "%%writefile" not in output
+    assert 'Path(\\"runs/train_4gpu.py\\")' in notebook  # the file the notebook has the student write
+
+
+def test_an_integrity_violation_stands_out_in_the_gradebook_and_survives_resume_and_report(tmp_path, monkeypatch):
+    folder = make_class(tmp_path / "class", ["alice.py", "mallory.py"])
+    out = tmp_path / "out"
+    real_grade = cli.grade
+
+    def tampering(path, config):
+        results = real_grade(path, config)
+        if path.name == "mallory.py":  # as if it had run, passed every scored check and replaced torch.save
+            checks = [replace(c, ran=True, passed=not c.voids_score, score=0.0 if c.voids_score else c.max_score,
+                              message="the submission replaced torch.save" if c.voids_score else "ok")
+                      for c in results.checks]
+            results = Results(results.submission, "ok", "all ranks finished", checks)
+        return results
+
+    monkeypatch.setattr(cli, "grade", tampering)
+    assert grade(folder, out) == 0
+    for rebuild in (lambda: grade(folder, out, "--resume"), lambda: cli.main(["report", str(out)])):
+        row = gradebook(out)["mallory.py"]
+        assert (row["status"], float(row["score"]), float(row["raw_score"])) == ("integrity violation", 0, POSSIBLE)
+        assert row["detail"].startswith("INTEGRITY VIOLATION: the submission replaced torch.save")
+        assert gradebook(out)["alice.py"]["status"] == "bad submission"
+        assert rebuild() == 0
+    assert "status: integrity violation" in (out / "feedback" / "mallory.txt").read_text()

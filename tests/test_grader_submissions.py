@@ -1,8 +1,9 @@
 """The proof: the reference gets full marks; each broken or hostile submission fails exactly its check(s).
 
 Every submission in tests/submissions/ is graded for real (4 ranks in the sandbox), two at a time, once per
-test session; each test then reads its results. Expensive: about 16 four-rank runs (see the module's timing
-in the grader engineer's report). Hostile runs get tight limits so they end quickly.
+test session; each test then reads its results. Expensive: 28 four-rank runs, and 4 more grading a small class
+twice (about 13 minutes in all, two at a time on a loaded 2-core machine). Hostile runs get tight limits so they
+end quickly.
 """
 
 import csv
@@ -31,13 +32,22 @@ CONFIGS = {
 # submission -> (status, the exact set of checks it must fail)
 EXPECTED = {
     "reference": ("ok", set()),
-    "no_sampler": ("ok", {"disjoint_shards"}),
+    # every rank draws the same batches, so DDP's averaging cannot be seen: no credit for what it would show
+    "no_sampler": ("ok", {"disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process"}),
+    "per_rank_shuffles": ("ok", {"disjoint_shards"}),
+    "identical_ranks": ("ok", {"disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process",
+                               "lr_scaled", "rank0_checkpoint_and_logs"}),
+    "rank0_trains_alone": ("ok", {"ran_to_the_end", "disjoint_shards", "reshuffled", "equal_parameters",
+                                  "matches_single_process", "lr_scaled"}),
+    "data_parallel_one_process": ("ok", {"ran_to_the_end", "disjoint_shards", "reshuffled", "equal_parameters",
+                                         "matches_single_process", "lr_scaled", "rank0_checkpoint_and_logs"}),
     "no_set_epoch": ("ok", {"reshuffled"}),
     "summed_gradients": ("ok", {"matches_single_process"}),
     # the averaged metrics of ranks holding different models are not assessed, so not blamed
     "per_rank_seeds": ("ok", {"equal_parameters", "matches_single_process"}),
     "every_rank_checkpoints": ("ok", {"rank0_checkpoint_and_logs"}),
     "unscaled_lr": ("ok", {"lr_scaled"}),
+    "sqrt_lr_adam": ("ok", set()),
     "no_checkpoint": ("ok", {"target_accuracy"}),
     "fake_score": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
     "forged_records": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
@@ -62,7 +72,7 @@ EXPECTED = {
 # the epoch budget, 2 epochs of 6) and by the reference, which passes it.
 NEAR_TARGET = {"no_sampler", "no_set_epoch", "summed_gradients", "per_rank_seeds", "every_rank_checkpoints",
                "unscaled_lr", "noop_allreduce", "output_flood", "no_shutdown", "diverging_ranks", "local_metrics",
-               "wraps_save"}
+               "wraps_save", "per_rank_shuffles", "identical_ranks", "rank0_trains_alone", "data_parallel_one_process"}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +119,36 @@ def test_feedback_speaks_the_course_language(graded):
     assert "deliberate failure on rank 2" in graded["crash_on_rank_2"].detail
 
 
+def test_credit_only_for_data_parallelism_that_happened(graded):
+    messages = {c.name: c.message for c in graded["identical_ranks"].checks}
+    assert graded["identical_ranks"].score <= 25  # 65 when identical ranks were credited for staying identical
+    assert "needs each rank to see its own shard" in messages["equal_parameters"]
+    assert "needs each rank to see its own shard" in messages["matches_single_process"]
+    alone = {c.name: c.message for c in graded["rank0_trains_alone"].checks}
+    assert "ranks 1–3 took no optimizer step" in alone["ran_to_the_end"]
+    assert "ranks 1–3 took no optimizer step" in alone["matches_single_process"]
+    one_process = {c.name: c.message for c in graded["data_parallel_one_process"].checks}["lr_scaled"]
+    assert "never joined a process group" in one_process and "512" not in one_process
+
+
+def test_the_square_root_rule_is_accepted_for_adam_and_named(graded):
+    message = {c.name: c.message for c in graded["sqrt_lr_adam"].checks}["lr_scaled"]
+    assert "square-root rule (Adam)" in message
+
+
+def test_checks_a_crash_left_without_evidence_give_no_advice(graded):
+    for name in ("crash_on_rank_2", "hang_in_collective"):
+        for check in graded[name].checks[1:]:
+            if check.name != "integrity":
+                assert check.message.startswith("not assessed: the run did not finish"), (name, check.message)
+
+
+def test_a_detected_tamper_withholds_the_score(graded):
+    for name in ("fake_score", "forged_records", "noop_allreduce", "wraps_save"):
+        results = graded[name]
+        assert results.score == 0 and results.raw_score > 0 and results.grade_status == "integrity violation"
+
+
 def test_printed_numbers_are_not_believed(graded):
     results = graded["fake_score"]
     assert "0.99" in results.output  # it printed a fake score ...
@@ -137,13 +177,17 @@ def test_a_class_is_graded_in_parallel_and_nothing_is_lost(tmp_path, graded):
     (folder / "carol").mkdir()  # a folder holding a notebook instead of a script
     (folder / "carol" / "train_4gpu.ipynb").write_text("{}")
     (folder / "dave.py").write_text("")
+    (folder / "erin.py").write_text((SUBMISSIONS / "rank0_trains_alone.py").read_text())
     out = tmp_path / "out"
     assert cli.main(["grade", str(folder), "-o", str(out), "-j", "2"]) == 0
     rows = list(csv.reader(open(out / "gradebook.csv")))
-    assert rows[1][0] == "points possible" and len(rows) == 6
+    assert rows[1][0] == "points possible" and len(rows) == 7
     statuses = {r[0]: r[1] for r in rows[2:]}
     assert statuses == {"alice.py": "ok", "bob.py": "bad submission", "carol": "bad submission",
-                        "dave.py": "bad submission"}
+                        "dave.py": "bad submission", "erin.py": "ok"}
+    # the class graded a second time gives the same rows, but for the time each grading took
+    assert cli.main(["grade", str(folder), "-o", str(tmp_path / "again"), "-j", "2"]) == 0
+    assert untimed(tmp_path / "again" / "gradebook.csv") == untimed(out / "gradebook.csv")
     alice = json.loads((out / "gradescope" / "alice" / "results.json").read_text())
     assert alice["score"] == 100 and (out / "feedback" / "bob.txt").read_text().count("not valid Python") >= 1
     # regrading the same submission gives the same grade, check by check
@@ -151,6 +195,13 @@ def test_a_class_is_graded_in_parallel_and_nothing_is_lost(tmp_path, graded):
     first = graded["reference"]
     assert [(c["name"], c["score"]) for c in again["checks"]] == [(c.name, c.score) for c in first.checks]
     assert again["test_accuracy"] == first.test_accuracy
+
+
+def untimed(gradebook: Path) -> list[list[str]]:
+    """The gradebook's rows without the elapsed_s column (the one column that may differ between gradings)."""
+    rows = list(csv.reader(open(gradebook)))
+    timing = rows[0].index("elapsed_s")
+    return [r[:timing] + r[timing + 1:] for r in rows]
 
 
 def test_run_autograder_always_writes_results(tmp_path):
