@@ -121,3 +121,12 @@ def test_history_replays_the_compute_fraction():
     assert history.kind == "modelled" and "modelled" in history.labels[0]
     mean = {s.device: s.mean_utilization for s in utilization.summarize(history)}
     assert mean[0] == pytest.approx(100 * step.compute_s / step.step_s, rel=0.02)
+
+
+def test_monitor_labels_a_modelled_history_as_modelled():
+    from course import monitor
+
+    history = pm.to_history(pm.step_time(R50, 32, 2, ONE_NODE), steps=1)
+    text = monitor.format_summary(history)
+    assert text.startswith("Modelled GPUs") and "Not a measurement" in text and "MiB" not in text
+    assert utilization.busy_threshold(history, cpu_count=1) == 50.0  # a modelled GPU can reach 100%
