@@ -34,9 +34,14 @@ KINDS = ("compute", "communication", "data wait", "idle")  # what a modelled dev
 
 @dataclass(frozen=True)
 class Assumptions:
-    """What the model assumes about software running on the hardware: inputs, not measurements."""
+    """What the model assumes about the software running on the hardware: inputs, not measurements, not cited.
 
-    compute_efficiency: float = 1 / 3  # fraction of peak FLOP/s that convolution kernels reach
+    ``compute_efficiency`` is the value under which whole ImageNet runs on one M40 and on 8 P100 both fit
+    (:mod:`course.perf_validation`, rows 3 and 5): it is calibrated there, not predicted. ``link_efficiency``
+    is checked by the nccl-tests row. The others are orders of magnitude, to be replaced by your own numbers.
+    """
+
+    compute_efficiency: float = 1 / 3  # fraction of peak FLOP/s that convolution and matmul kernels reach
     memory_efficiency: float = 0.7     # fraction of peak memory bandwidth an elementwise kernel reaches
     launch_s: float = 5e-6             # launch and scheduling overhead of one kernel, seconds
     link_efficiency: float = 0.7       # fraction of a link's peak bandwidth that an allreduce sustains

@@ -86,7 +86,7 @@ def validation_table(a: pm.Assumptions | None = None) -> list[Row]:
             pm.scaling_curve(r101, 64, (1, 128), uber, "ring", a)[128]["efficiency"], "",
             "4 P100 PCIe per server, 64 images per GPU, ring over all 128 overlapping backward"),
         Row("nccl-tests all_reduce busbw, 8 A100 on NVSwitch, 1 GiB", "https://github.com/NVIDIA/nccl-tests/issues/"
-            "149 (HGX A100 8-GPU, ~200 GB/s)", 200.0,
+            "149 (8 A100-SXM4-80GB on NVLink, HPE Apollo 6500: ~200 GB/s)", 200.0,
             float(cost_model.busbw(nbytes, pm.allreduce_seconds(nbytes, 8, hgx, "ring", a), 8)) / 1e9, "GB/s",
             "NVLink 3 at 300 GB/s per direction per GPU through NVSwitch"),
         Row("parameter server: 3 GPUs push 160 MB to a 4th and pull it back", D2L, 60.0,
