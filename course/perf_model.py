@@ -100,6 +100,11 @@ class StepTime:
     def compute_s(self) -> float:
         return self.forward_s + self.backward_s
 
+    @property
+    def data_wait_s(self) -> float:
+        """Time the step waits for its batch: the input pipeline is slower than compute and exposed comm."""
+        return max(0.0, self.step_s - self.compute_s - self.exposed_comm_s)
+
 
 # ---- the model --------------------------------------------------------------------------------------------
 

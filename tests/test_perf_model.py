@@ -62,6 +62,11 @@ def test_input_pipeline_bounds_the_step():
     slow = replace(A, samples_per_s=10.0)
     step = pm.step_time(R50, 32, 8, ONE_NODE, a=slow)
     assert step.step_s == pytest.approx(3.2)
+    assert step.data_wait_s == pytest.approx(3.2 - step.compute_s - step.exposed_comm_s)
+    naive = pm.step_time(R50, 32, 4, ONE_NODE, "naive", slow)
+    link = pm.alpha_beta(ONE_NODE.intra, A)
+    gather = 3 * (link.alpha_s + R50.gradient_bytes * link.beta_s_per_byte)  # after compute: the gradients
+    assert naive.step_s == pytest.approx(3.2 + naive.compute_s + gather)
     assert step.timeline[0][0].kind == "data wait"
 
 
