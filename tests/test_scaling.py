@@ -66,3 +66,10 @@ def test_measure_step_samples_on_subgroups():
     assert set(results[0]) == {(1, 4), (1, 8), (2, 4), (2, 8)}
     assert all(len(times) == 3 and min(times) > 0 for times in results[0].values())
     assert results[1] == {}
+
+
+def test_measured_plot_draws_medians_intervals_and_calibration():
+    timings = {(n, b): scaling.summarize([0.001 * n * b, 0.0011 * n * b, 0.0012 * n * b]) for n in (1, 2, 4)
+               for b in (16, 64)}
+    figure = scaling.plot_measured(timings, scaling.fit_calibration(timings, 2))
+    assert len(figure.axes[0].lines) >= 4  # a measured line and a calibration line per batch size
