@@ -44,54 +44,64 @@ def speedup(step_s: dict[int, float]) -> dict[int, float]:
 
 
 def measure_step_samples(world_sizes: tuple[int, ...] = (1, 2, 4), batch_sizes: tuple[int, ...] = (32,),
-                         steps: int = 10, warmup_steps: int = 2) -> dict[tuple[int, int], list[float]]:
+                         rounds: int = 5, steps_per_round: int = 2, warmup_steps: int = 2
+                         ) -> dict[tuple[int, int], list[float]]:
     """Rank function: seconds of every timed DDP training step on the first n ranks, per (n, per-rank batch).
 
     Launch it on ``max(world_sizes)`` ranks: the first n ranks form a subgroup and train DigitsCNN with DDP
     (weak scaling: the per-rank batch is fixed) while the others wait, so one launch measures every size.
+    The configurations take turns, ``steps_per_round`` steps each per round, so a burst of load from elsewhere
+    slows them all alike instead of whichever happened to run then (a 1-rank baseline timed alone, first,
+    can come out several times too slow and inflate every speedup).
 
     Returns:
-        ``{(n, batch_size): [seconds per step, ...]}`` on rank 0; ``{}`` on the other ranks.
+        ``{(n, batch_size): [seconds per step, ...]}`` (``rounds x steps_per_round`` each) on rank 0; ``{}`` on
+        the other ranks.
     """
     me = world.current()
     if max(world_sizes) > me.world_size:
         raise ValueError(f"launch on at least {max(world_sizes)} ranks to measure {world_sizes}; got {me.world_size}.")
     images, labels = data.load().train.tensors
-    samples: dict[tuple[int, int], list[float]] = {}
-    for n in world_sizes:
-        group = dist.new_group(list(range(n)))  # every rank must call new_group, members or not
-        for batch_size in batch_sizes:
-            if me.rank < n:
-                samples[n, batch_size] = _time_steps(group, images[:batch_size].to(me.device),
-                                                     labels[:batch_size].to(me.device), steps, warmup_steps)
-            dist.barrier()
+    batches = {b: (images[:b].to(me.device), labels[:b].to(me.device)) for b in batch_sizes}
+    groups = {n: dist.new_group(list(range(n))) for n in world_sizes}  # every rank must call new_group
+    trainers = {n: _trainer(groups[n]) for n in world_sizes if me.rank < n}
+    samples: dict[tuple[int, int], list[float]] = {(n, b): [] for n in world_sizes for b in batch_sizes}
+    for round_ in range(rounds + 1):  # round 0 warms every configuration up, untimed
+        for n in world_sizes:
+            for b in batch_sizes:
+                if me.rank < n:
+                    times = _time_steps(*trainers[n], *batches[b], steps_per_round if round_ else warmup_steps)
+                    samples[n, b] += times if round_ else []
+                dist.barrier()
     return samples if me.is_main else {}
 
 
-def _time_steps(group: dist.ProcessGroup, images: torch.Tensor, labels: torch.Tensor, steps: int,
-                warmup_steps: int) -> list[float]:
+def _trainer(group: dist.ProcessGroup) -> tuple[nn.Module, torch.optim.Optimizer]:
     me = world.current()
     torch.manual_seed(0)
     device_ids = [me.device.index] if me.device.type == "cuda" else None
     model = DistributedDataParallel(DigitsCNN().to(me.device), device_ids=device_ids, process_group=group)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _time_steps(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
+                steps: int) -> list[float]:
     times = []
-    for step in range(warmup_steps + steps):
+    for _ in range(steps):
         start = time.perf_counter()
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(images), labels).backward()
         optimizer.step()
-        if me.device.type == "cuda":
+        if images.device.type == "cuda":
             torch.cuda.synchronize()
-        if step >= warmup_steps:
-            times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
     return times
 
 
 def measure_step_times(world_sizes: tuple[int, ...] = (1, 2, 4), batch_size: int = 32, steps: int = 5,
                        warmup_steps: int = 2) -> dict[int, float]:
     """Rank function: median seconds per DDP step on the first n ranks (:func:`measure_step_samples`)."""
-    samples = measure_step_samples(world_sizes, (batch_size,), steps, warmup_steps)
+    samples = measure_step_samples(world_sizes, (batch_size,), steps, 1, warmup_steps)
     return {n: float(np.median(times)) for (n, _), times in samples.items()}
 
 

@@ -62,9 +62,9 @@ def test_modelled_plots_draw_without_error():
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_measure_step_samples_on_subgroups():
-    results = launch(scaling.measure_step_samples, 2, (1, 2), (4, 8), 3, 1, timeout_s=180)
+    results = launch(scaling.measure_step_samples, 2, (1, 2), (4, 8), 3, 2, 1, timeout_s=180)
     assert set(results[0]) == {(1, 4), (1, 8), (2, 4), (2, 8)}
-    assert all(len(times) == 3 and min(times) > 0 for times in results[0].values())
+    assert all(len(times) == 6 and min(times) > 0 for times in results[0].values())
     assert results[1] == {}
 
 
