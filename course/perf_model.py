@@ -168,31 +168,44 @@ def step_time(workload: Workload, batch_size: int, world_size: int, cluster: Clu
     if scheme in ("naive", "parameter_server"):
         return _through_one_device(workload, batch_size, world_size, cluster, scheme, a, sum(forward),
                                    sum(backward), data_s)
-    t, ready = sum(forward), []  # ready: (seconds, bytes) as each bucket's last gradient is computed
-    pending = 0.0
-    for seconds, layer in zip(backward, reversed(workload.layers), strict=True):
-        t, pending = t + seconds, pending + 4.0 * layer.params
-        if pending >= a.bucket_bytes:
-            ready.append((t, pending))
-            pending = 0.0
-    backward_end = t
-    if pending:
-        ready.append((t, pending))
-    comm, free = [], 0.0
-    if world_size > 1:
-        for when, nbytes in ready:  # one allreduce at a time, each as soon as its bucket is ready
-            start = max(free, when if a.overlap else backward_end)
-            free = start + allreduce_seconds(nbytes, world_size, cluster, scheme, a)
-            comm.append(Segment(start, free, "communication"))
-    busy = max(backward_end, free)
+    ready, backward_end = _buckets(workload, sum(forward), backward, a.bucket_bytes)
+    comm = _allreduce_buckets(ready, backward_end, world_size, cluster, scheme, a) if world_size > 1 else []
+    busy = max([backward_end] + [s.end_s for s in comm])
     step = max(busy, data_s)
-    segments = ([Segment(0.0, step - busy, "data wait")] if step > busy else [])
-    shift = step - busy
+    shift = step - busy  # a slow input pipeline delays the whole step: the GPU first waits for its batch
+    segments = [Segment(0.0, shift, "data wait")] if shift > 0 else []
     segments += [Segment(shift, shift + backward_end, "compute")]
     segments += [Segment(s.start_s + shift, s.end_s + shift, s.kind) for s in comm]
     comm_s = sum(s.end_s - s.start_s for s in comm)
     return StepTime(world_size, sum(forward), sum(backward), comm_s, busy - backward_end, data_s, step,
                     {rank: segments for rank in range(world_size)})
+
+
+def _buckets(workload: Workload, forward_s: float, backward: list[float], bucket_bytes: float
+             ) -> tuple[list[tuple[float, float]], float]:
+    """When each bucket of gradients is complete: ``([(seconds, bytes), ...], end of backward)``.
+
+    Backward runs the layers in reverse; a bucket closes once ``bucket_bytes`` of gradients are in it, and the
+    last one when backward ends (DDP fills its buckets in the same reverse order).
+    """
+    t, pending, ready = forward_s, 0.0, []
+    for seconds, layer in zip(backward, reversed(workload.layers), strict=True):
+        t, pending = t + seconds, pending + 4.0 * layer.params
+        if pending >= bucket_bytes:
+            ready.append((t, pending))
+            pending = 0.0
+    return ready + ([(t, pending)] if pending else []), t
+
+
+def _allreduce_buckets(ready: list[tuple[float, float]], backward_end: float, world_size: int, cluster: Cluster,
+                       scheme: str, a: Assumptions) -> list[Segment]:
+    """One allreduce at a time, each starting when its bucket is complete (or after backward, without overlap)."""
+    segments, free = [], 0.0
+    for when, nbytes in ready:
+        start = max(free, when if a.overlap else backward_end)
+        free = start + allreduce_seconds(nbytes, world_size, cluster, scheme, a)
+        segments.append(Segment(start, free, "communication"))
+    return segments
 
 
 def _through_one_device(workload: Workload, batch_size: int, world_size: int, cluster: Cluster, scheme: str,
@@ -201,26 +214,31 @@ def _through_one_device(workload: Workload, batch_size: int, world_size: int, cl
     ``parameter_server``: each of the ``world_size`` workers pushes gradients to and pulls parameters from
     one server over that server's one link. Either way the transfers queue on one link, and none overlaps."""
     link = alpha_beta(cluster.intra if cluster.nodes(world_size) == 1 else cluster.inter, a)
-    others = world_size - 1 if scheme == "naive" else world_size
-    send_each = workload.gradient_bytes + (batch_size * workload.sample_bytes if scheme == "naive" else 0)
-    per_replica = (link.alpha_s + send_each * link.beta_s_per_byte, link.alpha_s +
-                   workload.gradient_bytes * link.beta_s_per_byte)  # (before compute, after compute)
-    before, after = others * per_replica[0], others * per_replica[1]
-    compute = forward_s + backward_s
+    others = world_size - 1 if scheme == "naive" else world_size  # devices served over the one link
+    inputs = batch_size * workload.sample_bytes if scheme == "naive" else 0.0  # DataParallel scatters the batch
+    send = message_seconds(workload.gradient_bytes + inputs, link)  # parameters (and inputs) to one device
+    receive = message_seconds(workload.gradient_bytes, link)  # gradients back from one device
+    before, after, compute = others * send, others * receive, forward_s + backward_s
     start = max(before, data_s)
     step = start + compute + after
-    timeline = {}
-    for rank in range(world_size):
-        hub = rank == 0 and scheme == "naive"
-        slot = rank - 1 if scheme == "naive" else rank  # which turn on the shared link is this rank's
-        mine = [] if hub or others == 0 else [Segment(slot * per_replica[0], (slot + 1) * per_replica[0],
-                                                       "communication"),
-                                              Segment(start + compute + slot * per_replica[1],
-                                                      start + compute + (slot + 1) * per_replica[1], "communication")]
-        link_busy = [Segment(0.0, before, "communication"), Segment(start + compute, step, "communication")]
-        timeline[rank] = _fill_idle(sorted((link_busy if hub else mine) + [Segment(start, start + compute, "compute")],
-                                           key=lambda s: s.start_s), step)
+    turns = (send, receive, start + compute)
+    timeline = {rank: _hub_timeline(rank, scheme, turns, before, start, compute, step) for rank in range(world_size)}
     return StepTime(world_size, forward_s, backward_s, before + after, before + after, data_s, step, timeline)
+
+
+def _hub_timeline(rank: int, scheme: str, turns: tuple[float, float, float], before: float, start: float,
+                  compute: float, step: float) -> list[Segment]:
+    """One device's step when every transfer queues on one link: the hub (naive's device 0) talks the whole time
+    the link is busy; every other device only during its own turn, idle while it waits for it."""
+    send, receive, after_compute = turns
+    if rank == 0 and scheme == "naive":
+        talk = [Segment(0.0, before, "communication"), Segment(after_compute, step, "communication")]
+    else:
+        turn = rank - 1 if scheme == "naive" else rank  # the replicas' (or workers') order on the shared link
+        talk = [Segment(turn * send, (turn + 1) * send, "communication"),
+                Segment(after_compute + turn * receive, after_compute + (turn + 1) * receive, "communication")]
+    segments = sorted([*talk, Segment(start, start + compute, "compute")], key=lambda s: s.start_s)
+    return _fill_idle([s for s in segments if s.end_s > s.start_s], step)
 
 
 def _fill_idle(segments: list[Segment], end_s: float) -> list[Segment]:
