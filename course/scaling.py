@@ -246,8 +246,8 @@ def plot_modelled_timeline(steps: dict[str, StepTime], devices: int = 4) -> obje
                sorted(step.timeline)[:devices]], title=f"modelled: {label}", xlabel="ms")
         ax.invert_yaxis()
     legend = {label: handle for ax in axes[:, 0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
-    figure.legend(legend.values(), legend.keys(), loc="upper right", fontsize=7, ncol=4)
-    figure.tight_layout()
+    figure.legend(legend.values(), legend.keys(), loc="upper center", fontsize=7, ncol=4)
+    figure.tight_layout(rect=(0, 0, 1, 0.95))  # room for the legend above the first panel
     return figure
 
 
