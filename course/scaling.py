@@ -51,8 +51,8 @@ def measure_step_samples(world_sizes: tuple[int, ...] = (1, 2, 4), batch_sizes: 
     Launch it on ``max(world_sizes)`` ranks: the first n ranks form a subgroup and train DigitsCNN with DDP
     (weak scaling: the per-rank batch is fixed) while the others wait, so one launch measures every size.
     The configurations take turns, ``steps_per_round`` steps each per round, so a burst of load from elsewhere
-    slows them all alike instead of whichever happened to run then (a 1-rank baseline timed alone, first,
-    can come out several times too slow and inflate every speedup).
+    falls on several of them rather than on whichever ran then (a 1-rank baseline timed alone, first, can come
+    out several times too slow and inflate every speedup).
 
     Returns:
         ``{(n, batch_size): [seconds per step, ...]}`` (``rounds x steps_per_round`` each) on rank 0; ``{}`` on
