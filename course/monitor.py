@@ -42,12 +42,17 @@ def sparkline(values: Sequence[float], width: int = 40, top: float = 100.0) -> s
 def _title(kind: str) -> str:
     if kind == "nvml":
         return "GPU utilization (NVML), %"
+    if kind == "modelled":
+        return "modelled GPUs (course.perf_model): percent of time computing, not a measurement"
     return "emulated GPUs: CPU% of each rank's process (100% = one core), not a GPU measurement"
 
 
 def _describe(kind: str) -> str:
     if kind == "nvml":
         return "GPU utilization (NVML): percent of time a kernel ran on each GPU."
+    if kind == "modelled":
+        return ("Modelled GPUs: percent of each interval a GPU computes in the performance model "
+                "(course.perf_model.to_history). Not a measurement.")
     return ("Emulated GPUs: CPU% of the process emulating each GPU (100% = one core busy), measured with "
             "psutil. Not a GPU measurement.")
 
@@ -75,7 +80,7 @@ def static_html(history: History, elapsed_s: float, stopped: bool = False) -> st
         f"<td>busy {s.busy_fraction:.0%} of the time</td><td><code>{_run_sparkline(history, s.device)}</code></td></tr>"
         for s in utilization.summarize(history))
     state = "stopped" if stopped else "finished"
-    scale = ("" if history.kind == "nvml" else f" Each bar is scaled to {top:.0f}%, the share of the cores one "
+    scale = ("" if history.kind != "process" else f" Each bar is scaled to {top:.0f}%, the share of the cores one "
              "emulated GPU can get; green = busy, grey = idle or waiting.")
     return (f"<div><b>{state} after {elapsed_s:.1f} s.</b> {_describe(history.kind)}{scale}"
             f"<table>{rows or '<tr><td>no device was seen</td></tr>'}</table></div>")
@@ -294,9 +299,9 @@ def format_summary(history: History, threshold: float | None = None) -> str:
         lines.append(f"{devices} processes share {cores} core(s), so each can get {100 * cores / devices:.0f}% at "
                      "most; busy means at least half of that.")
     for s in utilization.summarize(history, threshold):
+        memory = "" if history.kind == "modelled" else f", peak memory {s.peak_memory_bytes / _MIB:,.0f} MiB"
         lines.append(f"{s.label}: mean {s.mean_utilization:.0f}%, busy (>= {s.busy_threshold:.0f}%) "
-                     f"{s.busy_fraction:.0%} of {s.readings} readings, "
-                     f"peak memory {s.peak_memory_bytes / _MIB:,.0f} MiB")
+                     f"{s.busy_fraction:.0%} of {s.readings} readings{memory}")
     if len(lines) == 1:
         lines.append("no device was seen: the run ended before its ranks started, or it has none.")
     return "\n".join(lines)

@@ -1,74 +1,35 @@
-"""Scaling: step time measured on 1, 2, 4 ranks here, and predicted for real GPUs with a simple model.
+"""Scaling: step time measured on 1, 2, 4 emulated ranks here, honestly, and modelled for real GPUs.
 
-The model, taught in ``notebooks/05_ddp.ipynb``: one data-parallel step costs
+**Measured** (``notebooks/05_ddp.ipynb``): :func:`measure_step_samples` times every step of DDP training on
+sub-groups of 1, 2 and 4 ranks; :func:`summarize` keeps the median with a 95% bootstrap interval, and
+:func:`speedup_verdict` flags a speedup above what this machine's cores allow as noise, not a result (4 ranks
+on 2 cores can at best run 2x). :func:`fit_calibration` fits a two-term model of these ranks from the 1- and
+2-rank timings and predicts the held-out ones, with its error.
 
-    compute = 3 x FLOPs per sample x per-rank batch size / (peak FLOP/s x efficiency)
-    comm    = 2 (n - 1) alpha + 2 (n - 1) / n x gradient bytes / link bandwidth     (ring, course.cost_model)
-    step    = compute + comm,  or  max(compute, comm) when communication overlaps backward perfectly
+**Modelled** for real GPUs: :mod:`course.perf_model` (validated against published figures in
+:mod:`course.perf_validation`); :func:`plot_modelled_scaling` and :func:`plot_modelled_timeline` draw it.
 
 :func:`record_timeline` and :func:`plot_timeline` show, inside one step, how much of the allreduce hides behind
-backward (``notebooks/04b_distributed_optimizer.ipynb``). Every GPU number in :class:`GpuAssumptions` is an
-*assumption* to be replaced by your hardware's; nothing here is measured on a GPU.
+backward (``notebooks/04b_distributed_optimizer.ipynb``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from course import cost_model, data, world
+from course import data, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.models import DigitsCNN
-
-
-@dataclass(frozen=True)
-class GpuAssumptions:
-    """What the performance model assumes about a real GPU and its links (assumed, not measured)."""
-
-    name: str = "assumed GPU"
-    peak_flops: float = 100e12      # dense 16-bit FLOP/s of one GPU, the order of an A100-class card
-    efficiency: float = 0.3         # fraction of peak a training step reaches (a small CNN reaches less)
-    link_bandwidth: float = 100e9   # bytes/s each GPU sends and receives in the allreduce (NVLink-class)
-    latency_s: float = 10e-6        # alpha: fixed cost of one message between two GPUs, seconds
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """Modelled time of one data-parallel step on ``world_size`` GPUs, in seconds, and what it buys."""
-
-    world_size: int
-    compute_s: float
-    comm_s: float
-    step_s: float
-
-    @property
-    def comm_fraction(self) -> float:
-        return self.comm_s / self.step_s if self.step_s else 0.0
-
-
-def predict_step(world_size: int, batch_size: int, flops_per_sample: float, gradient_bytes: float,
-                 gpu: GpuAssumptions = GpuAssumptions(), overlap: bool = False) -> Prediction:
-    """Model one step of data parallelism with a per-rank ``batch_size`` (weak scaling).
-
-    Args:
-        flops_per_sample: forward FLOPs of one sample (``course.models.flops_per_sample``); a training step
-            costs 3x (forward, backward for activations and for weights).
-        gradient_bytes: bytes each rank allreduces per step (``course.models.gradient_bytes``).
-        overlap: True if communication hides entirely behind backward (the best case of bucketing).
-    """
-    if world_size < 1 or batch_size < 1:
-        raise ValueError(f"world_size and batch_size must be >= 1, got {world_size} and {batch_size}.")
-    compute = 3 * flops_per_sample * batch_size / (gpu.peak_flops * gpu.efficiency)
-    link = cost_model.AlphaBeta(alpha_s=gpu.latency_s, beta_s_per_byte=1.0 / gpu.link_bandwidth)
-    comm = float(cost_model.predict("ring", gradient_bytes, world_size, link))
-    step = max(compute, comm) if overlap else compute + comm
-    return Prediction(world_size, compute, comm, step)
+from course.perf_model import KINDS, StepTime
 
 
 def speedup(step_s: dict[int, float]) -> dict[int, float]:
@@ -82,62 +43,211 @@ def speedup(step_s: dict[int, float]) -> dict[int, float]:
     return {n: n * step_s[1] / seconds for n, seconds in step_s.items()}
 
 
-def measure_step_times(world_sizes: tuple[int, ...] = (1, 2, 4), batch_size: int = 32, steps: int = 5,
-                       warmup_steps: int = 2) -> dict[int, float]:
-    """Rank function: median seconds per DDP training step on the first n ranks, for each n in ``world_sizes``.
+def measure_step_samples(world_sizes: tuple[int, ...] = (1, 2, 4), batch_sizes: tuple[int, ...] = (32,),
+                         rounds: int = 5, steps_per_round: int = 2, warmup_steps: int = 2
+                         ) -> dict[tuple[int, int], list[float]]:
+    """Rank function: seconds of every timed DDP training step on the first n ranks, per (n, per-rank batch).
 
     Launch it on ``max(world_sizes)`` ranks: the first n ranks form a subgroup and train DigitsCNN with DDP
-    (per-rank ``batch_size``, weak scaling) while the others wait, so one launch measures every size.
+    (weak scaling: the per-rank batch is fixed) while the others wait, so one launch measures every size.
+    The configurations take turns, ``steps_per_round`` steps each per round, so a burst of load from elsewhere
+    falls on several of them rather than on whichever ran then (a 1-rank baseline timed alone, first, can come
+    out several times too slow and inflate every speedup).
 
     Returns:
-        ``{n: seconds per step}`` on rank 0; ``{}`` on the other ranks.
+        ``{(n, batch_size): [seconds per step, ...]}`` (``rounds x steps_per_round`` each) on rank 0; ``{}`` on
+        the other ranks.
     """
     me = world.current()
     if max(world_sizes) > me.world_size:
         raise ValueError(f"launch on at least {max(world_sizes)} ranks to measure {world_sizes}; got {me.world_size}.")
     images, labels = data.load().train.tensors
-    images, labels = images[:batch_size].to(me.device), labels[:batch_size].to(me.device)
-    times: dict[int, float] = {}
-    for n in world_sizes:
-        group = dist.new_group(list(range(n)))  # every rank must call new_group, members or not
-        if me.rank < n:
-            torch.manual_seed(0)
-            device_ids = [me.device.index] if me.device.type == "cuda" else None
-            model = DistributedDataParallel(DigitsCNN().to(me.device), device_ids=device_ids, process_group=group)
-            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-            samples = []
-            for step in range(warmup_steps + steps):
-                start = time.perf_counter()
-                optimizer.zero_grad()
-                nn.functional.cross_entropy(model(images), labels).backward()
-                optimizer.step()
-                if me.device.type == "cuda":
-                    torch.cuda.synchronize()
-                if step >= warmup_steps:
-                    samples.append(time.perf_counter() - start)
-            times[n] = sorted(samples)[len(samples) // 2]
-        dist.barrier()
-    return times if me.is_main else {}
+    batches = {b: (images[:b].to(me.device), labels[:b].to(me.device)) for b in batch_sizes}
+    groups = {n: dist.new_group(list(range(n))) for n in world_sizes}  # every rank must call new_group
+    trainers = {n: _trainer(groups[n]) for n in world_sizes if me.rank < n}
+    samples: dict[tuple[int, int], list[float]] = {(n, b): [] for n in world_sizes for b in batch_sizes}
+    for round_ in range(rounds + 1):  # round 0 warms every configuration up, untimed
+        for n in world_sizes:
+            for b in batch_sizes:
+                if me.rank < n:
+                    times = _time_steps(*trainers[n], *batches[b], steps_per_round if round_ else warmup_steps)
+                    samples[n, b] += times if round_ else []
+                dist.barrier()
+    return samples if me.is_main else {}
 
 
-def plot_scaling(measured: dict[int, float], predicted: dict[int, Prediction], title_model: str = "") -> object:
-    """Two panels: speedup measured on emulated GPUs, and step time modelled for real ones (compute vs comm)."""
+def _trainer(group: dist.ProcessGroup) -> tuple[nn.Module, torch.optim.Optimizer]:
+    me = world.current()
+    torch.manual_seed(0)
+    device_ids = [me.device.index] if me.device.type == "cuda" else None
+    model = DistributedDataParallel(DigitsCNN().to(me.device), device_ids=device_ids, process_group=group)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _time_steps(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
+                steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+        if images.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_step_times(world_sizes: tuple[int, ...] = (1, 2, 4), batch_size: int = 32, steps: int = 5,
+                       warmup_steps: int = 2) -> dict[int, float]:
+    """Rank function: median seconds per DDP step on the first n ranks (:func:`measure_step_samples`)."""
+    samples = measure_step_samples(world_sizes, (batch_size,), steps, 1, warmup_steps)
+    return {n: float(np.median(times)) for (n, _), times in samples.items()}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The median of repeated timings, and a 95% bootstrap interval for it, in seconds."""
+
+    median_s: float
+    low_s: float
+    high_s: float
+    repeats: int
+
+    def __str__(self) -> str:
+        return f"{self.median_s * 1e3:.1f} ms [{self.low_s * 1e3:.1f}, {self.high_s * 1e3:.1f}]"
+
+
+def summarize(samples: Sequence[float], resamples: int = 2000, seed: int = 0) -> Timing:
+    """Median of ``samples`` with a 95% bootstrap interval (resampling the repeats with replacement).
+
+    Raises:
+        ValueError: fewer than 3 samples (no interval worth the name).
+    """
+    values = np.asarray(samples, dtype=float)
+    if values.size < 3:
+        raise ValueError(f"need at least 3 timings for a median with an interval, got {values.size}.")
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(values, size=(resamples, values.size)), axis=1)
+    low, high = np.percentile(medians, [2.5, 97.5])
+    return Timing(float(np.median(values)), float(low), float(high), int(values.size))
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def speedup_verdict(one: Timing, many: Timing, world_size: int, cores: int) -> tuple[float, str]:
+    """Weak-scaling speedup of ``world_size`` ranks over 1 (medians), and what it means on ``cores`` cores.
+
+    n ranks on c cores do at most min(n, c) ranks' work at once, so a speedup above min(n, c) cannot be a real
+    effect of parallelism: it is reported as noise (a slow 1-rank baseline, or a neighbour's load), not a result.
+    """
+    value = world_size * one.median_s / many.median_s
+    allowed = min(world_size, cores)
+    interval = (world_size * one.low_s / many.high_s, world_size * one.high_s / many.low_s)
+    span = f"{value:.2f}x (95% interval {interval[0]:.2f}-{interval[1]:.2f}x)"
+    if value > allowed * 1.05:
+        return value, f"{span}: NOISE, above the {allowed}x that {cores} core(s) allow; not a result"
+    return value, f"{span}, at most {allowed}x possible on {cores} core(s)"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Step time of n emulated ranks with per-rank batch B on c cores, fitted on this machine:
+
+    ``(fixed_s + per_sample_s * B) * max(1, n / c) + per_peer_s * (n - 1)``: compute shares the cores, and the
+    allreduce adds a cost per extra rank (gloo's ring is latency-bound at DigitsCNN's 360 KB of gradients).
+    """
+
+    fixed_s: float
+    per_sample_s: float
+    per_peer_s: float
+    cores: int
+
+    def predict(self, world_size: int, batch_size: int) -> float:
+        share = max(1.0, world_size / self.cores)
+        return (self.fixed_s + self.per_sample_s * batch_size) * share + self.per_peer_s * (world_size - 1)
+
+
+def fit_calibration(timings: dict[tuple[int, int], Timing], cores: int) -> Calibration:
+    """Fit :class:`Calibration` from 1-rank timings at two or more batch sizes and 2-rank timings.
+
+    Raises:
+        ValueError: fewer than two 1-rank batch sizes, or no 2-rank timing.
+    """
+    ones = sorted((b, t.median_s) for (n, b), t in timings.items() if n == 1)
+    twos = [(b, t.median_s) for (n, b), t in timings.items() if n == 2]
+    if len(ones) < 2 or not twos:
+        raise ValueError(f"need 1-rank timings at >= 2 batch sizes and a 2-rank timing; got {sorted(timings)}.")
+    per_sample, fixed = np.polyfit([b for b, _ in ones], [t for _, t in ones], 1)
+    partial = Calibration(float(fixed), float(per_sample), 0.0, cores)
+    per_peer = float(np.mean([t - partial.predict(2, b) for b, t in twos]))
+    return Calibration(float(fixed), float(per_sample), max(0.0, per_peer), cores)
+
+
+def plot_measured(timings: dict[tuple[int, int], Timing], calibration: Calibration | None = None) -> object:
+    """Measured ms per step (median, 95% interval) against ranks, one line per batch size; dashed: calibration."""
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    sizes = sorted(measured)
-    left.plot(sizes, sizes, "k--", label="ideal")
-    left.plot(sizes, [speedup(measured)[n] for n in sizes], "o-", label="measured (emulated GPUs)")
-    left.set(xlabel="ranks", ylabel="speedup (weak scaling)", xticks=sizes, title="measured here")
-    left.legend()
-    sizes = sorted(predicted)
-    compute = [predicted[n].compute_s * 1e6 for n in sizes]
-    comm = [predicted[n].comm_s * 1e6 for n in sizes]
-    right.bar([str(n) for n in sizes], compute, label="compute")
-    right.bar([str(n) for n in sizes], comm, bottom=compute, label="allreduce")
-    right.set(xlabel="GPUs", ylabel="µs per step", title=f"modelled for real GPUs {title_model}".strip())
-    right.legend()
+    figure, ax = plt.subplots(figsize=(5.5, 3.4))
+    for i, batch in enumerate(sorted({b for _, b in timings})):
+        sizes = sorted(n for n, b in timings if b == batch)
+        med = np.array([timings[n, batch].median_s for n in sizes]) * 1e3
+        err = np.array([[med[j] - timings[n, batch].low_s * 1e3, timings[n, batch].high_s * 1e3 - med[j]]
+                        for j, n in enumerate(sizes)]).T
+        ax.errorbar(sizes, med, yerr=err, fmt="o-", color=f"C{i}", capsize=3, label=f"measured, batch {batch}/rank")
+        if calibration:
+            ax.plot(sizes, [calibration.predict(n, batch) * 1e3 for n in sizes], "--", color=f"C{i}",
+                    label=f"calibration, batch {batch}")
+    ax.set(xlabel="emulated ranks (CPU processes)", ylabel="ms per step", xticks=sorted({n for n, _ in timings}),
+           title=f"measured here, on {usable_cores()} core(s)")
+    ax.legend(fontsize=7)
     figure.tight_layout()
+    return figure
+
+
+def plot_modelled_scaling(curves: dict[str, dict[int, dict]]) -> object:
+    """Modelled speedup and scaling efficiency against GPUs, one line per label (``perf_model.scaling_curve``)."""
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    sizes = sorted({n for curve in curves.values() for n in curve})
+    left.plot(sizes, sizes, "k--", label="ideal")
+    for label, curve in curves.items():
+        ns = sorted(curve)
+        left.plot(ns, [curve[n]["speedup"] for n in ns], "o-", label=label)
+        right.plot(ns, [curve[n]["efficiency"] for n in ns], "o-", label=label)
+    left.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="speedup", title="modelled, not measured")
+    right.set(xscale="log", xlabel="GPUs", ylabel="scaling efficiency", ylim=(0, 1.05), title="modelled")
+    left.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def plot_modelled_timeline(steps: dict[str, StepTime], devices: int = 4) -> object:
+    """One modelled step per label: a row per device, coloured by what it does (compute, communication, ...)."""
+    import matplotlib.pyplot as plt
+
+    colors = dict(zip(KINDS, ("tab:green", "tab:orange", "tab:purple", "0.85"), strict=True))
+    figure, axes = plt.subplots(len(steps), 1, figsize=(10, 1.0 + 0.45 * devices * len(steps)), squeeze=False)
+    for ax, (label, step) in zip(axes[:, 0], steps.items(), strict=True):
+        for row, rank in enumerate(sorted(step.timeline)[:devices]):
+            for kind in KINDS:  # communication after compute: it runs beside backward on its own stream
+                spans = [(s.start_s * 1e3, (s.end_s - s.start_s) * 1e3) for s in step.timeline[rank] if s.kind == kind]
+                if not spans:
+                    continue
+                height = 0.4 if kind == "communication" else 0.8
+                ax.broken_barh(spans, (row - height / 2, height), color=colors[kind], label=kind)
+        ax.set(yticks=range(min(devices, len(step.timeline))), yticklabels=[f"GPU {r}" for r in
+               sorted(step.timeline)[:devices]], title=f"modelled: {label}", xlabel="ms")
+        ax.invert_yaxis()
+    legend = {label: handle for ax in axes[:, 0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    figure.legend(legend.values(), legend.keys(), loc="upper center", fontsize=7, ncol=4)
+    figure.tight_layout(rect=(0, 0, 1, 0.95))  # room for the legend above the first panel
     return figure
 
 

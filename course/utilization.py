@@ -65,7 +65,8 @@ class History:
     """Every reading of a sampling run, appended by the sampler thread (``list.append`` is atomic).
 
     Attributes:
-        kind: ``"nvml"`` (real GPUs) or ``"process"`` (CPU processes emulating GPUs).
+        kind: ``"nvml"`` (real GPUs), ``"process"`` (CPU processes emulating GPUs) or ``"modelled"``
+            (no measurement: :func:`course.perf_model.to_history` replays a modelled timeline).
         labels: device -> what its numbers mean, e.g. ``"CPU% of the process emulating GPU 2"``.
         readings: in time order.
     """
@@ -319,7 +320,7 @@ def fair_share(history: History, cpu_count: int | None = None) -> float:
     Emulated GPUs share the CPU: ``world_size`` processes on ``cpu_count`` cores get at most
     ``100 * cpu_count / world_size`` percent each (4 on 2 cores: 50%).
     """
-    if history.kind == "nvml":
+    if history.kind in ("nvml", "modelled"):  # a real or modelled GPU can reach 100%
         return 100.0
     return 100.0 * min(1.0, (cpu_count or os.cpu_count() or 1) / max(1, len(history.devices())))
 

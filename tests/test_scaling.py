@@ -1,48 +1,75 @@
-"""course.scaling: the alpha-beta ring model, the step prediction and the speedup arithmetic."""
+"""course.scaling: medians with intervals, the core-count verdict, the calibration fit, and the measurement."""
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course import scaling
+from course import hardware, perf_model, scaling, workloads
 from course.launch import launch
 
 pytestmark = pytest.mark.unit5
 
 
-def test_step_communication_is_the_ring_allreduce_closed_form():
-    gpu = scaling.GpuAssumptions(peak_flops=1e12, efficiency=0.5, link_bandwidth=1e9, latency_s=1e-5)
-    assert scaling.predict_step(1, 10, 1e9, 1e9, gpu).comm_s == 0.0
-    # 4 ranks: 6 messages of latency, each rank sends 2 * 3/4 of the data
-    assert scaling.predict_step(4, 10, 1e9, 1e9, gpu).comm_s == pytest.approx(6e-5 + 1.5)
-
-
-@given(n=st.integers(2, 1024))
-def test_ring_bandwidth_term_stays_below_twice_the_data(n):
-    gpu = scaling.GpuAssumptions(peak_flops=1e12, efficiency=0.5, link_bandwidth=1e6, latency_s=0.0)
-    assert scaling.predict_step(n, 1, 1.0, 1e6, gpu).comm_s < 2.0
-
-
-def test_predict_step_adds_or_overlaps():
-    gpu = scaling.GpuAssumptions(peak_flops=1e12, efficiency=0.5, link_bandwidth=1e9, latency_s=0.0)
-    serial = scaling.predict_step(2, 10, 1e9, 1e9, gpu)
-    assert serial.compute_s == pytest.approx(3 * 1e9 * 10 / 0.5e12)
-    assert serial.comm_s == pytest.approx(1.0)
-    assert serial.step_s == pytest.approx(serial.compute_s + 1.0)
-    assert scaling.predict_step(2, 10, 1e9, 1e9, gpu, overlap=True).step_s == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        scaling.predict_step(2, 0, 1e9, 1e9, gpu)
-
-
-def test_speedup_is_relative_to_one_rank():
+def test_speedup_is_weak_scaling_throughput():
     assert scaling.speedup({1: 1.0, 2: 1.0, 4: 2.0}) == {1: 1.0, 2: 2.0, 4: 2.0}
-    with pytest.raises(ValueError, match="1-rank time"):
+    with pytest.raises(ValueError, match="1-rank"):
         scaling.speedup({2: 1.0})
+
+
+@given(st.lists(st.floats(1e-4, 1.0), min_size=3, max_size=30))
+def test_summary_interval_brackets_the_median(samples):
+    timing = scaling.summarize(samples)
+    assert timing.median_s == pytest.approx(float(np.median(samples)))
+    assert min(samples) <= timing.low_s <= timing.median_s <= timing.high_s <= max(samples)
+
+
+def test_summary_needs_repeats():
+    with pytest.raises(ValueError, match="at least 3"):
+        scaling.summarize([0.1, 0.2])
+
+
+def test_speedup_above_the_cores_is_flagged_as_noise():
+    one, four = scaling.summarize([0.030] * 5), scaling.summarize([0.036] * 5)
+    value, text = scaling.speedup_verdict(one, four, 4, cores=2)
+    assert value == pytest.approx(4 * 30 / 36) and "NOISE" in text
+    value, text = scaling.speedup_verdict(one, four, 4, cores=4)
+    assert "NOISE" not in text and "at most 4x" in text
+
+
+@given(fixed=st.floats(1e-3, 1e-2), per_sample=st.floats(1e-5, 1e-3), per_peer=st.floats(0, 1e-2),
+       cores=st.integers(1, 4))
+def test_calibration_recovers_the_model_it_was_fitted_on(fixed, per_sample, per_peer, cores):
+    truth = scaling.Calibration(fixed, per_sample, per_peer, cores)
+    timings = {(n, b): scaling.summarize([truth.predict(n, b)] * 3) for n in (1, 2) for b in (16, 64)}
+    fitted = scaling.fit_calibration(timings, cores)
+    assert fitted.predict(4, 32) == pytest.approx(truth.predict(4, 32), rel=1e-6)
+
+
+def test_calibration_needs_two_batch_sizes_on_one_rank():
+    with pytest.raises(ValueError, match="2 batch sizes"):
+        scaling.fit_calibration({(1, 16): scaling.summarize([1.0] * 3), (2, 16): scaling.summarize([1.0] * 3)}, 2)
+
+
+def test_modelled_plots_draw_without_error():
+    cluster = perf_model.Cluster(hardware.gpu("A100 SXM4"), hardware.link("PCIe 4.0 x16"), 8)
+    curve = perf_model.scaling_curve(workloads.resnet(), 32, (1, 2, 4, 8), cluster)
+    assert scaling.plot_modelled_scaling({"ResNet-50": curve}) is not None
+    step = perf_model.step_time(workloads.resnet(), 32, 4, cluster, "naive")
+    assert scaling.plot_modelled_timeline({"naive": step, "ring": curve[4]["step"]}) is not None
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_measure_step_times_on_subgroups():
-    results = launch(scaling.measure_step_times, 2, (1, 2), 8, 3, 1, timeout_s=180)
-    assert set(results[0]) == {1, 2} and all(t > 0 for t in results[0].values())
+def test_measure_step_samples_on_subgroups():
+    results = launch(scaling.measure_step_samples, 2, (1, 2), (4, 8), 3, 2, 1, timeout_s=180)
+    assert set(results[0]) == {(1, 4), (1, 8), (2, 4), (2, 8)}
+    assert all(len(times) == 6 and min(times) > 0 for times in results[0].values())
     assert results[1] == {}
+
+
+def test_measured_plot_draws_medians_intervals_and_calibration():
+    timings = {(n, b): scaling.summarize([0.001 * n * b, 0.0011 * n * b, 0.0012 * n * b]) for n in (1, 2, 4)
+               for b in (16, 64)}
+    figure = scaling.plot_measured(timings, scaling.fit_calibration(timings, 2))
+    assert len(figure.axes[0].lines) >= 4  # a measured line and a calibration line per batch size
