@@ -135,16 +135,34 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
         errs.append(_Output(proc.stderr))
         relays.append(relay)
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
-    ended: dict[int, int] = {}
-    stopped = _wait(procs, straggler_s, ended)
+    exit_s = _exit_times(procs, time.monotonic())
+    stopped = _wait(procs, straggler_s)
     for relay in relays:
         relay.join(timeout=5.0)
+    order = sorted(range(nproc), key=lambda r: exit_s.get(r, float("inf")))
     for rank, proc in enumerate(procs):
         writer.write({"kind": "rank_exit", "rank": rank, "returncode": proc.returncode,
-                      "stopped": stopped.get(rank), "order": ended.get(rank, nproc), "stdout_bytes": outs[rank].total,
-                      "stderr_bytes": errs[rank].total, "stdout": outs[rank].text(),
-                      "stderr": errs[rank].text()})
+                      "stopped": stopped.get(rank), "order": order.index(rank), "exit_s": exit_s.get(rank),
+                      "stdout_bytes": outs[rank].total, "stderr_bytes": errs[rank].total,
+                      "stdout": outs[rank].text(), "stderr": errs[rank].text()})
     return 0 if all(p.returncode == 0 for p in procs) else 1
+
+
+def _exit_times(procs: list[subprocess.Popen], start: float) -> dict[int, float]:
+    """Rank -> seconds from ``start`` to its exit, filled by one waiting thread per rank as each exits.
+
+    Exact to the scheduler's latency, not to a polling period: when rank 2 raises and rank 0 fails a
+    millisecond later on the closed connection, the grader must still see that rank 2 ended first.
+    """
+    times: dict[int, float] = {}
+
+    def wait(rank: int, proc: subprocess.Popen) -> None:
+        proc.wait()
+        times[rank] = round(time.monotonic() - start, 4)
+
+    for rank, proc in enumerate(procs):
+        threading.Thread(target=wait, args=(rank, proc), daemon=True).start()
+    return times
 
 
 def _host_store(port: int, nproc: int):
@@ -158,20 +176,17 @@ def _host_store(port: int, nproc: int):
     return TCPStore("127.0.0.1", port, nproc, is_master=True, wait_for_workers=False)
 
 
-def _wait(procs: list[subprocess.Popen], straggler_s: float, ended: dict[int, int]) -> dict[int, str]:
+def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:
     """Wait for the ranks; once one has ended (failed or not), stop those still running after ``straggler_s``.
 
-    ``ended`` receives each rank's place in the order the ranks ended (0 first). A failed rank's peers
-    usually fail at their next collective within a second; waiting instead of killing them at once lets a
-    rank that already finished its script (and is only tearing down) end on its own.
+    A failed rank's peers usually fail at their next collective within a second; waiting instead of killing
+    them at once lets a rank that already finished its script (and is only tearing down) end on its own.
+    Returns rank -> why it was stopped, for the ranks that were.
     """
     stopped: dict[int, str] = {}
     first_end = None
     while any(p.poll() is None for p in procs):
-        codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code is not None and rank not in ended:
-                ended[rank] = len(ended)
+        codes = [p.returncode for p in procs]
         if first_end is None and any(c is not None for c in codes):
             first_end = time.monotonic()
         if first_end is not None and time.monotonic() - first_end > straggler_s:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from course import data, world
-from grader import channel, sandbox
+from grader import channel, crashes, sandbox
 from grader.assignment import ASSIGNMENT, Assignment
 from grader.checks import CHECKS
 from grader.evidence import Evidence, collect, replay_first_steps
@@ -218,10 +218,10 @@ def _output(evidence: Evidence, result: sandbox.SandboxResult) -> str:
         if printed > len(shown.encode()):
             shown += f"\n[... rank 0 printed {printed} bytes in all; only the first are shown]"
         parts.append("--- rank 0 output ---\n" + shown)
-    for rank, exit_ in sorted(evidence.exits.items()):
-        if exit_["returncode"] != 0 and not exit_.get("stopped"):
-            parts.append(f"--- rank {rank} errors (tail) ---\n" + exit_["stderr"][-3000:])
-            break
+    failed = crashes.failed_ranks(evidence)
+    if failed:  # the first failing rank's own errors, not a peer's echo of them
+        rank = crashes.first_failure(evidence, failed).rank
+        parts.append(f"--- rank {rank} errors (tail) ---\n" + crashes.trimmed_stderr(evidence.exits[rank]["stderr"]))
     if not evidence.exits:
         parts.append("--- output ---\n" + result.stdout[:2000] + "\n" + result.stderr[-3000:])
     return "\n".join(parts)
@@ -245,9 +245,9 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
     hung = [r for r, e in sorted(ev.exits.items()) if e.get("stopped") == "hang"]
     if hung:
         return _hang(ev, hung)
-    failed = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")]
-    torn_down = [r for r in failed if any(end["exit_code"] == 0 for end in ev.ends.get(r, []))]
-    failed = [r for r in failed if r not in torn_down]
+    failed = crashes.failed_ranks(ev)
+    torn_down = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")
+                 and r not in failed]
     if failed:  # the cause is a memory or process error anywhere, else the rank that failed first
         for rank in failed:
             stderr = ev.exits[rank]["stderr"]
@@ -255,11 +255,8 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
                 return "out of memory", f"rank {rank} ran out of memory: keep per-rank batches small."
             if "Resource temporarily unavailable" in stderr:
                 return "too many processes", f"rank {rank} could not start more processes or threads."
-        first = min(failed, key=lambda r: ev.exits[r].get("order", r))
-        stderr, code = ev.exits[first]["stderr"], ev.exits[first]["returncode"]
-        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
-        return f"crash on rank {first}", (f"rank {first} failed first ({last[:300]}); the other ranks could not "
-                                          "go on without it.")
+        failure = crashes.first_failure(ev, failed)
+        return failure.status, failure.detail
     if len(ev.exits) < ev.world_size:
         return "error", f"the ranks could not be started: {result.detail} {result.stderr[-500:]}"
     if torn_down:  # after the script itself had finished: not the student's doing, and not repeatable
