@@ -7,7 +7,8 @@ environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``M
 itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
 and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
 counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow;
-those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). Its own
+those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM
+(the grader is being stopped) it stops every rank at once and still reports. Its own
 records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
 channel. Used by the grader of notebook 06.
 """
@@ -27,6 +28,7 @@ from course.ports import free_port
 from grader import channel
 from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 
+_STOP = threading.Event()  # set by SIGTERM: the grader is being stopped
 OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to the grader
 STDERR_TAIL_BYTES = 4 * 1024
 
@@ -83,7 +85,18 @@ def rank_main() -> None:
     """
     from grader import harness
 
+    _die_with_parent()
     _exit_now(harness.main(sys.argv[1:]))
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the launcher dies (killed from outside): no rank outlives the launcher."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _exit_now(code: int) -> None:
@@ -189,9 +202,10 @@ def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:
         codes = [p.returncode for p in procs]
         if first_end is None and any(c is not None for c in codes):
             first_end = time.monotonic()
-        if first_end is not None and time.monotonic() - first_end > straggler_s:
+        if _STOP.is_set() or (first_end is not None and time.monotonic() - first_end > straggler_s):
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            reason = f"stopped after rank {failed[0]} failed" if failed else "hang"
+            reason = ("interrupted" if _STOP.is_set() else
+                      f"stopped after rank {failed[0]} failed" if failed else "hang")
             for rank, proc in enumerate(procs):
                 if proc.poll() is None:
                     stopped[rank] = reason
@@ -209,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--straggler-s", type=float, default=20.0)
     parser.add_argument("script")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: _STOP.set())  # stop the ranks, then still write their records
     key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
     seed = int(os.environ.pop(SEED_ENV, "0"))
