@@ -131,6 +131,7 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
     """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
     writer, lock = channel.Writer(record_fd, key), threading.Lock()
     port, procs, outs, errs, relays = free_port(), [], [], [], []
+    start = time.monotonic()
     for rank in range(nproc):
         read_fd, write_fd = os.pipe()
         key_fd = channel.key_pipe(channel.rank_key(key, rank))  # a rank can sign only as itself
@@ -147,8 +148,8 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
         outs.append(_Output(proc.stdout))
         errs.append(_Output(proc.stderr))
         relays.append(relay)
+    exit_s = _exit_times(procs, start)  # before the store's import of torch: a rank may fail meanwhile
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
-    exit_s = _exit_times(procs, time.monotonic())
     stopped = _wait(procs, straggler_s)
     for relay in relays:
         relay.join(timeout=5.0)
