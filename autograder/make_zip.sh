@@ -7,7 +7,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
 out="$(realpath -m "${1:-autograder.zip}")"
 rm -f "$out"
-(cd "$here" && zip -q "$out" setup.sh run_autograder)
+extra=()
+[ -f "$here/torch-index-url" ] && extra+=(torch-index-url)  # setup.sh's torch index, if the instructor set one
+(cd "$here" && zip -q "$out" setup.sh run_autograder "${extra[@]}")
 (cd "$repo" && zip -q -r "$out" pyproject.toml README.md course grader notebooks/assignment \
     -x '*__pycache__*' '*.pyc')
 echo "$out"

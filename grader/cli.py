@@ -11,28 +11,63 @@ Taught in ``notebooks/06_assignment.ipynb``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
+import signal
 import sys
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import threading
+from collections.abc import Iterator
+from concurrent.futures import CancelledError, ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
 from grader import reports
 from grader.results import Results
-from grader.runner import GradingConfig, grade, not_run
+from grader.runner import INTERRUPTED, GradingConfig, grade, not_run
+
+
+@contextlib.contextmanager
+def stopping_on_signals(config: GradingConfig | None) -> Iterator[GradingConfig]:
+    """``config`` with a ``stop`` event that SIGTERM, SIGHUP or SIGINT sets while the block runs (main thread only).
+
+    The runs in progress then end at once with status ``interrupted``, keeping what the ranks printed, and
+    are saved as such (``--resume`` grades them again); a second signal acts as it would without this.
+    """
+    config = config or GradingConfig()
+    if config.stop is not None or threading.current_thread() is not threading.main_thread():
+        yield config
+        return
+    stop = threading.Event()
+    previous = {}
+
+    def handle(signum, frame):
+        stop.signum = signum  # for the exit code, 128 + signum, as if the signal had ended the process
+        stop.set()
+        for number, handler in previous.items():  # the next signal is handled as before
+            signal.signal(number, handler)
+
+    for number in STOP_SIGNALS:
+        previous[number] = signal.signal(number, handle)
+    try:
+        yield replace(config, stop=stop)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def check(path: Path, config: GradingConfig | None = None) -> Results:
     """The self-check: grade ``path`` on the visible checks and print the feedback. Usable from a notebook."""
-    results = grade(Path(path), replace(config or GradingConfig(), visible_only=True))
+    with stopping_on_signals(config) as config:
+        results = grade(Path(path), replace(config, visible_only=True))
     print(reports.feedback(results, visible_only=True), end="")
     return results
 
 
 GRADER_ERROR = "grader error"
-# the grader's own failures, not the student's: --resume grades these submissions again
-RETRIED = (GRADER_ERROR, "error")
+# the grader's own failures, or runs it was stopped in, not the student's: --resume grades these again
+RETRIED = (GRADER_ERROR, "error", INTERRUPTED)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 SYSTEM_ENTRIES = ("__pycache__", "__MACOSX")  # left by Python and by macOS's zip, never a student's
 DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (README)
 
@@ -90,7 +125,10 @@ def output_keys(submissions: list[Path]) -> dict[str, str]:
     return keys
 
 
-def _grade_safely(path: Path, config: GradingConfig) -> Results:
+def _grade_safely(path: Path, config: GradingConfig) -> Results | None:
+    """``grade``, turning the grader's own exceptions into a ``grader error`` result; None if stopped before."""
+    if config.stop is not None and config.stop.is_set():
+        return None
     try:
         return grade(path, config)
     except Exception as error:  # noqa: BLE001  (one submission must never stop the batch)
@@ -184,17 +222,24 @@ def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | 
 
     The gradebook ``out/gradebook.csv`` is rewritten after every submission and always lists exactly the
     submissions now in ``folder``, so an interrupted batch loses nothing already graded. ``resume=True``
-    skips submissions already graded cleanly in ``out`` (a ``grader error`` is graded again).
+    skips submissions already graded cleanly in ``out`` (a ``grader error`` or an ``interrupted`` run is graded
+    again). A stop signal (see :func:`stopping_on_signals`) ends the runs in progress as ``interrupted`` and
+    starts no other; those are then missing from the returned list.
 
     Returns:
-        one Results per submission, in the order of :func:`submissions_in`.
+        one Results per submission graded, in the order of :func:`submissions_in`.
 
     Raises:
         FileNotFoundError, ValueError: see :func:`scan` and :func:`output_keys`.
     """
     from tqdm import tqdm
 
-    out = Path(out)
+    with stopping_on_signals(config) as config:
+        return _grade_all(folder, Path(out), jobs, config, progress, resume, tqdm)
+
+
+def _grade_all(folder: Path, out: Path, jobs: int, config: GradingConfig, progress: bool, resume: bool,
+               tqdm) -> list[Results]:
     submissions = submissions_in(folder, out)
     keys = output_keys(submissions)
     graded = graded_before(out, keys) if resume else {}
@@ -203,23 +248,33 @@ def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | 
     todo = [p for p in submissions if p.name not in graded]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, \
             tqdm(total=len(todo), desc="grading", unit="submission", disable=not progress) as bar:
-        futures = [pool.submit(_grade_safely, path, config or GradingConfig()) for path in todo]
+        futures = [pool.submit(_grade_safely, path, config) for path in todo]
         for future in as_completed(futures):
-            results = future.result()
+            if config.stop is not None and config.stop.is_set():
+                for waiting in futures:  # not started yet: left ungraded (--resume grades them)
+                    waiting.cancel()
+            try:
+                results = future.result()
+            except CancelledError:
+                continue
+            if results is None:
+                continue
             save(results, out, keys[results.submission])
             graded[results.submission] = results
             reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
             bar.set_postfix_str(f"{results.submission}: {results.grade_status}")
             bar.update()
     reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
-    return [graded[p.name] for p in submissions]
+    return [graded[p.name] for p in submissions if p.name in graded]
 
 
 def run_autograder(submission: Path = Path("/autograder/submission"),
                    results_path: Path = Path("/autograder/results/results.json"),
                    config: GradingConfig | None = None) -> Results:
     """Gradescope's entry: grade the submission folder, write ``results.json`` there; always writes it."""
-    results = _grade_safely(Path(submission), config or GradingConfig())
+    with stopping_on_signals(config) as config:
+        results = _grade_safely(Path(submission), config) or not_run(Path(submission).name, INTERRUPTED,
+                                                                       "the grader was stopped before it started")
     reports.write_gradescope(results, Path(results_path))
     return results
 
@@ -236,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                          help=f"submissions graded at once, each running 4 ranks (default: min(2, CPUs) = "
                               f"{DEFAULT_JOBS}; more only helps with more than 2 cores and memory to match)")
     p_grade.add_argument("--resume", action="store_true",
-                         help="skip submissions already graded cleanly in OUT (grader errors are graded again)")
+                         help="skip submissions already graded cleanly in OUT (grader errors and interrupted runs are "
+                              "graded again)")
     p_report = sub.add_parser("report", help="re-render OUT/gradebook.csv from OUT/results/*.json, for the "
                                              "submissions it lists (or those in --submissions)")
     p_report.add_argument("out", type=Path)
@@ -253,11 +309,17 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for note in scan(args.submissions, args.out)[1]:
                 print(f"grader: skipped {note}", file=sys.stderr)
-            all_results = grade_class(args.submissions, args.out, args.jobs, resume=args.resume)
+            with stopping_on_signals(None) as config:
+                all_results = grade_class(args.submissions, args.out, args.jobs, config, resume=args.resume)
         except (FileNotFoundError, ValueError) as error:
             print(f"grader: {error}", file=sys.stderr)
             return 2
         print(f"graded {len(all_results)} submission(s): {args.out / 'gradebook.csv'}")
+        if config.stop.is_set():
+            stopped = sum(r.status == INTERRUPTED for r in all_results)
+            print(f"grader: stopped by a signal; {stopped} run(s) were interrupted and the rest not started: "
+                  f"`grader grade {args.submissions} -o {args.out} --resume` grades them", file=sys.stderr)
+            return 128 + getattr(config.stop, "signum", signal.SIGTERM)
         return 0
     if args.command == "report":
         try:

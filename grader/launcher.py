@@ -7,7 +7,8 @@ environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``M
 itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
 and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
 counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow;
-those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). Its own
+those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM
+(the grader is being stopped) it stops every rank at once and still reports. Its own
 records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
 channel. Used by the grader of notebook 06.
 """
@@ -27,6 +28,7 @@ from course.ports import free_port
 from grader import channel
 from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 
+_STOP = threading.Event()  # set by SIGTERM: the grader is being stopped
 OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to the grader
 STDERR_TAIL_BYTES = 4 * 1024
 
@@ -83,7 +85,18 @@ def rank_main() -> None:
     """
     from grader import harness
 
+    _die_with_parent()
     _exit_now(harness.main(sys.argv[1:]))
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the launcher dies (killed from outside): no rank outlives the launcher."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 def _exit_now(code: int) -> None:
@@ -118,6 +131,7 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
     """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
     writer, lock = channel.Writer(record_fd, key), threading.Lock()
     port, procs, outs, errs, relays = free_port(), [], [], [], []
+    start = time.monotonic()
     for rank in range(nproc):
         read_fd, write_fd = os.pipe()
         key_fd = channel.key_pipe(channel.rank_key(key, rank))  # a rank can sign only as itself
@@ -134,17 +148,35 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
         outs.append(_Output(proc.stdout))
         errs.append(_Output(proc.stderr))
         relays.append(relay)
+    exit_s = _exit_times(procs, start)  # before the store's import of torch: a rank may fail meanwhile
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
-    ended: dict[int, int] = {}
-    stopped = _wait(procs, straggler_s, ended)
+    stopped = _wait(procs, straggler_s)
     for relay in relays:
         relay.join(timeout=5.0)
+    order = sorted(range(nproc), key=lambda r: exit_s.get(r, float("inf")))
     for rank, proc in enumerate(procs):
         writer.write({"kind": "rank_exit", "rank": rank, "returncode": proc.returncode,
-                      "stopped": stopped.get(rank), "order": ended.get(rank, nproc), "stdout_bytes": outs[rank].total,
-                      "stderr_bytes": errs[rank].total, "stdout": outs[rank].text(),
-                      "stderr": errs[rank].text()})
+                      "stopped": stopped.get(rank), "order": order.index(rank), "exit_s": exit_s.get(rank),
+                      "stdout_bytes": outs[rank].total, "stderr_bytes": errs[rank].total,
+                      "stdout": outs[rank].text(), "stderr": errs[rank].text()})
     return 0 if all(p.returncode == 0 for p in procs) else 1
+
+
+def _exit_times(procs: list[subprocess.Popen], start: float) -> dict[int, float]:
+    """Rank -> seconds from ``start`` to its exit, filled by one waiting thread per rank as each exits.
+
+    Exact to the scheduler's latency, not to a polling period: when rank 2 raises and rank 0 fails a
+    millisecond later on the closed connection, the grader must still see that rank 2 ended first.
+    """
+    times: dict[int, float] = {}
+
+    def wait(rank: int, proc: subprocess.Popen) -> None:
+        proc.wait()
+        times[rank] = round(time.monotonic() - start, 4)
+
+    for rank, proc in enumerate(procs):
+        threading.Thread(target=wait, args=(rank, proc), daemon=True).start()
+    return times
 
 
 def _host_store(port: int, nproc: int):
@@ -158,25 +190,23 @@ def _host_store(port: int, nproc: int):
     return TCPStore("127.0.0.1", port, nproc, is_master=True, wait_for_workers=False)
 
 
-def _wait(procs: list[subprocess.Popen], straggler_s: float, ended: dict[int, int]) -> dict[int, str]:
+def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:
     """Wait for the ranks; once one has ended (failed or not), stop those still running after ``straggler_s``.
 
-    ``ended`` receives each rank's place in the order the ranks ended (0 first). A failed rank's peers
-    usually fail at their next collective within a second; waiting instead of killing them at once lets a
-    rank that already finished its script (and is only tearing down) end on its own.
+    A failed rank's peers usually fail at their next collective within a second; waiting instead of killing
+    them at once lets a rank that already finished its script (and is only tearing down) end on its own.
+    Returns rank -> why it was stopped, for the ranks that were.
     """
     stopped: dict[int, str] = {}
     first_end = None
     while any(p.poll() is None for p in procs):
-        codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code is not None and rank not in ended:
-                ended[rank] = len(ended)
+        codes = [p.returncode for p in procs]
         if first_end is None and any(c is not None for c in codes):
             first_end = time.monotonic()
-        if first_end is not None and time.monotonic() - first_end > straggler_s:
+        if _STOP.is_set() or (first_end is not None and time.monotonic() - first_end > straggler_s):
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            reason = f"stopped after rank {failed[0]} failed" if failed else "hang"
+            reason = ("interrupted" if _STOP.is_set() else
+                      f"stopped after rank {failed[0]} failed" if failed else "hang")
             for rank, proc in enumerate(procs):
                 if proc.poll() is None:
                     stopped[rank] = reason
@@ -194,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--straggler-s", type=float, default=20.0)
     parser.add_argument("script")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: _STOP.set())  # stop the ranks, then still write their records
     key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
     seed = int(os.environ.pop(SEED_ENV, "0"))

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from course import data, world
-from grader import channel, sandbox
+from grader import channel, crashes, sandbox
 from grader.assignment import ASSIGNMENT, Assignment
 from grader.checks import CHECKS
 from grader.evidence import Evidence, collect, replay_first_steps
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent  # holds the grader and course pac
 STARTER = ROOT / "notebooks" / "assignment" / "train_1gpu.py"
 SKELETON = ROOT / "notebooks" / "assignment" / "train_4gpu_skeleton.py"
 BAD = "bad submission"
+INTERRUPTED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class GradingConfig:
     straggler_s: float = 20.0  # after one rank finishes, how long the others may take before they count as hung
     visible_only: bool = False  # True for the student's self-check
     isolation: str = "auto"  # sandbox.run's isolation ("process-tree" skips the root-only containment)
+    # set it to stop every run graded with this config at once (the grader got SIGTERM): status "interrupted"
+    stop: threading.Event | None = field(default=None, compare=False, repr=False)
 
 
 class BadSubmission(ValueError):
@@ -163,6 +167,8 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
             shutil.copyfile(script, run_dir / config.assignment.script_name)
             evidence, result, extra = _run(run_dir, seed, config)
             evidence.status, detail = _status(evidence, result, config)
+            if evidence.status == INTERRUPTED:  # nothing to conclude about the submission: no check is run
+                return not_run(name, INTERRUPTED, detail, config, start, output=extra)
             replay = helper.submit(replay_first_steps, evidence)  # fills evidence.comparisons/replay_error only
             checkpoint = run_dir / config.assignment.checkpoint
             if checkpoint.is_file():
@@ -200,7 +206,7 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, san
             "--straggler-s", str(config.straggler_s), config.assignment.script_name]
     try:
         result = sandbox.run(argv, cwd=run_dir, env=env, limits=config.limits, pass_fds=(key_fd, record_w),
-                             isolation=config.isolation)
+                             isolation=config.isolation, stop=config.stop)
     finally:
         os.close(record_w)
         os.close(key_fd)
@@ -218,10 +224,10 @@ def _output(evidence: Evidence, result: sandbox.SandboxResult) -> str:
         if printed > len(shown.encode()):
             shown += f"\n[... rank 0 printed {printed} bytes in all; only the first are shown]"
         parts.append("--- rank 0 output ---\n" + shown)
-    for rank, exit_ in sorted(evidence.exits.items()):
-        if exit_["returncode"] != 0 and not exit_.get("stopped"):
-            parts.append(f"--- rank {rank} errors (tail) ---\n" + exit_["stderr"][-3000:])
-            break
+    failed = crashes.failed_ranks(evidence)
+    if failed:  # the first failing rank's own errors, not a peer's echo of them
+        rank = crashes.first_failure(evidence, failed).rank
+        parts.append(f"--- rank {rank} errors (tail) ---\n" + crashes.trimmed_stderr(evidence.exits[rank]["stderr"]))
     if not evidence.exits:
         parts.append("--- output ---\n" + result.stdout[:2000] + "\n" + result.stderr[-3000:])
     return "\n".join(parts)
@@ -242,12 +248,14 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
         return "timeout", result.detail
     if result.status not in ("ok", "error"):
         return result.status, result.detail
+    if len(ev.exits) < ev.world_size and result.returncode is not None and result.returncode < 0:
+        return "error", _launcher_killed(ev, -result.returncode)
     hung = [r for r, e in sorted(ev.exits.items()) if e.get("stopped") == "hang"]
     if hung:
         return _hang(ev, hung)
-    failed = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")]
-    torn_down = [r for r in failed if any(end["exit_code"] == 0 for end in ev.ends.get(r, []))]
-    failed = [r for r in failed if r not in torn_down]
+    failed = crashes.failed_ranks(ev)
+    torn_down = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")
+                 and r not in failed]
     if failed:  # the cause is a memory or process error anywhere, else the rank that failed first
         for rank in failed:
             stderr = ev.exits[rank]["stderr"]
@@ -255,17 +263,25 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
                 return "out of memory", f"rank {rank} ran out of memory: keep per-rank batches small."
             if "Resource temporarily unavailable" in stderr:
                 return "too many processes", f"rank {rank} could not start more processes or threads."
-        first = min(failed, key=lambda r: ev.exits[r].get("order", r))
-        stderr, code = ev.exits[first]["stderr"], ev.exits[first]["returncode"]
-        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
-        return f"crash on rank {first}", (f"rank {first} failed first ({last[:300]}); the other ranks could not "
-                                          "go on without it.")
+        failure = crashes.first_failure(ev, failed)
+        return failure.status, failure.detail
     if len(ev.exits) < ev.world_size:
         return "error", f"the ranks could not be started: {result.detail} {result.stderr[-500:]}"
     if torn_down:  # after the script itself had finished: not the student's doing, and not repeatable
         return "ok", (f"all ranks finished; rank(s) {', '.join(map(str, torn_down))} then aborted while the "
                       "interpreter shut down (torch teardown), which is not counted")
     return "ok", "all ranks finished"
+
+
+def _launcher_killed(ev: Evidence, signum: int) -> str:
+    """The launcher (the ranks' parent) was killed by ``signum`` before it could report: its records are lost."""
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else f"signal {signum}"
+    started = sorted(r for r in ev.ranks if ev.last_record.get(r))
+    seen = f" (the probes had heard from rank(s) {', '.join(map(str, started))})" if started else ""
+    return (f"the grader's launcher, which starts the ranks and keeps their output, was killed by {name} from "
+            f"outside the grader before the ranks ended{seen}, "
+            "so their exit codes and output are lost. A rank that signals its parent process, the kernel's "
+            "out-of-memory killer or someone on this machine did it; grade it again to tell which.")
 
 
 def _hang(ev: Evidence, ranks: list[int]) -> tuple[str, str]:
@@ -343,11 +359,13 @@ def _evaluate(checkpoint: Path, evaluation: _Evaluation, ev: Evidence) -> None:
 
 
 def not_run(name: str, status: str, detail: str, config: GradingConfig = GradingConfig(),
-            start: float | None = None) -> Results:
-    """Results for a submission that was not run (``bad submission``, ``grader error``): every check of the
-    rubric listed as not run, with 0 points of its full ``max_score``, so the gradebook's totals stay right.
-    The reason is ``detail``, said once (not repeated in every check)."""
-    return _finish(Results(name, status, detail), None, config, time.monotonic() if start is None else start)
+            start: float | None = None, output: str = "") -> Results:
+    """Results for a submission that was not run, or not to the end (``bad submission``, ``grader error``,
+    ``interrupted``): every check of the rubric listed as not run, with 0 points of its full ``max_score``, so
+    the gradebook's totals stay right. The reason is ``detail``, said once (not repeated in every check);
+    ``output`` is what the run printed before it was stopped, if it ran."""
+    return _finish(Results(name, status, detail, output=output), None, config,
+                   time.monotonic() if start is None else start)
 
 
 def _finish(results: Results, evidence: Evidence | None, config: GradingConfig, start: float) -> Results:

@@ -64,7 +64,10 @@ from pathlib import Path
 import psutil
 
 STATUSES = ("ok", "error", "timeout", "out of memory", "too many processes", "output limit",
-            "file too large", "cpu limit")
+            "file too large", "cpu limit", "interrupted")
+INTERRUPTED = ("the grader was stopped before the run ended (its process got a signal to stop): this says nothing "
+               "about the submission, whose output so far is kept; grade it again.")
+STOP_GRACE_S = 5.0  # after asking the command to end (SIGTERM), before every process is killed
 SANDBOX_UID_BASE = 730_000  # uids SANDBOX_UID_BASE .. +MAX_CONCURRENT-1 are reserved for sandboxed runs
 MAX_CONCURRENT = 64  # sandboxed runs at once on one machine (one uid each)
 _POLL_S = (0.02, 0.25)  # watchdog sampling period: fast at the start (bombs), then cheap (~5 ms a sample)
@@ -117,7 +120,7 @@ class SandboxResult:
 
 
 def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Limits(),
-        pass_fds: tuple[int, ...] = (), isolation: str = "auto") -> SandboxResult:
+        pass_fds: tuple[int, ...] = (), isolation: str = "auto", stop: threading.Event | None = None) -> SandboxResult:
     """Run ``argv`` contained and return how it ended; every process it started is gone on return.
 
     Args:
@@ -128,6 +131,9 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
         pass_fds: descriptors the command inherits, e.g. the write end of the grader's result pipe.
         isolation: ``"auto"``: the strongest containment available (see the module doc), or
             ``"process-tree"``: the weakest, session + subreaper + rlimits, as where namespaces are unavailable.
+        stop: once set (the grader is being stopped), the command gets SIGTERM, then ``STOP_GRACE_S`` to
+            end (the grader's launcher writes its ranks' records then) before every process is killed; the
+            status is ``interrupted``.
 
     Returns:
         A :class:`SandboxResult`; never raises for anything the command does. KeyboardInterrupt stops the
@@ -146,11 +152,11 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
         raise ValueError(f"isolation must be 'auto' or 'process-tree', got {isolation!r}")
     privileged = isolation == "auto" and sys.platform == "linux" and os.geteuid() == 0
     with _sandbox_uid() if privileged else contextlib.nullcontext() as uid:
-        return _run_as(argv, cwd, env, limits, pass_fds, uid, isolation)
+        return _run_as(argv, cwd, env, limits, pass_fds, uid, isolation, stop)
 
 
 def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
-            uid: int | None, isolation: str) -> SandboxResult:
+            uid: int | None, isolation: str, stop: threading.Event | None) -> SandboxResult:
     start = time.monotonic()
     env = dict(env)
     if uid is not None:
@@ -159,7 +165,7 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
         os.chmod(cwd, 0o700)  # runs of other submissions, at the same time, cannot look in
         env.update(HOME=str(cwd), USER="sandbox", LOGNAME="sandbox")
     try:
-        return _supervised(argv, cwd, env, limits, pass_fds, uid, isolation, start)
+        return _supervised(argv, cwd, env, limits, pass_fds, uid, isolation, start, stop)
     finally:
         if uid is not None:  # the grader owns what the run left (its checkpoint), the sandbox uid nothing
             _chown_tree(cwd, owner.st_uid, owner.st_gid, unlink_escapes=True)
@@ -167,9 +173,10 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
 
 
 def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
-                uid: int | None, isolation: str, start: float) -> SandboxResult:
+                uid: int | None, isolation: str, start: float, stop: threading.Event | None) -> SandboxResult:
     status_r, status_w = os.pipe()
     config = {"argv": list(argv), "cwd": str(cwd), "uid": uid, "status_fd": status_w, "limits": asdict(limits),
+              "grader_pid": os.getpid(),
               "namespaces": isolation == "auto",
               "nproc": limits.max_threads + (0 if uid is not None else _tasks_of_user()),
               "expose": _needed_paths(argv, env, cwd)}
@@ -187,7 +194,9 @@ def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits,
     err = _Capped(proc.stderr, limits.output_bytes)
     breach = None
     try:
-        breach = _watch(proc, limits, out, err, start)
+        breach = _watch(proc, limits, out, err, start, stop)
+        if breach and breach[0] == "interrupted":
+            _ask_to_end(proc)
     finally:
         _kill_everything(proc, uid)
     reports = status_lines.result()
@@ -265,9 +274,11 @@ class _Lines:
 
 
 def _watch(proc: subprocess.Popen, limits: Limits, out: _Capped, err: _Capped,
-           start: float) -> tuple[str, str] | None:
+           start: float, stop: threading.Event | None = None) -> tuple[str, str] | None:
     """Sample the tree until the command ends; return (status, detail) of the first limit it breaks."""
     while proc.poll() is None:
+        if stop is not None and stop.is_set():
+            return "interrupted", INTERRUPTED
         if time.monotonic() - start > limits.wall_s:
             return "timeout", (f"the run did not finish within {limits.wall_s:g} s and every rank and "
                                "DataLoader worker was stopped. A rank waiting in a collective that another "
@@ -287,6 +298,18 @@ def _watch(proc: subprocess.Popen, limits: Limits, out: _Capped, err: _Capped,
         with contextlib.suppress(subprocess.TimeoutExpired):  # returns as soon as the command ends
             proc.wait(min(_POLL_S[0] + (time.monotonic() - start) / 10, _POLL_S[1]))
     return None
+
+
+def _ask_to_end(proc: subprocess.Popen) -> None:
+    """SIGTERM to the command (the child of our init), then wait up to ``STOP_GRACE_S`` for the run to end."""
+    table = _process_table()
+    inits = {pid for pid, (parent, _) in table.items() if parent == proc.pid}
+    for pid, (parent, state) in table.items():
+        if parent in inits and state != "Z":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(STOP_GRACE_S)
 
 
 def _process_table() -> dict[int, tuple[int, str]]:
@@ -533,6 +556,10 @@ def _supervise(config: dict) -> int:
     """Enter the namespaces, start init, wait for it; return the exit code to leave with."""
     status = os.fdopen(config["status_fd"], "w", buffering=1)
     os.set_inheritable(status.fileno(), False)  # the command never sees the trusted status channel
+    if sys.platform == "linux":  # the grader was killed (SIGKILL): go too, and init with us (its own deathsig)
+        _call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != config["grader_pid"]:  # it died before the line above
+            return 1
     mechanisms, notes = ["own session"], []
     namespaces: set[str] = set()
     if sys.platform == "linux" and config["uid"] is not None:

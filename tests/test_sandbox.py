@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -219,6 +220,20 @@ def test_keyboard_interrupt_in_the_grader_kills_the_run(tmp_path, monkeypatch):
         run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits(wall_s=30))
     monkeypatch.undo()
     assert leftovers(program) == []
+
+
+def test_a_stop_request_asks_the_command_to_end_then_says_interrupted(tmp_path):
+    code = ("import signal, sys, time\n"
+            "def leave(*_):\n    print('stopping cleanly', flush=True)\n    sys.exit(3)\n"
+            "signal.signal(signal.SIGTERM, leave)\nprint('started', flush=True)\ntime.sleep(60)\n")
+    stop = threading.Event()
+    threading.Timer(2.0, stop.set).start()
+    start = time.monotonic()
+    result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits(wall_s=30),
+                 stop=stop)
+    assert result.status == "interrupted" and "the grader was stopped" in result.detail
+    assert result.stdout.splitlines() == ["started", "stopping cleanly"]  # SIGTERM first: it could clean up
+    assert time.monotonic() - start < 2.0 + sandbox.STOP_GRACE_S + 5
 
 
 @pytest.mark.timeout(180)
