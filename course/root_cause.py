@@ -16,9 +16,10 @@ _RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")
 _SUMMARY_RANK = re.compile(r"Root Cause \(first observed failure\):.*?^\s*rank\s*:\s*(\d+)", re.S | re.M)
 _TRACEBACK = "Traceback (most recent call last):"
 _TORCHRUN_LOG = re.compile(r"^([IWEF]\d{4} |\*{5,}|Setting OMP_NUM_THREADS)")  # its glog lines and OMP banner
-# How a rank fails when a peer died: the echo of another rank's failure, not a cause.
-_ECHOES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout",
-           "ChildFailedError", "Signal 15 (SIGTERM)")
+#: How a rank's error ends when it only lost a peer (gloo, NCCL): the echo of another rank's failure, not a cause.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
+             "Socket Timeout", "remote process exited", "NCCL communicator was aborted", "DistNetworkError")
+_ECHOES = (*PEER_LOST, "ChildFailedError", "Signal 15 (SIGTERM)")  # and torchrun's own report of the failure
 
 
 @dataclass(frozen=True)

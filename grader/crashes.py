@@ -16,11 +16,9 @@ import signal
 import textwrap
 from dataclasses import dataclass
 
+from course.root_cause import PEER_LOST  # the final error of a rank that only lost a peer
 from grader.evidence import Evidence
 
-# the final error of a rank that only lost a peer: the peer's failure caused it
-PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
-             "remote process exited", "NCCL communicator was aborted", "DistNetworkError")
 # frames of the grader's own code between the student's script and the interpreter: not the student's concern
 _HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "<frozen runpy>")
 _TRACEBACK = "Traceback (most recent call last):"
