@@ -9,7 +9,8 @@ and key (torchrun's workers cannot inherit descriptors), keeps the first bytes o
 counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow;
 those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). Its own
 records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
-channel. Used by the grader of notebook 06.
+channel. It holds the run's key, so it makes its memory unreadable to the ranks (:func:`grader.channel.hide_memory`).
+Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -194,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--straggler-s", type=float, default=20.0)
     parser.add_argument("script")
     args = parser.parse_args(argv)
+    channel.hide_memory()  # before the key is read: the ranks run as this user and must not read it from here
     key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
     seed = int(os.environ.pop(SEED_ENV, "0"))
