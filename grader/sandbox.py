@@ -616,7 +616,8 @@ def _init(config: dict, namespaces: set[str], status, supervisor: int) -> int:
             with contextlib.suppress(OSError):  # the command then fails to start and says why
                 _expose(config["expose"], config["uid"])
         for path in config["hide"]:
-            _call("mount", b"/dev/null", path.encode(), None, MS_BIND, None)  # fails: init exits, the run says why
+            if os.path.lexists(path):  # else already out of sight (under a private directory covered above)
+                _call("mount", b"/dev/null", path.encode(), None, MS_BIND, None)  # fails: init exits, run says why
     command = os.fork()
     if command == 0:
         try:
