@@ -114,3 +114,28 @@ def test_digests_tell_tensors_apart_bit_for_bit_and_by_shape():
     assert probes.digests([a]) == probes.digests([a.clone()]) != probes.digests([b])
     assert probes.digests([a]) != probes.digests([a.view(2, 3)])
     assert probes.digests([a.double()]) == probes.digests([a])  # compared as float32, as the checkpoint is read
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_rank_0_records_its_parameters_digests_around_every_step_and_at_the_end(rank):
+    model = models.DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=rank, seed=1)
+    before = probes.digests(list(model.parameters()))
+    probe._before_step(optimizer, (), {})  # what the global optimizer hooks call around optimizer.step()
+    optimizer.step()
+    probe._after_step(optimizer, (), {})
+    after = probes.digests(list(model.parameters()))
+    with torch.no_grad():  # a change outside optimizer.step(), after the last step
+        next(model.parameters()).add_(1.0)
+    probe.finish("returned", 0, None)
+    step = next(r for r in writer.records if r["kind"] == "step")
+    end = writer.records[-1]
+    if rank == 0:
+        assert (step["digests_before"], step["digests"]) == (before, after) and before != after
+        assert end["digests"] == probes.digests(list(model.parameters())) != after
+    else:  # only rank 0's model is the checkpoint
+        assert "digests" not in step and "digests_before" not in step and end["digests"] is None
