@@ -42,3 +42,6 @@ echo "setup.sh: $TORCH_REQUIREMENT from $TORCH_INDEX_URL"
 # Editable, so the grader finds notebooks/assignment/ next to its package, as in the course's repository.
 "$VENV/bin/python" -m pip install "${PIP_OPTIONS[@]}" -e "$SOURCE"
 "$VENV/bin/python" -c 'import grader.cli'  # fail the image build now, not every submission later
+# The instructor's secret (grader/secret.py): every submission's evaluation data is drawn from it. Made here once,
+# at random, readable by root only; the graded scripts run as other users and never receive it.
+"$VENV/bin/python" -m grader.secret "${GRADER_SECRET_FILE:-${AUTOGRADER_ROOT:-/autograder}/grader-secret}"

@@ -9,6 +9,9 @@ So: text written straight to the pipe (or printed to look like a record) is reje
 the launcher's records (exit codes, output sizes) or another rank's; a record slipped between the
 writer's own ones breaks the sequence.
 
+The launcher makes itself not dumpable (:func:`hide_memory`), so the ranks, which run as its user, cannot
+read the run's key out of its memory (``/proc/<pid>/mem``).
+
 What this does *not* do: code running in a rank's process can still reach that rank's writer (through
 ``gc``, say) and sign records as that rank. The probes refuse calls that do not come from the grader's
 own modules and report them as forgeries, but a determined submission can get around that too. That is
@@ -20,6 +23,7 @@ notebook 06.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import hmac
 import json
@@ -31,6 +35,22 @@ from typing import Any, BinaryIO
 
 KEY_BYTES = 32
 LAUNCHER = "launcher"  # the signer of records the launcher writes itself
+PR_SET_DUMPABLE = 4  # prctl option, <linux/prctl.h>
+
+
+def hide_memory() -> bool:
+    """Make this process's memory unreadable to the other processes of its user: not dumpable, so
+    ``/proc/<pid>/mem``, ``ptrace`` and core dumps are refused to them (only a privileged process gets in).
+
+    For the process holding the run's key (the launcher): the ranks it starts run as the same user and could
+    otherwise read the key out of its memory and sign records as the launcher. An ``exec`` makes a process
+    dumpable again, so the ranks themselves are unaffected. Returns False where this is not possible (not
+    Linux); the key is then readable by same-user processes (see the README's threat model).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 def new_key() -> bytes:
@@ -96,14 +116,21 @@ class Writer:
 
     When ``callers`` (source file paths) is given, only code in those files may write; a call from
     anywhere else is not written as asked but reported, as a ``forgery`` record naming the caller.
+
+    Only the process that made the writer writes: in a forked child (a DataLoader worker, a subprocess
+    started with fork) :meth:`write` does nothing, so a child can neither take its parent's next sequence
+    number (which would get the parent's own next record refused) nor speak for it.
     """
 
     def __init__(self, fd: int, key: bytes, callers: tuple[str, ...] = ()) -> None:
         self._hmac = hmac.new(key, digestmod=hashlib.sha256)  # keyed state, not the key
         self._callers = frozenset(os.path.abspath(c) for c in callers)
         self._fd, self._seq, self._lock = fd, {}, threading.Lock()
+        self._pid = os.getpid()
 
     def write(self, record: dict[str, Any]) -> None:
+        if os.getpid() != self._pid:  # a forked child: its parent's records are not its to write
+            return
         caller = os.path.abspath(sys._getframe(1).f_code.co_filename)
         if self._callers and caller not in self._callers:
             record = {"kind": "forgery", "rank": record.get("rank"), "via": "channel.Writer.write",

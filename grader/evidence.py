@@ -31,7 +31,9 @@ class Evidence:
         test_accuracy: the grader's own evaluation of the checkpoint (perturbed test split), or None.
         checkpoint_val_accuracy: the checkpoint's accuracy on the whole validation split, by the grader.
         checkpoint_fingerprint: the checkpoint's parameter fingerprint, computed by the grader as the probes do.
-        checkpoint_error: why the checkpoint could not be evaluated, or None.
+        checkpoint_error: why the checkpoint could not be evaluated, or was not (see :func:`bind_checkpoint`).
+        checkpoint_step: the rank-0 optimizer step after which rank 0 held the checkpoint's parameters, or
+            None when no recorded step did (then ``test_accuracy`` is None).
         comparisons: rank 0's first gradients against the single-process union-batch gradients.
         replay_error: why the replay could not run, or None.
         rejected_records: lines on the record channel refused (no valid signature, or out of sequence).
@@ -59,6 +61,7 @@ class Evidence:
     checkpoint_val_accuracy: float | None = None
     checkpoint_fingerprint: list[float] | None = None
     checkpoint_error: str | None = None
+    checkpoint_step: int | None = None
     comparisons: list[replay.Comparison] = field(default_factory=list)
     replay_error: str | None = None
     rejected_records: int = 0
@@ -103,6 +106,48 @@ def collect(records: list[dict[str, Any]], world_size: int, expected_backend: st
             getattr(evidence, _KINDS[kind]).setdefault(rank, []).append(record)
             evidence.last_record[rank] = record
     return evidence
+
+
+def bind_checkpoint(evidence: Evidence, checkpoint_digests: list[str] | None, checkpoint: str) -> bool:
+    """Is the checkpoint the model rank 0's optimizer trained? Sets ``checkpoint_step``, or says why not.
+
+    The checkpoint's parameter tensors (:func:`grader.probes.digests`, in any order) must be, bit for bit,
+    those rank 0's optimizer held after one of its recorded steps (normally the last), and every step up to
+    that one must have started from the parameters the step before it left: the model was changed by
+    recorded optimizer steps only. Whatever the script did to ``torch.save``, the probes or its model,
+    parameters that this chain of steps did not produce (a second model, trained by hand or by another
+    optimizer; weights copied in, averaged, perturbed or edited outside ``optimizer.step()``) are not graded:
+    on False ``checkpoint_error`` says why and the caller must not use the checkpoint's scores.
+    """
+    steps = [s for s in evidence.steps.get(0, []) if s.get("digests")]
+    if not steps:
+        evidence.checkpoint_error = ("no optimizer step was recorded on rank 0, so there is no trained model to "
+                                     f"evaluate: train with a torch.optim optimizer, then save {checkpoint}.")
+        return False
+    held = sorted(checkpoint_digests or [])
+    match = [i for i, s in enumerate(steps) if sorted(s["digests"]) == held]
+    if match:
+        chain = zip(steps[:match[-1]], steps[1:match[-1] + 1], strict=True)  # (step, the step after it)
+        broken = next((after for before, after in chain if after.get("digests_before") != before["digests"]), None)
+        if broken is None:
+            evidence.checkpoint_step = steps[match[-1]]["step"]
+            return True
+        evidence.checkpoint_error = (
+            f"rank 0's parameters changed between its optimizer steps {broken['step'] - 1} and {broken['step']}, "
+            f"outside optimizer.step() (or another optimizer took over): the grader evaluates only a model that "
+            "your recorded training produced step by step. Change the parameters only through the optimizer "
+            "(no copying weights in, no added noise, no re-initialisation).")
+        return False
+    last = steps[-1]
+    ends = [e for e in evidence.ends.get(0, []) if e.get("digests")]
+    changed = bool(ends) and sorted(ends[-1]["digests"]) != sorted(last["digests"])
+    evidence.checkpoint_error = (
+        f"{checkpoint} does not hold the parameters rank 0's optimizer produced: they differ from those after "
+        f"each of its {len(steps)} recorded steps (the last: step {last['step']})"
+        + (", and rank 0's parameters changed after that step, outside optimizer.step()" if changed else "")
+        + ". The grader evaluates only the model your training produced: save model.state_dict() on rank 0 "
+        "right after the last optimizer step, and change the parameters in no other way.")
+    return False
 
 
 def replay_first_steps(evidence: Evidence) -> None:

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
 
     from grader.probes import Probes
 
-    probes = Probes(writer, rank, seed)
+    probes = Probes(writer, rank, seed, run_dir=os.getcwd())  # the run directory, before the script can chdir
     probes.install()
     script = os.path.abspath(argv[0])
     sys.argv = [script]

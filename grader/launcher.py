@@ -10,7 +10,8 @@ counts the rest, and names ranks: once one rank has ended, the others get ``--st
 those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM
 (the grader is being stopped) it stops every rank at once and still reports. Its own
 records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
-channel. Used by the grader of notebook 06.
+channel. It holds the run's key, so it makes its memory unreadable to the ranks (:func:`grader.channel.hide_memory`).
+Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("script")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: _STOP.set())  # stop the ranks, then still write their records
+    channel.hide_memory()  # before the key is read: the ranks run as this user and must not read it from here
     key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
     seed = int(os.environ.pop(SEED_ENV, "0"))

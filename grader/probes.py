@@ -3,23 +3,26 @@
 The harness (:mod:`grader.harness`) installs these before the student's script runs. They record, per rank
 and per optimizer step: world size and backend (from the process group itself), the training-sample
 indices the rank fetched and in which epoch, the learning rate, a fingerprint of the parameters before
-the first step and after every step, and on rank 0 the full parameters and gradients of the first steps
-(the grader replays them in one process on the union batch). They also record each collective called from
-Python, every ``course.report.report`` call with the true validation accuracy of the model at that
-moment, and every checkpoint written. Records leave through :mod:`grader.channel`; the student's printed
-numbers are never used.
+the first step and after every step, on rank 0 a digest of every parameter tensor before and after every
+step (the checkpoint must hold a state this chain of steps reached: :func:`grader.evidence.bind_checkpoint`)
+and the full parameters and gradients of the first steps (the grader replays them in one process on the union
+batch). They also record each collective called from Python, every ``course.report.report`` call with the
+true validation accuracy of the model at that moment, and every checkpoint written. Records leave through
+:mod:`grader.channel`; the student's printed numbers are never used.
 
 The probes also hold the data split fixed: ``data.load`` with another split seed (or other validation /
 test sizes) is refused, since it would move held-out samples into training; and the test split the
 student's script receives is empty (the grader evaluates the checkpoint itself, see
 :mod:`grader.evaluate`). Code in the student's process could still call the probes; calls to
-:meth:`Probes.emit` that do not come from this module are written as ``forgery`` records instead. Used
-by the grader of notebook 06.
+:meth:`Probes.emit` that do not come from this module are written as ``forgery`` records instead. In a
+forked child (a DataLoader worker, a subprocess started with fork) the probes record nothing: what a child
+does is not the rank's step, save or write. Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import inspect
 import os
 import sys
@@ -64,6 +67,19 @@ def fingerprint(params: list[torch.Tensor], seed: int, projected: torch.Tensor |
     return (projected @ flat).tolist() + [float(flat.norm())]
 
 
+def digests(params: list[torch.Tensor]) -> list[str]:
+    """One SHA-256 (hex) per tensor, of its shape and float32 values: equal digests, equal tensors, bit for bit.
+
+    The grader compares the checkpoint's with rank 0's after each optimizer step
+    (:func:`grader.evidence.bind_checkpoint`).
+    """
+    out = []
+    for p in params:
+        values = p.detach().to("cpu", torch.float32).contiguous()
+        out.append(hashlib.sha256(repr(tuple(values.shape)).encode() + values.numpy().tobytes()).hexdigest())
+    return out
+
+
 def decode(text: str) -> torch.Tensor:
     """The flat float32 tensor :func:`encode` wrote."""
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.float32)
@@ -101,8 +117,10 @@ class _RecordedBatches:
 class Probes:
     """Everything recorded on one rank. ``install()`` once, before the student's code is imported."""
 
-    def __init__(self, writer: Writer, rank: int, seed: int) -> None:
+    def __init__(self, writer: Writer, rank: int, seed: int, run_dir: str | None = None) -> None:
         self.writer, self.rank, self.seed = writer, rank, seed
+        self.run_dir = os.path.realpath(run_dir if run_dir is not None else os.getcwd())  # fixed at start-up
+        self.silent = False  # True in a forked child (DataLoader worker, ...): only the rank itself records
         self.fetched: list[int] = []  # training-sample indices received since the last optimizer step
         self.epoch = -1  # how many times a loader over the training split has been iterated, less one
         self.steps = 0
@@ -118,14 +136,20 @@ class Probes:
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Write one record; from outside this module, a ``forgery`` record naming the caller instead."""
+        if self.silent:
+            return
         caller = sys._getframe(1).f_code.co_filename
         if os.path.abspath(caller) != HERE:
             fields, kind = {"via": "Probes.emit", "caller": caller, "forged_kind": str(kind)}, "forgery"
         self.writer.write({"kind": kind, "rank": self.rank, **fields})
 
     def finish(self, how: str, exit_code: int, error: str | None) -> None:
-        """The ``end`` record: how the script ended (the harness calls this once, after the script)."""
-        self.emit("end", how=how, exit_code=exit_code, steps=self.steps, error=error)
+        """The ``end`` record: how the script ended (the harness calls this once, after the script); on rank 0
+        also the :func:`digests` of the parameters its optimizer holds now, so the grader can tell whether
+        they changed after the last recorded step."""
+        optimizer = self._optimizer() if self._optimizer else None
+        final = digests(self._parameters(optimizer)) if self.rank == 0 and optimizer is not None else None
+        self.emit("end", how=how, exit_code=exit_code, steps=self.steps, error=error, digests=final)
 
     # ----------------------------------------------------------------------------------------- install
     def install(self) -> None:
@@ -142,6 +166,16 @@ class Probes:
         self._wrap(torch, "save", self._save)
         torch.serialization.save = torch.save
         sys.addaudithook(self._audit)
+        self.silence_in_children()
+
+    def silence_in_children(self) -> None:
+        """From now on, a process forked from this one records nothing. What a child does (a DataLoader
+        worker, a subprocess) is not a step, save or write of the rank's (the rank itself records the batches
+        its workers load), and its records would take the rank's sequence numbers."""
+        os.register_at_fork(after_in_child=self._silence)
+
+    def _silence(self) -> None:
+        self.silent = True
 
     def _wrap(self, module: Any, name: str, make: Any) -> None:
         original = getattr(module, name)
@@ -242,6 +276,8 @@ class Probes:
                                   "shapes": [list(p.shape) for p in params]}
         else:
             self._pending_full = {}
+        if self.rank == 0:  # equal to the last step's "digests" unless something else changed the parameters
+            self._pending_full["digests_before"] = digests(params)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self._pending_grads is None:  # the outer step of a wrapping optimizer: counted once, inside
@@ -258,8 +294,11 @@ class Probes:
             "backend": str(dist.get_backend()) if dist.is_initialized() else None,
         }
         self.fetched = []
-        if self._pending_full:
-            fields.update(self._pending_full, grads=encode(grads), hyper=_hyperparameters(optimizer))
+        if self.rank == 0:  # what the grader will require of the checkpoint: bound to the training seen here
+            fields["digests"] = digests(params)
+        if "params_before" in self._pending_full:
+            fields.update(grads=encode(grads), hyper=_hyperparameters(optimizer))
+        fields.update(self._pending_full)
         self.emit("step", **fields)
         self._check_tampering()
 
@@ -314,10 +353,15 @@ class Probes:
         mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
         writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
             isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR))
-        if writing:
+        if writing and not self.silent:
             path = os.path.abspath(os.fsdecode(args[0]))
-            if path.startswith(os.getcwd()):
+            if _inside(path, self.run_dir) or _inside(os.path.realpath(path), self.run_dir):
                 self.emit("write", path=path, step=self.steps)
+
+
+def _inside(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or lies under it (``/run2/x`` does not lie under ``/run``; ``/`` holds all)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -30,9 +30,10 @@ import torch
 
 from course import data, world
 from grader import channel, crashes, sandbox
+from grader import secret as instructor_secret
 from grader.assignment import ASSIGNMENT, Assignment
 from grader.checks import CHECKS
-from grader.evidence import Evidence, collect, replay_first_steps
+from grader.evidence import Evidence, bind_checkpoint, collect, replay_first_steps
 from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV, probe_seed
 from grader.results import CheckResult, Results
 
@@ -126,10 +127,10 @@ def _unchanged(source: str, original: Path) -> bool:
 def submission_seed(script: Path) -> int:
     """The evaluation seed: from the submission's content, so the student cannot pick it and regrading agrees.
 
-    Mixed with the instructor's ``GRADER_SECRET`` (environment; empty if unset), so that a student who has
-    the grader cannot compute it for the class grading.
+    Mixed with the instructor's secret (:func:`grader.secret.load`: made at random on first use and kept in
+    the grader's configuration), so that a student who has the grader cannot compute it.
     """
-    secret = os.environ.get("GRADER_SECRET", "").encode()
+    secret = instructor_secret.load()
     digest = hashlib.sha256(b"multigpu-course grader\0" + secret + b"\0" + script.read_bytes()).digest()
     return int.from_bytes(digest[:4], "big")
 
@@ -206,7 +207,8 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, san
             "--straggler-s", str(config.straggler_s), config.assignment.script_name]
     try:
         result = sandbox.run(argv, cwd=run_dir, env=env, limits=config.limits, pass_fds=(key_fd, record_w),
-                             isolation=config.isolation, stop=config.stop)
+                             isolation=config.isolation, stop=config.stop,
+                             hide=(str(instructor_secret.secret_path()),))
     finally:
         os.close(record_w)
         os.close(key_fd)
@@ -346,16 +348,18 @@ class _Evaluation:
 
 
 def _evaluate(checkpoint: Path, evaluation: _Evaluation, ev: Evidence) -> None:
-    """The grader's own test accuracy of the checkpoint, from the clean sandboxed evaluation process."""
+    """The grader's own test accuracy of the checkpoint, from the clean sandboxed evaluation process, kept only
+    if the checkpoint holds parameters rank 0's optimizer produced (:func:`grader.evidence.bind_checkpoint`)."""
     result = evaluation.give(checkpoint)
     try:
         verdict = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         ev.checkpoint_error = f"the checkpoint could not be evaluated ({result.status}: {result.detail})."
         return
-    ev.test_accuracy = verdict.get("accuracy")
     ev.checkpoint_error = verdict.get("error")
-    ev.checkpoint_val_accuracy, ev.checkpoint_fingerprint = verdict.get("val_accuracy"), verdict.get("fingerprint")
+    if ev.checkpoint_error is None and bind_checkpoint(ev, verdict.get("digests"), checkpoint.name):
+        ev.test_accuracy = verdict.get("accuracy")
+        ev.checkpoint_val_accuracy, ev.checkpoint_fingerprint = verdict.get("val_accuracy"), verdict.get("fingerprint")
 
 
 def not_run(name: str, status: str, detail: str, config: GradingConfig = GradingConfig(),

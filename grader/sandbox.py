@@ -120,7 +120,8 @@ class SandboxResult:
 
 
 def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Limits(),
-        pass_fds: tuple[int, ...] = (), isolation: str = "auto", stop: threading.Event | None = None) -> SandboxResult:
+        pass_fds: tuple[int, ...] = (), isolation: str = "auto", stop: threading.Event | None = None,
+        hide: tuple[str, ...] = ()) -> SandboxResult:
     """Run ``argv`` contained and return how it ended; every process it started is gone on return.
 
     Args:
@@ -134,6 +135,9 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
         stop: once set (the grader is being stopped), the command gets SIGTERM, then ``STOP_GRACE_S`` to
             end (the grader's launcher writes its ranks' records then) before every process is killed; the
             status is ``interrupted``.
+        hide: files the command must not read (the grader's secret): in its mount namespace each is covered
+            by an empty file. As root the command's own uid cannot read a 0600 file anyway; without any mount
+            namespace they stay readable, and ``detail`` says so.
 
     Returns:
         A :class:`SandboxResult`; never raises for anything the command does. KeyboardInterrupt stops the
@@ -152,11 +156,12 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits = Lim
         raise ValueError(f"isolation must be 'auto' or 'process-tree', got {isolation!r}")
     privileged = isolation == "auto" and sys.platform == "linux" and os.geteuid() == 0
     with _sandbox_uid() if privileged else contextlib.nullcontext() as uid:
-        return _run_as(argv, cwd, env, limits, pass_fds, uid, isolation, stop)
+        return _run_as(argv, cwd, env, limits, pass_fds, uid, isolation, stop, hide)
 
 
 def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
-            uid: int | None, isolation: str, stop: threading.Event | None) -> SandboxResult:
+            uid: int | None, isolation: str, stop: threading.Event | None,
+            hide: tuple[str, ...] = ()) -> SandboxResult:
     start = time.monotonic()
     env = dict(env)
     if uid is not None:
@@ -165,7 +170,7 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
         os.chmod(cwd, 0o700)  # runs of other submissions, at the same time, cannot look in
         env.update(HOME=str(cwd), USER="sandbox", LOGNAME="sandbox")
     try:
-        return _supervised(argv, cwd, env, limits, pass_fds, uid, isolation, start, stop)
+        return _supervised(argv, cwd, env, limits, pass_fds, uid, isolation, start, stop, hide)
     finally:
         if uid is not None:  # the grader owns what the run left (its checkpoint), the sandbox uid nothing
             _chown_tree(cwd, owner.st_uid, owner.st_gid, unlink_escapes=True)
@@ -173,13 +178,15 @@ def _run_as(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pas
 
 
 def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, pass_fds: tuple[int, ...],
-                uid: int | None, isolation: str, start: float, stop: threading.Event | None) -> SandboxResult:
+                uid: int | None, isolation: str, start: float, stop: threading.Event | None,
+                hide: tuple[str, ...] = ()) -> SandboxResult:
     status_r, status_w = os.pipe()
     config = {"argv": list(argv), "cwd": str(cwd), "uid": uid, "status_fd": status_w, "limits": asdict(limits),
               "grader_pid": os.getpid(),
               "namespaces": isolation == "auto",
               "nproc": limits.max_threads + (0 if uid is not None else _tasks_of_user()),
-              "expose": _needed_paths(argv, env, cwd)}
+              "expose": _needed_paths(argv, env, cwd),
+              "hide": [os.path.realpath(p) for p in hide if os.path.isfile(p)]}
     try:
         proc = subprocess.Popen([sys.executable, "-I", __file__, json.dumps(config)], cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -572,6 +579,8 @@ def _supervise(config: dict) -> int:
         mechanisms.append("child subreaper")  # set by init: double-forked escapees stay in the tree we kill
     if not config["limits"]["network"] and "network" not in namespaces:
         notes.append("network not contained: this needs root or unprivileged user namespaces")
+    if config["hide"] and config["uid"] is None and "mount" not in namespaces:
+        notes.append("the grader's secret file is not hidden: this needs root or unprivileged user namespaces")
     mechanisms.append("rlimits")
     status.write(json.dumps({"mechanisms": mechanisms, "notes": notes}) + "\n")
     supervisor = os.getpid()
@@ -636,6 +645,9 @@ def _init(config: dict, namespaces: set[str], status, supervisor: int) -> int:
         if config["uid"] is not None:
             with contextlib.suppress(OSError):  # the command then fails to start and says why
                 _expose(config["expose"], config["uid"])
+        for path in config["hide"]:
+            if os.path.lexists(path):  # else already out of sight (under a private directory covered above)
+                _call("mount", b"/dev/null", path.encode(), None, MS_BIND, None)  # fails: init exits, run says why
     command = os.fork()
     if command == 0:
         try:

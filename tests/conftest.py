@@ -11,3 +11,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def grader_secret_in_a_temporary_folder(tmp_path_factory):
+    """Grading makes the instructor's secret on first use (grader.secret): here, not in the user's config."""
+    import os
+
+    if "GRADER_SECRET_FILE" not in os.environ:
+        os.environ["GRADER_SECRET_FILE"] = str(tmp_path_factory.mktemp("grader-config") / "grader-secret")
+    yield

@@ -98,3 +98,70 @@ def test_writer_writes_whole_signed_numbered_lines():
     lines = written(key, [{"kind": "end", "rank": 2}, {"kind": "end", "rank": 2}])
     assert [channel.unseal(key, line) for line in lines] == [{"kind": "end", "rank": 2, "seq": 0},
                                                             {"kind": "end", "rank": 2, "seq": 1}]
+
+
+def test_a_forked_child_writes_nothing_so_the_parents_records_stay_in_sequence():
+    key = channel.new_key()
+    read_fd, write_fd = os.pipe()
+    writer = channel.Writer(write_fd, channel.rank_key(key, 0))
+    child = os.fork()
+    if child == 0:  # a DataLoader worker or a grandchild inheriting the writer and its sequence counter
+        writer.write({"kind": "write", "rank": 0, "path": "/dev/null"})
+        os._exit(0)
+    os.waitpid(child, 0)
+    writer.write({"kind": "init", "rank": 0})
+    os.close(write_fd)
+    reader = channel.Reader(os.fdopen(read_fd, "rb"), key)
+    assert [r["kind"] for r in reader.result()] == ["init"] and reader.rejected == 0
+
+
+def _as_other_user_in_child(action) -> int:
+    """Fork; in the child become an unprivileged user (when root), run ``action()``, exit 0 if it returned True."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            if os.geteuid() == 0:
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+            code = 0 if action() else 1
+        finally:
+            os._exit(code)
+    return child
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_a_process_of_the_same_user_cannot_read_the_key_holders_memory(hidden):
+    import ctypes
+    import time
+
+    ready_r, ready_w = os.pipe()
+
+    def hold_a_key():
+        if hidden:
+            channel.hide_memory()
+        else:  # a change of uid alone makes a process undumpable: restore what exec would give the launcher
+            ctypes.CDLL(None).prctl(channel.PR_SET_DUMPABLE, 1, 0, 0, 0)
+        os.write(ready_w, b"r")
+        time.sleep(30)
+        return True
+
+    holder = _as_other_user_in_child(hold_a_key)
+    try:
+        assert os.read(ready_r, 1) == b"r"
+
+        def read_its_memory():
+            try:
+                open(f"/proc/{holder}/mem", "rb").close()
+            except PermissionError:
+                return False
+            return True
+
+        reader = _as_other_user_in_child(read_its_memory)
+        readable = os.waitstatus_to_exitcode(os.waitpid(reader, 0)[1]) == 0
+    finally:
+        os.kill(holder, 9)
+        os.waitpid(holder, 0)
+        os.close(ready_r)
+        os.close(ready_w)
+    assert readable is not hidden

@@ -67,3 +67,75 @@ def test_the_probes_fingerprint_is_the_module_fingerprint():
     assert probes.fingerprint(params, 7) != probes.fingerprint(params, 8)
     torch.testing.assert_close(probes.fingerprint(params, 7)[-1],
                                float(torch.cat([p.detach().reshape(-1) for p in params]).double().norm()))
+
+
+def test_only_files_under_the_run_directory_fixed_at_start_up_are_writes(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=0, seed=1, run_dir=str(run_dir))
+    probe._audit("open", (str(run_dir / "log.txt"), "w", 0))
+    probe._audit("open", (str(tmp_path / "run2" / "log.txt"), "w", 0))  # a sibling sharing the prefix
+    probe._audit("open", (str(run_dir / "data.txt"), "r", 0))
+    monkeypatch.chdir("/")  # the script moved: /dev/null is not in the run directory
+    probe._audit("open", ("/dev/null", "w", 0))
+    assert [r["path"] for r in writer.records] == [str(run_dir / "log.txt")]
+
+
+def test_a_forked_child_records_nothing(tmp_path):
+    import os
+
+    from grader import channel
+
+    key = channel.new_key()
+    read_fd, write_fd = os.pipe()
+    writer = channel.Writer(write_fd, key, callers=(probes.HERE,))
+    probe = probes.Probes(writer, rank=0, seed=1, run_dir=str(tmp_path))
+    probe.silence_in_children()
+    child = os.fork()
+    if child == 0:  # a grandchild or a DataLoader worker: it would take rank 0's next sequence number
+        try:
+            probe._audit("open", (str(tmp_path / "worker.log"), "a", 0))
+            probe.finish("returned", 0, None)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    probe.finish("returned", 0, None)
+    os.close(write_fd)
+    reader = channel.Reader(os.fdopen(read_fd, "rb"), key)
+    assert [(r["kind"], r["seq"], r["signer"]) for r in reader.result()] == [("end", 0, "launcher")]
+    assert reader.rejected == 0
+
+
+def test_digests_tell_tensors_apart_bit_for_bit_and_by_shape():
+    a = torch.arange(6, dtype=torch.float32)
+    b = a.clone()
+    b[3] = torch.nextafter(b[3], torch.tensor(10.0))
+    assert probes.digests([a]) == probes.digests([a.clone()]) != probes.digests([b])
+    assert probes.digests([a]) != probes.digests([a.view(2, 3)])
+    assert probes.digests([a.double()]) == probes.digests([a])  # compared as float32, as the checkpoint is read
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_rank_0_records_its_parameters_digests_around_every_step_and_at_the_end(rank):
+    model = models.DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=rank, seed=1)
+    before = probes.digests(list(model.parameters()))
+    probe._before_step(optimizer, (), {})  # what the global optimizer hooks call around optimizer.step()
+    optimizer.step()
+    probe._after_step(optimizer, (), {})
+    after = probes.digests(list(model.parameters()))
+    with torch.no_grad():  # a change outside optimizer.step(), after the last step
+        next(model.parameters()).add_(1.0)
+    probe.finish("returned", 0, None)
+    step = next(r for r in writer.records if r["kind"] == "step")
+    end = writer.records[-1]
+    if rank == 0:
+        assert (step["digests_before"], step["digests"]) == (before, after) and before != after
+        assert end["digests"] == probes.digests(list(model.parameters())) != after
+    else:  # only rank 0's model is the checkpoint
+        assert "digests" not in step and "digests_before" not in step and end["digests"] is None

@@ -59,6 +59,13 @@ EXPECTED = {
     "local_metrics": ("ok", {"metrics_averaged"}),
     "too_many_epochs": ("ok", {"target_accuracy"}),
     "wraps_save": ("ok", {"integrity"}),
+    # what forked children do (a grandchild writing /dev/null from /, DataLoader workers writing logs) is not the rank's
+    "forked_grandchild": ("ok", set()),
+    "dataloader_worker_log": ("ok", set()),
+    # its checkpoint is a second model, trained by hand on the test digits: not what rank 0's optimizer produced
+    "second_model": ("ok", {"target_accuracy"}),
+    # ... or copied into the trained model before one last optimizer step (at learning rate 0)
+    "copied_in_model": ("ok", {"target_accuracy"}),
     "exit_before_training": ("ok", SCORED),
     "hang_in_collective": ("hang on rank 3", SCORED),
     "crash_on_rank_2": ("crash on rank 2", SCORED),
@@ -165,6 +172,17 @@ def test_records_forged_through_the_probes_gain_nothing(graded):
     assert "called the grader's probes itself" in messages["integrity"]
     assert "reported val_accuracy 0.9900" in messages["metrics_averaged"]  # against the grader's own evaluation
     assert results.test_accuracy < 0.92 and results.score <= graded["too_many_epochs"].score
+
+
+def test_only_the_model_rank_0s_optimizer_produced_is_evaluated(graded):
+    results = graded["second_model"]
+    messages = {c.name: c.message for c in results.checks}
+    assert results.test_accuracy is None and results.score == 90
+    assert "does not hold the parameters rank 0's optimizer produced" in messages["target_accuracy"]
+    assert "agree with the checkpoint" not in messages["integrity"]
+    copied = {c.name: c.message for c in graded["copied_in_model"].checks}["target_accuracy"]
+    assert graded["copied_in_model"].test_accuracy is None and "outside optimizer.step()" in copied
+    assert graded["reference"].test_accuracy is not None  # the reference's checkpoint is bound to its last step
 
 
 def test_flooded_output_is_truncated(graded):

@@ -313,3 +313,24 @@ def test_bad_arguments_are_rejected_clearly(tmp_path):
         Limits(wall_s=0)
     with pytest.raises(ValueError, match="must not exceed max_output_bytes"):
         Limits(output_bytes=2**30)
+
+
+def test_hidden_files_read_empty_inside_and_stay_intact_outside(tmp_path):
+    folder = Path(tempfile.mkdtemp())  # reachable (0755), and the file readable by all: only hiding protects it
+    try:
+        folder.chmod(0o755)
+        secret = folder / "grader-secret"
+        secret.write_text("the instructor's secret\n")
+        secret.chmod(0o644)
+        code = f"print(repr(open({str(secret)!r}).read()))"
+        shown = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits())
+        hidden = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits(),
+                     hide=(str(secret),))
+        assert secret.read_text() == "the instructor's secret\n"
+    finally:
+        shutil.rmtree(folder)
+    assert shown.stdout == "\"the instructor's secret\\n\"\n", shown
+    if "mount namespace" in hidden.mechanisms:
+        assert (hidden.status, hidden.stdout) == ("ok", "''\n"), hidden
+    else:
+        assert "secret file is not hidden" in hidden.detail

@@ -1,4 +1,4 @@
-"""Broken: adds weight noise from each rank's own random generator, so the ranks drift apart.
+"""Broken: adds gradient noise from each rank's own random generator, so the ranks drift apart.
 
 Fails equal_parameters only (the first steps still match one process, and the accuracy still reaches the
 target; the averaged metrics cannot be assessed once the ranks hold different models).
@@ -43,10 +43,6 @@ def main() -> None:
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP_STEPS))
     noise = torch.Generator().manual_seed(SEED + rank.rank)  # a different stream on every rank
     for epoch in range(EPOCHS):
-        if epoch >= 2:  # "weight noise as a regulariser", drawn per rank: the models no longer agree
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(1e-4 * torch.randn(p.shape, generator=noise).to(p.device))
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
         ddp_model.train()
         loss_sum, count = 0.0, 0
@@ -55,6 +51,9 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(ddp_model(images), labels)
             loss.backward()  # DDP averages the gradients across ranks here
+            if epoch >= 2:  # "gradient noise as a regulariser", drawn per rank: the models no longer agree
+                for p in model.parameters():
+                    p.grad.add_(1e-4 * torch.randn(p.shape, generator=noise).to(p.device))
             optimizer.step()
             warmup.step()
             loss_sum += loss.item() * len(labels)
