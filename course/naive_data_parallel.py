@@ -143,3 +143,58 @@ def device0_traffic(module: nn.Module, inputs: torch.Tensor, num_devices: int, n
     grad_bytes = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
     return Traffic(num_devices, (batch - kept) * sample_bytes, others * state_bytes,
                    (batch - kept) * num_outputs * inputs.element_size(), others * grad_bytes)
+
+
+@dataclass(frozen=True)
+class System:
+    """How one system does the five steps of data-parallel training, and where that is written down."""
+
+    name: str
+    processes: str   # who drives the GPUs
+    split: str       # 1. each device gets its part of the batch
+    replicate: str   # 2. each device gets the parameters
+    compute: str     # 3. forward and backward on every device
+    combine: str     # 4. the gradients become one
+    update: str      # 5. the optimizer step
+    source: str
+
+
+STEPS = ("split", "replicate", "compute", "combine", "update")
+
+#: The systems of the course's sources, and the two it teaches, on the same five steps.
+SYSTEMS = (
+    System("Torch / cunn DataParallelTable", "one process drives every GPU",
+           "the input is split along the batch dimension, a part per GPU",
+           "a clone of the network per GPU; :syncParameters() copies the primary GPU's parameters after each update",
+           "forward and backward of each clone on its GPU",
+           "gradients collected on the primary GPU, which alone looks like the model to the optimizer",
+           "optim runs on the primary GPU's parameters only",
+           "../shared/seeds/004 (cunn docs), ../shared/seeds/000 (Rescale, Torch)"),
+    System("Caffe2 data_parallel_model", "one process builds one copy of the net per GPU",
+           "each GPU runs its share of the mini-batch (8 GPUs x 32 = one GPU with 256)",
+           "each GPU holds the same parameters",
+           "each GPU executes exactly the same code on its share",
+           "the gradients of all GPUs are averaged between mini-batches",
+           "every GPU executes the same parameter update",
+           "../shared/seeds/002 (Caffe2 docs)"),
+    System("torch.nn.DataParallel", "one process, a thread per GPU",
+           "scatter: chunks of the batch from GPU 0", "replicate: GPU 0's parameters copied out every forward",
+           "parallel_apply: a thread runs each replica", "gather the outputs to GPU 0; backward sums every "
+           "replica's gradient into GPU 0's parameters", "the optimizer on GPU 0 only",
+           "../shared/seeds/003; https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html"),
+    System("TF MirroredStrategy", "one process, a replica per GPU",
+           "the dataset is distributed across the replicas", "variables mirrored on every GPU",
+           "each replica runs the step on its part", "gradients all-reduced across the replicas",
+           "every replica applies the same update",
+           "../shared/seeds/003; https://www.tensorflow.org/api_docs/python/tf/distribute/MirroredStrategy"),
+    System("Horovod", "one process per GPU (MPI or Gloo)",
+           "each process reads its shard", "broadcast of rank 0's parameters at the start",
+           "each process runs forward and backward", "DistributedOptimizer averages gradients with ring-allreduce",
+           "every process applies the same update",
+           "../shared/seeds/001; Sergeev & Del Balso 2018, https://arxiv.org/abs/1802.05799"),
+    System("PyTorch DDP", "one process per GPU (torchrun)",
+           "DistributedSampler: a shard per rank", "broadcast of rank 0's parameters when the model is wrapped",
+           "each rank runs forward and backward", "bucketed allreduce of the gradients, overlapping backward",
+           "every rank applies the same update",
+           "Li et al. 2020, https://arxiv.org/abs/2006.15704; notebook 05"),
+)

@@ -85,3 +85,12 @@ def test_device0_traffic_is_the_closed_form_and_grows_with_the_devices():
         kept = -(-32 // n)
         assert traffic == ndp.Traffic(n, (32 - kept) * 64 * 4, (n - 1) * state, (32 - kept) * 10 * 4, (n - 1) * grads)
     assert ndp.device0_traffic(model, images, 1, 10).total == 0
+
+
+def test_every_system_is_mapped_onto_all_five_steps_and_cites_a_source():
+    names = [s.name for s in ndp.SYSTEMS]
+    assert {"Torch / cunn DataParallelTable", "Caffe2 data_parallel_model", "torch.nn.DataParallel",
+            "TF MirroredStrategy", "Horovod", "PyTorch DDP"} == set(names)
+    for system in ndp.SYSTEMS:
+        assert all(getattr(system, step).strip() for step in ndp.STEPS), system.name
+        assert "seeds/" in system.source or "https://" in system.source, system.name
