@@ -76,16 +76,17 @@ def layer_activations(model: nn.Module, inputs: torch.Tensor) -> list[LayerActiv
     return layers
 
 
-def estimate_bytes(model: nn.Module, inputs: torch.Tensor, num_classes: int | None = None) -> int:
-    """Estimated bytes saved for backward by a forward pass (plus, with ``num_classes``, a cross-entropy loss).
+def loss_bytes(batch_size: int, num_classes: int, element_size: int = 4) -> int:
+    """Bytes a cross-entropy loss keeps: ``(B, num_classes)`` log-probabilities and a 0-d total weight at the
+    logits' precision, and the ``(B,)`` int64 labels."""
+    return batch_size * (num_classes * element_size + 8) + element_size
 
-    The loss keeps its ``(B, num_classes)`` log-probabilities and the 0-d total weight at the logits' precision,
-    and the ``(B,)`` int64 labels.
-    """
+
+def estimate_bytes(model: nn.Module, inputs: torch.Tensor, num_classes: int | None = None) -> int:
+    """Estimated bytes saved for backward by a forward pass (plus, with ``num_classes``, a cross-entropy loss)."""
     total = sum(layer.saved_bytes for layer in layer_activations(model, inputs))
     if num_classes is not None:
-        width = next(model.parameters()).element_size()
-        total += len(inputs) * (num_classes * width + 8) + width
+        total += loss_bytes(len(inputs), num_classes, next(model.parameters()).element_size())
     return total
 
 
