@@ -37,14 +37,16 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def layer_activations(model: nn.Module, inputs: torch.Tensor) -> list[LayerActivation]:
+def layer_activations(model: nn.Module, inputs: torch.Tensor,
+                      kept: dict[int, torch.Tensor] | None = None) -> list[LayerActivation]:
     """Per-layer activation bytes of one forward pass of ``model`` on ``inputs`` (batch included), estimated.
 
     Shapes and dtypes come from the real forward (hooks on every leaf module); the bytes from the rule in the
-    module docstring. Run at the precision you train in (``model.to(torch.bfloat16)`` halves them).
+    module docstring. Run at the precision you train in (``model.to(torch.bfloat16)`` halves them). ``kept``:
+    tensors already held by storage address (they count once, and are not counted again here).
     """
     layers: list[LayerActivation] = []
-    kept: dict[int, torch.Tensor] = {}  # by storage address; holding them stops no_grad reusing the address
+    kept = {} if kept is None else kept  # by storage address; holding them stops no_grad reusing the address
 
     def keep(tensor: torch.Tensor) -> int:
         key = tensor.untyped_storage().data_ptr()
@@ -90,24 +92,82 @@ def estimate_bytes(model: nn.Module, inputs: torch.Tensor, num_classes: int | No
     return total
 
 
+class _SavedBytes:
+    """Sums the storages autograd saves for backward while active, each once, the model's own tensors left out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        states = [*model.parameters(), *model.buffers()]  # weights, batch-norm running statistics: model states
+        self.excluded = {t.untyped_storage().data_ptr() for t in states}
+        self.storages: dict[int, int] = {}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        key = tensor.untyped_storage().data_ptr()
+        if key not in self.excluded:
+            self.storages[key] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
 def measure_bytes(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> int:
     """Measured bytes autograd saves for backward in ``model(inputs)`` (and the cross-entropy loss with ``labels``).
 
-    Counts each storage saved through ``saved_tensors_hooks`` once and leaves out the model's parameters and buffers.
-    The graph is freed on return (no backward runs).
+    Counts each storage saved through ``saved_tensors_hooks`` once and leaves out the model's parameters and
+    buffers. The graph is freed on return (no backward runs).
     """
-    states = [*model.parameters(), *model.buffers()]  # weights, batch-norm running statistics: model states
-    parameters = {t.untyped_storage().data_ptr() for t in states}
-    storages: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        key = tensor.untyped_storage().data_ptr()
-        if key not in parameters:
-            storages[key] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    saved = _SavedBytes(model)
+    with saved.hooks:
         output = model(inputs)
         if labels is not None:
             nn.functional.cross_entropy(output, labels)
-    return sum(storages.values())
+    return saved.total
+
+
+def last_segment_start(num_layers: int, segments: int) -> int:
+    """Where ``checkpoint_sequential`` starts the last segment, the one it runs without checkpointing.
+
+    It cuts ``num_layers`` into ``segments`` runs of ``num_layers // segments`` layers; the last run takes the rest.
+    """
+    if not 1 <= segments <= num_layers:
+        raise ValueError(f"segments must be between 1 and the number of layers ({num_layers}), got {segments}.")
+    return (num_layers // segments) * (segments - 1)
+
+
+def checkpointed_estimate(model: nn.Sequential, inputs: torch.Tensor, segments: int,
+                          num_classes: int | None = None) -> int:
+    """Estimated bytes held between forward and backward under ``checkpoint_sequential(model, segments, inputs)``.
+
+    Each checkpointed segment keeps only its input; the last segment keeps what its layers keep (the rule of
+    :func:`layer_activations`); the loss keeps its own. Backward then recomputes one segment at a time, holding
+    its activations on top of these while it runs (:func:`course.memory_budget.checkpointed` models that peak).
+    """
+    size, last = len(model) // segments, last_segment_start(len(model), segments)
+    kept: dict[int, torch.Tensor] = {}  # segment inputs by storage (a flattened view shares its input's storage)
+    x = inputs
+    with torch.no_grad():
+        for index, layer in enumerate(model[:last]):
+            if index % size == 0:
+                kept.setdefault(x.untyped_storage().data_ptr(), x)
+            x = layer(x)
+    held = sum(t.untyped_storage().nbytes() for t in kept.values())
+    held += sum(layer.saved_bytes for layer in layer_activations(model[last:], x, kept))
+    if num_classes is not None:
+        held += loss_bytes(len(inputs), num_classes, next(model.parameters()).element_size())
+    return held
+
+
+def measure_checkpointed(model: nn.Sequential, inputs: torch.Tensor, labels: torch.Tensor, segments: int) -> int:
+    """Measured bytes held for backward under ``checkpoint_sequential`` (reentrant, so each segment saves its
+    input through autograd, where the hooks see it) followed by a cross-entropy loss. ``inputs`` gets
+    ``requires_grad`` (reentrant checkpointing needs it to reach the parameters)."""
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    last_segment_start(len(model), segments)
+    saved = _SavedBytes(model)
+    with saved.hooks:
+        output = checkpoint_sequential(model, segments, inputs.detach().requires_grad_(), use_reentrant=True)
+        nn.functional.cross_entropy(output, labels)
+    return saved.total

@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from course import activations
 from course.models import MLP, DigitsCNN
@@ -44,3 +45,29 @@ def test_layers_are_listed_in_forward_order_with_shapes():
     assert layers[0].kind == "Conv2d" and layers[0].output_shape == (2, 32, 8, 8)
     assert layers[-1].kind == "Linear" and layers[-1].output_shape == (2, 10)
     assert layers[0].input_bytes == 2 * 64 * 4
+
+
+def _sequential(model: str) -> nn.Sequential:
+    net = DigitsCNN() if model == "cnn" else MLP()
+    return nn.Sequential(*net.features, *net.classifier) if model == "cnn" else net.net
+
+
+@given(model=st.sampled_from(["mlp", "cnn"]), batch_size=st.integers(1, 16), data=st.data())
+@settings(max_examples=20, deadline=None)
+def test_checkpointed_estimate_matches_what_checkpoint_sequential_saves(model, batch_size, data):
+    torch.manual_seed(0)
+    net = _sequential(model)
+    segments = data.draw(st.integers(1, len(net)))
+    inputs, labels = torch.randn(batch_size, 1, 8, 8), torch.randint(0, 10, (batch_size,))
+    measured = activations.measure_checkpointed(net, inputs, labels, segments)
+    assert activations.checkpointed_estimate(net, inputs, segments, 10) == measured
+
+
+def test_two_segments_hold_less_than_no_checkpointing():
+    net, inputs, labels = _sequential("cnn"), torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    assert activations.measure_checkpointed(net, inputs, labels, 2) < activations.measure_bytes(net, inputs, labels)
+
+
+def test_bad_segment_count_is_refused():
+    with pytest.raises(ValueError, match="segments must be between 1 and the number of layers"):
+        activations.checkpointed_estimate(_sequential("mlp"), torch.randn(2, 1, 8, 8), 7)
