@@ -66,6 +66,14 @@ def activation_rows(model: nn.Module, batch_sizes: tuple[int, ...], num_classes:
     return rows
 
 
+def checkpoint_rows(model: nn.Sequential, inputs: torch.Tensor, labels: torch.Tensor, num_classes: int = 10
+                    ) -> list[tuple[int, int, int]]:
+    """(segments, estimated, measured bytes held between forward and backward) under ``checkpoint_sequential``."""
+    return [(segments, activations.checkpointed_estimate(model, inputs, segments, num_classes),
+             activations.measure_checkpointed(model, inputs, labels, segments))
+            for segments in range(1, len(model) + 1)]
+
+
 def format_sharding(results: list[dict[str, dict[str, float]]]) -> str:
     """Per rank: ZeRO-1 optimizer state and FSDP parameter shard, measured beside the estimate, and max |Δ| vs DDP."""
     lines = [f"{'rank':<5}{'ZeRO-1 opt. state: measured':>28}{'owned est.':>12}{'Ψ/N est.':>10}{'|Δ| vs DDP':>12}"
