@@ -18,14 +18,17 @@ from course import hardware
 from course.activations import LayerActivation
 from course.memory_budget import Setup, checkpointed, largest_batch, largest_model
 
-A100_80GB_SOURCE = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
-            "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+#: larger editions of two catalog GPUs: (device memory in bytes, source)
+LARGER_EDITIONS: dict[str, tuple[float, str]] = {
+    "V100 SXM2 32GB": (32 * hardware.GB, "Table 1 (16 or 32 GB) of " + hardware.GPUS["V100 SXM2"].source),
+    "A100 SXM4 80GB": (80 * hardware.GB, "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                                         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+}
 
-#: device memory in bytes: the catalog's GPUs, plus V100 32 GB (Volta whitepaper: 16 or 32 GB) and A100 80 GB
+#: device memory in bytes: the catalog's GPUs and their larger editions
 GPU_MEMORY: dict[str, float] = {
     **{name: gpu.memory_bytes for name, gpu in hardware.GPUS.items()},
-    "V100 SXM2 32GB": 32 * hardware.GB,
-    "A100 SXM4 80GB": 80 * hardware.GB,  # A100_80GB_SOURCE
+    **{name: memory for name, (memory, _) in LARGER_EDITIONS.items()},
 }
 
 
