@@ -17,6 +17,7 @@ costs 2 + 2 + 12 = 16 bytes per parameter ("K = 12"). Every estimate here has a 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 #: bytes of one element at each precision the budget knows
@@ -69,7 +70,7 @@ class Budget:
         return self.model_states + self.activations
 
 
-def _check(name: str, value: object, allowed) -> None:
+def _check(name: str, value: object, allowed: Collection[object]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}.")
 

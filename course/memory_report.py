@@ -31,7 +31,8 @@ def model_states_rows(make_model: Callable[[], nn.Module], inputs: torch.Tensor,
             estimate = mb.model_states(sum(p.numel() for p in params), mb.Setup(optimizer, precision), len(params))
             measured = (memory_measure.fp32_step(model, optimizer, inputs, labels) if precision == "fp32" else
                         memory_measure.mixed_precision_step(model, optimizer, inputs, labels, precision))
-            rows.append({"optimizer": optimizer, "precision": precision, "estimate": estimate, "measured": measured})
+            rows.append({"optimizer": optimizer, "precision": precision, "num_params": sum(p.numel() for p in params),
+                         "estimate": estimate, "measured": measured})
     return rows
 
 
@@ -41,8 +42,7 @@ def format_model_states(rows: list[dict[str, object]]) -> str:
              f"{'opt. state est/meas':>24}{'bytes/param':>13}"]
     for row in rows:
         e, m = row["estimate"], row["measured"]
-        per_param = m.model_states / (e.parameters / mb.bytes_per_parameter(mb.Setup(row["optimizer"],
-                                                                                       row["precision"])).parameters)
+        per_param = m.model_states / row["num_params"]
         lines.append(f"{row['optimizer']:<10}{row['precision']:<10}{e.parameters:>10,.0f}/{m.parameters:<9,}"
                      f"{e.gradients:>10,.0f}/{m.gradients:<9,}{e.optimizer_state:>12,.0f}/{m.optimizer_state:<11,}"
                      f"{per_param:>13.2f}")
