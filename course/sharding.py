@@ -131,3 +131,9 @@ def both(optimizer: str = "adam", steps: int = 3) -> dict[str, dict[str, float]]
     dist.barrier()
     return results
 
+
+def each_optimizer(optimizers: tuple[str, ...] = ("sgd", "momentum", "adam"), steps: int = 3
+                   ) -> dict[str, dict[str, dict[str, float]]]:
+    """Rank function: :func:`both` for each optimizer, in one launch."""
+    return {optimizer: both(optimizer, steps) for optimizer in optimizers}
+
