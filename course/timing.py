@@ -16,9 +16,10 @@ Used by notebooks 01-04b.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,10 @@ class Estimate:
     def format_ratio(self, digits: int = 2) -> str:
         """``"1.52x (95% interval 1.31-1.70x, 20 repeats)"`` for a ratio such as a speedup."""
         return self._format(1.0, "x", digits)
+
+    def format_percent(self) -> str:
+        """``"33% (95% interval 25-61%, 8 repeats)"`` for a fraction."""
+        return self._format(100.0, "%", 0)
 
     def _format(self, scale: float, unit: str, digits: int) -> str:
         m, lo, hi = (f"{scale * v:.{digits}f}" for v in (self.median, self.low, self.high))
@@ -160,3 +165,39 @@ def speedup_verdict(speedup: Estimate, workers: int, cores: int | None = None) -
     if 1.0 in speedup:
         return f"{text}: the interval includes 1.0x, so this machine cannot tell the two apart"
     return f"{text}: {'faster' if speedup.median > 1 else 'slower'} than the baseline"
+
+
+class PhaseClock:
+    """Seconds spent in each named phase of each step of a loop, measured where the loop runs.
+
+    ``steps[i]`` maps a phase name (e.g. ``"compute"``, ``"communicate"``) to the seconds step ``i`` spent in
+    it; a phase entered twice in one step adds up::
+
+        clock = PhaseClock()
+        for batch in batches:
+            clock.new_step()
+            with clock.phase("compute"): loss.backward()
+            with clock.phase("communicate"): allreduce_gradients(model)
+        clock.seconds("compute")     # one value per step, ready for summarize()
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+
+    def new_step(self) -> None:
+        self.steps.append({})
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.steps:
+            raise RuntimeError("PhaseClock.phase() before any step: call new_step() first, once per step.")
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            step = self.steps[-1]
+            step[name] = step.get(name, 0.0) + time.perf_counter() - start
+
+    def seconds(self, name: str | None = None) -> list[float]:
+        """Per step, the seconds spent in phase ``name`` (0 if a step never entered it), or in all phases."""
+        return [sum(step.values()) if name is None else step.get(name, 0.0) for step in self.steps]

@@ -49,6 +49,7 @@ def test_formats_name_the_median_interval_and_repeats():
     text = timing.Estimate(0.0123, 0.0118, 0.0139, 20).format_ms()
     assert text == "12.3 ms (95% interval 11.8-13.9 ms, 20 repeats)"
     assert timing.Estimate(1.5, 1.25, 1.75, 7).format_ratio() == "1.50x (95% interval 1.25-1.75x, 7 repeats)"
+    assert timing.Estimate(0.33, 0.25, 0.61, 8).format_percent() == "33% (95% interval 25-61%, 8 repeats)"
 
 
 def test_time_repeats_calls_warmup_then_repeats():
@@ -80,3 +81,21 @@ def test_bad_arguments_are_refused():
         timing.time_repeats(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="workers"):
         timing.max_speedup(0)
+
+
+def test_phase_clock_adds_up_each_phase_per_step():
+    clock = timing.PhaseClock()
+    for _ in range(3):
+        clock.new_step()
+        for _ in range(2):
+            with clock.phase("compute"):
+                sum(range(1000))
+        with clock.phase("communicate"):
+            pass
+    compute, communicate, total = clock.seconds("compute"), clock.seconds("communicate"), clock.seconds()
+    assert len(compute) == len(total) == 3 and all(c > 0 for c in compute)
+    assert total == pytest.approx([a + b for a, b in zip(compute, communicate, strict=True)])
+    assert clock.seconds("never") == [0.0, 0.0, 0.0]
+    with pytest.raises(RuntimeError, match="new_step"):
+        with timing.PhaseClock().phase("compute"):
+            pass
