@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,16 +59,21 @@ def timed_training(strategy: str, model: nn.Module, batches: Sequence[tuple[torc
 
 
 def compare_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
-                     optimizer: str = "adam") -> dict[str, Any]:
+                     optimizer: str = "adam", then: tuple[Callable[..., Any], tuple] | None = None
+                     ) -> dict[str, Any]:
     """Rank function: both strategies one after the other from copies of ``model``, in one launch.
 
     Starting ranks takes seconds, training here a fraction of one, so one launch runs both. All ranks start
     each strategy together (a barrier).
 
+    Args:
+        then: ``(rank_function, args)`` to run afterwards in the same launch (notebook 03 runs its parameter
+            server there); its result is under ``"then"``.
+
     Returns:
-        ``{"rank0": timed_training(...), "ranks": timed_training(...), "phases": {strategy: (start, end)}}``,
-        ``phases`` in ``time.monotonic()`` seconds (one clock for every process on the machine), so a
-        :mod:`course.monitor` timeline can be cut into the two runs (:func:`plot_monitor`).
+        ``{"rank0": timed_training(...), "ranks": timed_training(...), "phases": {strategy: (start, end)},
+        "then": ...}``, ``phases`` in ``time.monotonic()`` seconds (one clock for every process on the
+        machine), so a :mod:`course.monitor` timeline can be cut into the two runs (:func:`plot_monitor`).
     """
     results: dict[str, Any] = {"phases": {}}
     for strategy in STRATEGIES:
@@ -76,12 +81,15 @@ def compare_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, tor
         start = time.monotonic()
         results[strategy] = timed_training(strategy, copy.deepcopy(model), batches, lr, optimizer)
         results["phases"][strategy] = (start, time.monotonic())
+    if then is not None:
+        function, args = then
+        results["then"] = function(*args)
     return results
 
 
 def watch_both(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
-               world_size: int = 4, optimizer: str = "adam", interval_s: float = 0.1
-               ) -> tuple[list[dict[str, Any]], Any, dict]:
+               world_size: int = 4, optimizer: str = "adam", interval_s: float = 0.1,
+               then: tuple[Callable[..., Any], tuple] | None = None) -> tuple[list[dict[str, Any]], Any, dict]:
     """Launch :func:`compare_on_ranks` under :func:`course.monitor.watch` (a reading every ``interval_s``).
 
     Returns:
@@ -93,7 +101,7 @@ def watch_both(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Ten
 
     origin = time.monotonic()
     with monitor.watch(interval_s=interval_s) as history:
-        results = launch(compare_on_ranks, world_size, model, batches, lr, optimizer)
+        results = launch(compare_on_ranks, world_size, model, batches, lr, optimizer, then, timeout_s=240)
     phases = {name: (a - origin, b - origin) for name, (a, b) in results[0]["phases"].items()}
     return results, history, phases
 

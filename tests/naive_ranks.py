@@ -7,6 +7,7 @@ test_parameter_server and test_model_parallel share one launch.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import torch
@@ -46,7 +47,8 @@ def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
     naive_model = DigitsCNN(width=PS.width).to(world.current().device)
     naive = data_parallel.train_on_rank0(naive_model, ps_batches, PS.lr)
     torch.manual_seed(PS.seed)
-    who = who_works.compare_on_ranks(DigitsCNN(width=PS.width), ps_batches, PS.lr, optimizer="adam")
+    who = who_works.compare_on_ranks(DigitsCNN(width=PS.width), ps_batches, PS.lr, optimizer="adam",
+                                     then=(operator.add, (2, 3)))
     return {"who": who, "ps": parameter_server.compare_on_ranks(PS, ps_batches, async_delay_s=0.003),
             "pipe": model_parallel.run_pipeline(PIPE, pipe_batch), "errors": errors,
             "rank0": {"losses": naive, "params": torch.nn.utils.parameters_to_vector(naive_model.parameters())

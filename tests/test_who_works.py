@@ -37,6 +37,7 @@ def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed(
         # rank 0 alone: only rank 0 ever computes; data parallelism: every rank does
         assert (sum(result["who"]["rank0"]["compute_s"]) > 0) == (rank == 0)
         assert sum(result["who"]["ranks"]["compute_s"]) > 0
+        assert result["who"]["then"] == 5  # the rank function run after both, in the same launch
         start, end = result["who"]["phases"]["rank0"]
         assert start < end <= result["who"]["phases"]["ranks"][0]
     shares = who_works.shares([r["who"]["rank0"] for r in report])
