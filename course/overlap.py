@@ -78,9 +78,14 @@ def record_steps(bucket_sizes: Sequence[int], batch_size: int = 64, steps: int =
 
 
 def overlapped_fraction(timeline: Timeline) -> float:
-    """Share of the communication time that ran before backward ended (0: none overlapped)."""
+    """Share of the communication time that ran while gradients were still being computed (0: none).
+
+    Backward's computing ends when its last gradient became final (``max(grads)``); ``backward()`` itself
+    returns a little later, and an allreduce running in that gap overlaps no computation.
+    """
     total = sum(end - start for start, end in timeline["allreduces"])
-    hidden = sum(max(0.0, min(end, timeline["backward_end"]) - start) for start, end in timeline["allreduces"])
+    computing_end = max(timeline["grads"]) if timeline.get("grads") else timeline["backward_end"]
+    hidden = sum(max(0.0, min(end, computing_end) - start) for start, end in timeline["allreduces"])
     return hidden / total if total > 0 else 0.0
 
 

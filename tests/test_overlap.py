@@ -31,6 +31,9 @@ def test_overlapped_fraction_counts_only_communication_before_backward_ended():
     timeline = {"backward_end": 10.0, "allreduces": [(6.0, 8.0), (9.0, 13.0), (14.0, 16.0)]}
     assert overlap.overlapped_fraction(timeline) == pytest.approx((2 + 1) / (2 + 4 + 2))
     assert overlap.overlapped_fraction({"backward_end": 1.0, "allreduces": []}) == 0.0
+    # with gradient times, computing ends at the last one: an allreduce after it overlaps nothing
+    late = {"backward_end": 10.0, "grads": [2.0, 5.0], "allreduces": [(5.0, 9.0)]}
+    assert overlap.overlapped_fraction(late) == 0.0
 
 
 def test_modelled_timeline_sends_each_bucket_when_ready_and_the_link_is_free():
