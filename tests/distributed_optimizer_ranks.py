@@ -58,8 +58,10 @@ def overlap_times(bucket_bytes: int = 1) -> dict[str, float]:
         optimizer.close()
     first = next(e for e in optimizer.events if e.kind == "allreduce")
     last = [e for e in optimizer.events if e.kind == "allreduce"][-1]
+    last_grad = max(e.start for e in optimizer.events if e.kind == "grad")
     return {"first_start": first.start - backward_end, "first_end": first.end - backward_end,
-            "last_end": last.end - backward_end, "buckets": len(optimizer.buckets)}
+            "last_start": last.start - backward_end, "last_end": last.end - backward_end,
+            "last_grad": last_grad - backward_end, "buckets": len(optimizer.buckets)}
 
 
 def disagreements() -> dict[str, str]:
