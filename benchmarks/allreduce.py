@@ -25,7 +25,7 @@ from functools import partial
 import numpy as np
 import torch.distributed as dist
 
-from course import cost_model
+from course import cost_model, timing
 from course.allreduce import naive_allreduce, ring_allreduce, tree_allreduce
 from course.launch import launch
 
@@ -57,10 +57,8 @@ def main() -> int:
 
     def bootstrap(name: str, size: int) -> tuple[float, float]:
         """95% bootstrap interval of the median ratio (rounds resampled with replacement, fixed seed)."""
-        values = ratios(name, size)
-        medians = np.median(np.random.default_rng(0).choice(values, (2000, len(values))), axis=1)
-        low, high = np.percentile(medians, [2.5, 97.5])
-        return float(low), float(high)
+        estimate = timing.summarize(ratios(name, size))
+        return estimate.low, estimate.high
 
     intervals = {(name, size): bootstrap(name, size) for name in algorithms for size in sizes}
 

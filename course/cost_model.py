@@ -219,10 +219,11 @@ def time_allreduce(nbytes: Sequence[int],
     return results
 
 
-def ping_pong(nbytes: Sequence[int], repeats: int = 5) -> dict[int, float]:
+def ping_pong(nbytes: Sequence[int], repeats: int = 5, *, samples: bool = False) -> dict[int, Any]:
     """One-way time of a message between ranks 0 and 1 (half a round trip), median of ``repeats``.
 
     Other ranks wait at the barrier. This is the ``α + N·β`` of one link, the input :func:`fit` expects.
+    ``samples``: return every repeat's time instead of the median (for :func:`course.timing.summarize`).
     """
     me = world.current()
     if me.world_size < 2:
@@ -241,17 +242,18 @@ def ping_pong(nbytes: Sequence[int], repeats: int = 5) -> dict[int, float]:
                 dist.recv(tensor, 0)
                 dist.send(tensor, 0)
             times.append((time.perf_counter() - start) / 2)
-        results[size] = float(np.median(times[1:]))
+        results[size] = times[1:] if samples else float(np.median(times[1:]))
     box = [results]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def measure(nbytes: Sequence[int], repeats: int = 5, compare_numel: int = 0) -> dict:
+def measure(nbytes: Sequence[int], repeats: int = 5, compare_numel: int = 0, *, samples: bool = False) -> dict:
     """Everything notebook 04 runs on several ranks, in one launch (starting ranks is the slow part).
 
     Args:
-        nbytes: sizes for the ping-pong and allreduce timings. repeats: timings per size (median kept).
+        nbytes: sizes for the ping-pong and allreduce timings. repeats: timings per size (median kept, or
+            every one with ``samples=True``: then each ``s`` below is a list of seconds).
         compare_numel: if positive, also check every algorithm against ``dist.all_reduce`` on a tensor of
             this many elements (:func:`course.allreduce.compare_with_reference`).
 
@@ -263,7 +265,38 @@ def measure(nbytes: Sequence[int], repeats: int = 5, compare_numel: int = 0) -> 
 
     return {"world_size": world.current().world_size,
             "differences": compare_with_reference(compare_numel) if compare_numel > 0 else {},
-            "ping_pong": ping_pong(nbytes, repeats), "allreduce": time_allreduce(nbytes, repeats=repeats)}
+            "ping_pong": ping_pong(nbytes, repeats, samples=samples),
+            "allreduce": time_allreduce(nbytes, repeats=repeats, samples=samples)}
+
+
+def model_error(link: AlphaBeta, world_size: int, measured: Mapping[str, Mapping[int, float]]
+                ) -> dict[str, dict[int, float]]:
+    """Measured time over modelled time, per algorithm and size (1.0: the model is exact; 4.0: 4x too fast).
+
+    Args:
+        measured: ``{algorithm: {nbytes: seconds}}``; names that are not in ``ALGORITHMS`` are skipped.
+    """
+    return {name: {size: seconds / float(predict(name, size, world_size, link)) for size, seconds in times.items()}
+            for name, times in measured.items() if name in ALGORITHMS}
+
+
+def describe_fit(ratios: Mapping[str, Mapping[int, float]], tolerance: float = 0.2) -> str:
+    """One sentence on :func:`model_error`'s ratios: within ``tolerance`` everywhere, or how far off, which way.
+
+    Raises:
+        ValueError: no ratios.
+    """
+    values = [r for by_size in ratios.values() for r in by_size.values()]
+    if not values:
+        raise ValueError("no measured/modelled ratios to describe: pass model_error(...)'s result.")
+    low, high = min(values), max(values)
+    if 1 - tolerance <= low and high <= 1 + tolerance:
+        return f"the model is within {tolerance:.0%} of every measurement (measured/model {low:.2f}-{high:.2f})"
+    if low > 1:
+        return f"the model underpredicts every measurement, by {low:.1f}x to {high:.1f}x: it does NOT fit here"
+    if high < 1:
+        return f"the model overpredicts every measurement (measured/model {low:.2f}-{high:.2f}): it does NOT fit here"
+    return f"measured/model ranges from {low:.2f} to {high:.2f}: the model does NOT fit here"
 
 
 def measured_crossover(nbytes: Sequence[float], small: Sequence[float], large: Sequence[float]) -> float | None:

@@ -16,12 +16,15 @@ is the same average with ``dist.all_reduce``. Taught in ``notebooks/03_naive_mul
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from course.timing import PhaseClock
+from course.validation import check_choice
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor, num_replicas: int
@@ -122,17 +125,30 @@ def max_replica_difference(replicas: Sequence[nn.Module]) -> float:
                 for p, q in zip(r.parameters(), first, strict=True)), default=0.0)
 
 
-def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None) -> None:
-    """On ranks: average every gradient over the process group with ``dist.all_reduce`` (one call per tensor).
+def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None,
+                        loss: torch.Tensor | None = None) -> float | None:
+    """On ranks: average every gradient over the process group with **one** ``dist.all_reduce``.
 
-    Each rank must have called ``backward`` on an equal-sized shard. One collective per parameter is the
-    naive version; notebook 04b buckets them.
+    The gradients (and ``loss``, if given) are copied into one flat buffer, reduced in one call and copied
+    back: one message per step, as :func:`train_on_rank0` broadcasts one (every collective makes all ranks
+    wait for the slowest, which on shared cores costs more than the bytes). Each rank must have called
+    ``backward`` on an equal-sized shard. Notebook 04b cuts the buffer into buckets so that communication can
+    start during backward.
+
+    Returns:
+        The average of ``loss`` over the ranks, or None if no loss was given.
     """
     world_size = dist.get_world_size(group)
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad.div_(world_size)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    extra = [loss.detach().reshape(1).to(grads[0].dtype if grads else torch.float32)] if loss is not None else []
+    flat = torch.cat([g.reshape(-1) for g in grads] + extra)
+    dist.all_reduce(flat, group=group)
+    flat.div_(world_size)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return float(flat[-1]) if loss is not None else None
 
 
 def global_batches(dataset: torch.utils.data.Dataset, batch_size: int, steps: int, seed: int = 0
@@ -154,64 +170,88 @@ def global_batches(dataset: torch.utils.data.Dataset, batch_size: int, steps: in
     return batches[:steps]
 
 
-def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float
-                   ) -> list[float]:
-    """Run inside a launched rank: data-parallel SGD with ``dist.all_reduce``; returns the global-batch losses.
+def make_optimizer(name: str, parameters: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """``"sgd"`` (plain SGD) or ``"adam"`` over ``parameters``, at learning rate ``lr``.
+
+    Raises:
+        ValueError: another name.
+    """
+    choices = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+    return choices[check_choice("optimizer", name, choices)](parameters, lr=lr)
+
+
+def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
+                   optimizer: str = "sgd", clock: PhaseClock | None = None) -> list[float]:
+    """Run inside a launched rank: data-parallel training with ``dist.all_reduce``; returns the global-batch losses.
 
     Every rank starts from the same ``model`` and sees the same global ``batches``; rank ``r`` trains on shard
     ``r`` of each (:func:`split_batch`), so the ranks stay identical and equal one process on the whole batch.
     Shards must be of equal size (global batch size divisible by the world size) for the plain average to be
     the full-batch gradient.
 
+    Args:
+        optimizer: ``"sgd"`` or ``"adam"`` (:func:`make_optimizer`). clock: if given, each step's seconds of
+            ``"compute"`` (forward, backward, update) and ``"communicate"`` (the allreduces, including waiting
+            for the other ranks) are recorded in it.
+
     Raises:
         ValueError: a global batch size not divisible by the world size.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = next(model.parameters()).device
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer_ = make_optimizer(optimizer, model.parameters(), lr)
+    clock = PhaseClock() if clock is None else clock
     losses = []
     for inputs, targets in batches:
         if len(targets) % world_size:
             raise ValueError(f"global batch size {len(targets)} is not divisible by world_size {world_size}: "
                              "shards would differ and a plain average would weight samples unequally.")
         x, y = split_batch(inputs, targets, world_size)[rank]
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-        loss.backward()
-        allreduce_gradients(model)
-        optimizer.step()
-        total = loss.detach().reshape(1) / world_size
-        dist.all_reduce(total)
-        losses.append(float(total))
+        clock.new_step()
+        with clock.phase("compute"):
+            optimizer_.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            loss.backward()
+        with clock.phase("communicate"):
+            losses.append(allreduce_gradients(model, loss=loss))
+        with clock.phase("compute"):
+            optimizer_.step()
     return losses
 
 
-def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float
-                   ) -> list[float]:
+def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
+                   optimizer: str = "sgd", clock: PhaseClock | None = None) -> list[float]:
     """Run inside a launched rank: the naive way to "use" several GPUs, for contrast with :func:`train_on_ranks`.
 
     Rank 0 trains on every whole global batch and broadcasts the new parameters (one flat message per step);
     the other ranks only wait for them. The result is one process's training (same losses, same parameters on
-    every rank), at one process's speed: one GPU busy, the others idle, which
-    ``notebooks/03_naive_multi_gpu.ipynb`` watches with :mod:`course.monitor`.
+    every rank), at one process's speed: one GPU computes, the others wait, which
+    ``notebooks/03_naive_multi_gpu.ipynb`` measures (``clock``) and watches with :mod:`course.monitor`.
+
+    Args:
+        optimizer, clock: as in :func:`train_on_ranks` (``"communicate"`` is the broadcast, waiting included).
 
     Returns:
         The global-batch losses (rank 0's, on every rank).
     """
     device = next(model.parameters()).device
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer_ = make_optimizer(optimizer, model.parameters(), lr)
+    clock = PhaseClock() if clock is None else clock
     losses = []
     for inputs, targets in batches:
+        clock.new_step()
         loss = torch.zeros(1, device=device)
         if dist.get_rank() == 0:
-            optimizer.zero_grad(set_to_none=True)
-            step_loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
-            step_loss.backward()
-            optimizer.step()
-            loss = step_loss.detach().reshape(1)
-        flat = torch.cat([parameters_to_vector(model.parameters()).detach(), loss])  # one message per step
-        dist.broadcast(flat, src=0)
-        vector_to_parameters(flat[:-1], model.parameters())
+            with clock.phase("compute"):
+                optimizer_.zero_grad(set_to_none=True)
+                step_loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
+                step_loss.backward()
+                optimizer_.step()
+                loss = step_loss.detach().reshape(1)
+        with clock.phase("communicate"):
+            flat = torch.cat([parameters_to_vector(model.parameters()).detach(), loss])  # one message per step
+            dist.broadcast(flat, src=0)
+            vector_to_parameters(flat[:-1], model.parameters())
         losses.append(float(flat[-1]))
     return losses
 

@@ -358,3 +358,13 @@ def _died(rank: int, exitcode: int, stderr: _StderrRelay, run_dir: str, then: st
     text = f"{reason}{'; ' + then if then else '.'}"
     tail = stderr.tail(rank)
     return RankFailed(rank, f"{text}\n--- end of rank {rank}'s stderr ---\n{tail}" if tail else text)
+
+
+def in_turn(*calls: tuple[Callable[..., Any], tuple]) -> list[Any]:
+    """Rank function: call each ``(fn, args)`` in turn on this rank; returns their results in order.
+
+    Starting ranks takes seconds, so a notebook that needs several rank functions on the same ranks runs them
+    in one launch: ``launch(in_turn, 4, (horovod.recipe, ()), (ddp.compare_many, (configs,)))[rank][i]`` is
+    call ``i``'s result on ``rank``. Every call must leave the process group as it found it.
+    """
+    return [fn(*args) for fn, args in calls]

@@ -311,3 +311,24 @@ def scaling_efficiency(results: Iterable[RunResult], rule: str, warmup_steps: in
         return {}
     samples = runs[0].steps_to_target * runs[0].batch_size
     return {r.batch_size: samples / (r.steps_to_target * r.batch_size) for r in runs}
+
+
+def describe_rule(results: Iterable[RunResult], rule: str, warmup_steps: int, max_steps: int) -> str:
+    """In words chosen by the numbers: do bigger global batches cut the steps to target under ``rule``?
+
+    Says which batch sizes reached the target and in how many steps, which missed it within ``max_steps``,
+    and whether the steps fell (by at least a quarter from the smallest batch to the best one).
+    """
+    runs = sorted((r for r in results if r.rule == rule and r.warmup_steps == warmup_steps),
+                  key=lambda r: r.batch_size)
+    if not runs:
+        raise ValueError(f"no runs with rule {rule!r} and warmup_steps {warmup_steps} among the results.")
+    reached = [r for r in runs if r.steps_to_target is not None]
+    missed = [r.batch_size for r in runs if r.steps_to_target is None]
+    text = f"{rule} rule: " + (", ".join(f"batch {r.batch_size}: {r.steps_to_target} steps" for r in reached)
+                               or "no batch size reached the target")
+    if missed:
+        text += f"; missed the target within {max_steps} steps at batch {', '.join(map(str, missed))}"
+    if len(reached) >= 2 and min(r.steps_to_target for r in reached[1:]) <= 0.75 * reached[0].steps_to_target:
+        return text + ": bigger batches cut the steps"
+    return text + ": bigger batches do not cut the steps"

@@ -207,7 +207,7 @@ class Config:
     batch_size: int = 128                        # samples per training step, split into micro-batches
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)  # m values to time; 1 = naive model parallelism
     width: int = 32                              # DigitsCNN width
-    repeats: int = 3                             # timed steps per m (the fastest is kept)
+    repeats: int = 3                             # timed steps per m (the median one's timeline is kept)
     seed: int = 0                                # model initialisation and batch choice
 
 
@@ -223,14 +223,15 @@ def run_pipeline(config: Config = Config(), batch: tuple[torch.Tensor, torch.Ten
     """Run inside a launched rank: split ``DigitsCNN`` into ``world_size`` balanced stages and time GPipe steps.
 
     Every rank builds the same seeded model and keeps its own stage. For each m in ``config.micro_batches``:
-    one warm-up step, then ``repeats`` timed steps; the fastest step's timeline is kept.
+    one warm-up step, then ``repeats`` timed steps; the timeline of the median step (by its slowest stage,
+    the same step on every rank) is kept.
 
     Args:
         batch: :func:`training_batch` of ``config``, loaded by the caller (each rank loading it itself is slow).
 
     Returns:
         ``{"split_points", "grads": {m: this stage's flat gradient of one step}, "loss": {m: loss},
-        "events": {m: [Event, ...] of this stage}}``.
+        "events": {m: [Event, ...] of this stage}, "step_s": {m: [seconds of each timed step, slowest stage]}}``.
     """
     from course import world
     from course.models import DigitsCNN
@@ -243,6 +244,7 @@ def run_pipeline(config: Config = Config(), batch: tuple[torch.Tensor, torch.Ten
     stage = stages[rank].to(world.current().device)  # each device holds only its own stage
     inputs, targets = training_batch(config) if batch is None else batch
     result: dict = {"split_points": points, "grads": {}, "loss": {}, "events": {}}
+    result["step_s"] = {}
     for m in config.micro_batches:
         timings = []
         for repeat in range(config.repeats + 1):
@@ -252,7 +254,12 @@ def run_pipeline(config: Config = Config(), batch: tuple[torch.Tensor, torch.Ten
                 timings.append((max(e.end for e in events), events))
         result["grads"][m] = torch.cat([p.grad.flatten() for p in stage.parameters()]).cpu()
         result["loss"][m] = loss
-        result["events"][m] = min(timings, key=lambda t: t[0])[1]
+        # A step lasts until its slowest stage ends; every rank keeps the same (median) step's timeline.
+        steps = torch.tensor([t[0] for t in timings], dtype=torch.float64)
+        dist.all_reduce(steps, op=dist.ReduceOp.MAX)
+        median = int(torch.argsort(steps)[(len(timings) - 1) // 2])
+        result["events"][m] = timings[median][1]
+        result["step_s"][m] = steps.tolist()
     return result
 
 

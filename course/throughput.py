@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from course.timing import Estimate, summarize
 from course.validation import check_count, check_model_fits_data
 
 if TYPE_CHECKING:
@@ -33,15 +34,18 @@ class Sweep:
 
     Attributes:
         batch_sizes: ``(S,)`` per-device batch sizes, ascending.
-        seconds_per_step: ``(S,)`` seconds of one forward + backward pass (the fastest timed step).
+        seconds_per_step: ``(S,)`` seconds of one forward + backward pass (the median of the timed steps).
         samples_per_s: ``(S,)`` ``batch_size / seconds_per_step``.
         device: where it was measured, e.g. ``cpu`` or ``cuda:0``.
+        steps: per batch size, the :class:`course.timing.Estimate` of seconds per step (median, 95% interval,
+            repeats); empty for a sweep built by hand.
     """
 
     batch_sizes: np.ndarray
     seconds_per_step: np.ndarray
     samples_per_s: np.ndarray
     device: str
+    steps: tuple[Estimate, ...] = ()
 
     def saturation_batch_size(self, fraction: float = 0.9) -> int:
         """The smallest batch size measured at ``fraction`` of the best samples/s or more."""
@@ -66,13 +70,13 @@ def _check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
-def seconds_per_step(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
-                     device: torch.device | str, min_seconds: float = 0.15, min_steps: int = 3) -> float:
-    """Wall time of one training forward + backward pass (cross-entropy, no optimizer step).
+def step_seconds(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
+                 device: torch.device | str, min_seconds: float = 0.15, min_steps: int = 5) -> list[float]:
+    """Wall times of repeated training forward + backward passes (cross-entropy, no optimizer step).
 
-    Random inputs cost the same compute as real ones. One warm-up step is not timed. Returns the fastest
-    timed step, as ``timeit`` advises: other processes on a shared machine can only slow a step down, so the
-    minimum is the best estimate of what the device itself can do.
+    Random inputs cost the same compute as real ones. One warm-up step is not timed. Returns every timed
+    step: :func:`course.timing.summarize` gives their median and its interval (the median, not the minimum:
+    it is what a training loop on this machine, shared with other processes, actually gets).
 
     Args:
         model: on ``device``. input_shape: one sample, e.g. ``(1, 8, 8)``.
@@ -97,7 +101,14 @@ def seconds_per_step(model: nn.Module, input_shape: tuple[int, ...], num_classes
         tic = time.perf_counter()
         one_step()
         times.append(time.perf_counter() - tic)
-    return float(min(times))
+    return times
+
+
+def seconds_per_step(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_size: int,
+                     device: torch.device | str, min_seconds: float = 0.15, min_steps: int = 5) -> float:
+    """The median of :func:`step_seconds`: seconds of one training forward + backward pass."""
+    return float(np.median(step_seconds(model, input_shape, num_classes, batch_size, device, min_seconds,
+                                        min_steps)))
 
 
 def sweep(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batch_sizes: Sequence[int],
@@ -119,9 +130,9 @@ def sweep(model: nn.Module, input_shape: tuple[int, ...], num_classes: int, batc
     # the largest label, so that a num_classes above the model's outputs is caught here, not mid-sweep
     check_model_fits_data(model, nn.functional.cross_entropy, torch.rand(1, *input_shape, device=device),
                           torch.full((1,), num_classes - 1, device=device))
-    seconds = np.array([seconds_per_step(model, input_shape, num_classes, b, device, min_seconds) for b in sizes])
-    batch = np.array(sizes)
-    return Sweep(batch, seconds, batch / seconds, str(device))
+    steps = tuple(summarize(step_seconds(model, input_shape, num_classes, b, device, min_seconds)) for b in sizes)
+    seconds, batch = np.array([t.median for t in steps]), np.array(sizes)
+    return Sweep(batch, seconds, batch / seconds, str(device), steps)
 
 
 def plot_sweep(result: Sweep, axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
@@ -140,7 +151,11 @@ def plot_sweep(result: Sweep, axes: Sequence[Axes] | None = None) -> Sequence[Ax
     axes[0].set_ylabel("samples / s")
     axes[0].legend()
     axes[1].plot(result.batch_sizes, 1e3 * result.seconds_per_step, "o-")
-    axes[1].set_ylabel("ms per step")
+    if result.steps:  # the 95% interval of each median
+        axes[1].fill_between(result.batch_sizes, [1e3 * t.low for t in result.steps],
+                             [1e3 * t.high for t in result.steps], alpha=0.3, label="95% interval")
+        axes[1].legend()
+    axes[1].set_ylabel("ms per step (median)")
     axes[1].set_yscale("log")
     for ax in axes:
         ax.set_xscale("log", base=2)

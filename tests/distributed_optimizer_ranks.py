@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from course import distributed_optimizer as do
-from course import horovod, world
+from course import horovod, overlap, world
 from course.launch import launch
 
 WORLD_SIZE = 2
@@ -58,8 +58,10 @@ def overlap_times(bucket_bytes: int = 1) -> dict[str, float]:
         optimizer.close()
     first = next(e for e in optimizer.events if e.kind == "allreduce")
     last = [e for e in optimizer.events if e.kind == "allreduce"][-1]
+    last_grad = max(e.start for e in optimizer.events if e.kind == "grad")
     return {"first_start": first.start - backward_end, "first_end": first.end - backward_end,
-            "last_end": last.end - backward_end, "buckets": len(optimizer.buckets)}
+            "last_start": last.start - backward_end, "last_end": last.end - backward_end,
+            "last_grad": last_grad - backward_end, "buckets": len(optimizer.buckets)}
 
 
 def disagreements() -> dict[str, str]:
@@ -81,7 +83,7 @@ def disagreements() -> dict[str, str]:
 
 def everything() -> dict[str, object]:
     """broadcast_parameters, broadcast_optimizer_state and allreduce_metric, the optimizer's overlap and
-    construction check, and the whole Horovod recipe, seen from one rank."""
+    construction check, the whole Horovod recipe, and overlap.record_steps, seen from one rank."""
     me = world.current()
     torch.manual_seed(me.rank)  # a different model on every rank ...
     model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
@@ -106,6 +108,7 @@ def everything() -> dict[str, object]:
         "overlap": overlap_times(),
         "disagreements": disagreements(),
         "recipe": horovod.recipe(steps=3),
+        "steps": overlap.record_steps([1024, 1 << 30], batch_size=8, steps=2, warmup_steps=1),
     }
 
 

@@ -7,12 +7,13 @@ test_parameter_server and test_model_parallel share one launch.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from course import data_parallel, model_parallel, parameter_server, world
+from course import data_parallel, model_parallel, parameter_server, who_works, world
 from course.launch import launch
 from course.models import DigitsCNN
 
@@ -31,8 +32,9 @@ def _error(fn: Any, *args: Any) -> str:
 
 
 def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
-    """On each of the 4 ranks: allreduce data parallelism and both parameter servers, the 4-stage pipeline,
-    and the errors for a global batch that does not divide and stages that do not match the world size."""
+    """On each of the 4 ranks: allreduce data parallelism and both parameter servers, rank 0 alone, both
+    clocked (who_works), the 4-stage pipeline, and the errors for a global batch that does not divide and
+    stages that do not match the world size."""
     model = torch.nn.Linear(2, 2)
     x, y = torch.zeros(6, 2), torch.zeros(6, dtype=torch.int64)
     errors = {
@@ -44,7 +46,10 @@ def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
     torch.manual_seed(PS.seed)
     naive_model = DigitsCNN(width=PS.width).to(world.current().device)
     naive = data_parallel.train_on_rank0(naive_model, ps_batches, PS.lr)
-    return {"ps": parameter_server.compare_on_ranks(PS, ps_batches, async_delay_s=0.003),
+    torch.manual_seed(PS.seed)
+    who = who_works.compare_on_ranks(DigitsCNN(width=PS.width), ps_batches, PS.lr, optimizer="adam",
+                                     then=(operator.add, (2, 3)))
+    return {"who": who, "ps": parameter_server.compare_on_ranks(PS, ps_batches, async_delay_s=0.003),
             "pipe": model_parallel.run_pipeline(PIPE, pipe_batch), "errors": errors,
             "rank0": {"losses": naive, "params": torch.nn.utils.parameters_to_vector(naive_model.parameters())
                       .detach().cpu()}}

@@ -105,6 +105,31 @@ def test_measure_on_two_ranks_gives_positive_times_for_everything():
     assert set(report["ping_pong"]) == set(sizes) and all(t > 0 for t in report["ping_pong"].values())
     assert set(report["allreduce"]) == {"naive", "ring", "tree", cm.REFERENCE}
     assert all(t > 0 for times in report["allreduce"].values() for t in times.values())
+    every = launch(cm.measure, 2, sizes, 3, samples=True, timeout_s=150)[0]  # every repeat, for intervals
+    assert all(len(t) == 3 and min(t) > 0 for t in every["ping_pong"].values())
+    assert all(len(t) == 3 for times in every["allreduce"].values() for t in times.values())
+
+
+@given(link=links, world_size=st.integers(2, 16), scale=st.floats(0.1, 10))
+def test_model_error_is_measured_over_modelled_and_describe_fit_follows_it(link, world_size, scale):
+    sizes = [1 << 10, 1 << 20]
+    measured = {name: {n: scale * float(cm.predict(name, n, world_size, link)) for n in sizes}
+                for name in ("ring", "tree")}
+    measured[cm.REFERENCE] = {n: 1.0 for n in sizes}  # not in the model: skipped
+    ratios = cm.model_error(link, world_size, measured)
+    assert set(ratios) == {"ring", "tree"}
+    assert all(r == pytest.approx(scale) for by_size in ratios.values() for r in by_size.values())
+    text = cm.describe_fit(ratios)
+    if 0.8 <= scale <= 1.2:
+        assert text.startswith("the model is within 20%")
+    else:
+        assert "does NOT fit" in text and ("underpredicts" in text) == (scale > 1)
+
+
+def test_describe_fit_says_when_errors_go_both_ways_and_refuses_nothing():
+    assert "ranges from 0.50 to 3.00" in cm.describe_fit({"ring": {1: 0.5, 2: 3.0}})
+    with pytest.raises(ValueError, match="no measured/modelled ratios"):
+        cm.describe_fit({})
 
 
 def test_measured_crossover_interpolates_where_the_curves_cross():

@@ -48,9 +48,10 @@ def test_overlap_and_the_construction_check_on_two_ranks():
         overlap = result["overlap"]
         assert overlap["buckets"] == 6
         # Bucket 0 (the last layer) started its allreduce while backward was still sleeping in the first layer;
-        # the first layer's bucket could only be reduced after backward returned.
+        # the first layer's bucket could only be reduced once its gradient was final (not necessarily after
+        # backward() returned: on a loaded machine autograd can take longer to return than gloo to reduce).
         assert overlap["first_start"] < 0
-        assert overlap["last_end"] > 0
+        assert overlap["last_start"] >= overlap["last_grad"]
         # Verified once at construction (steps then skip the per-call check): named on every rank.
         model, op = result["disagreements"]["model"], result["disagreements"]["op"]
         assert "rank 1 differs from rank 0 in bucket 0: bias [4], weight [4, 3] (torch.float32) vs bias [2]," in model

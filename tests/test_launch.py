@@ -1,6 +1,7 @@
 """course.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
 
 
+import operator
 import re
 import subprocess
 import sys
@@ -151,3 +152,9 @@ def test_a_function_from_a_notebook_cell_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match="Put it in a .py module"):
         launch(local, 2)
+
+
+def test_in_turn_runs_each_call_in_order_and_returns_every_result():
+    from course.launch import in_turn
+
+    assert in_turn((operator.add, (2, 3)), (max, (1, 4, 2)), (list, ())) == [5, 4, []]

@@ -156,12 +156,27 @@ def test_without_warmup_the_largest_linear_rate_diverges_and_with_warmup_it_trai
     config = ls.SweepConfig(base_lr=0.1, base_batch_size=8, max_steps=100, target_accuracy=0.95,
                             diverged_loss=4 * math.log(10))
     cold = ls.train_run(train, val, 1024, "linear", 0, config)
-    warm = ls.train_run(train, val, 1024, "linear", 20, config)
+    warm = ls.train_run(train, val, 1024, "linear", 8, config)
     assert cold.lr == warm.lr == pytest.approx(12.8)
     assert cold.diverged and cold.steps_to_target is None
     assert len(cold.losses) < 10 and cold.losses[-1] > config.diverged_loss  # stopped at the first blow-up
     assert not warm.diverged and warm.steps_to_target is not None
     assert max(warm.losses) < config.diverged_loss
+    assert warm.steps_to_target > 8  # the notebook's claim: it trains on past its warmup, at the peak rate
+
+
+def test_describe_rule_follows_the_steps_to_target():
+    def run(batch_size, steps, rule="none"):
+        return ls.RunResult(batch_size, rule, 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])
+
+    flat = [run(8, 792), run(16, 802), run(32, None), run(64, None)]
+    text = ls.describe_rule(flat, "none", 0, 1000)
+    assert text == ("none rule: batch 8: 792 steps, batch 16: 802 steps; missed the target within 1000 steps at "
+                    "batch 32, 64: bigger batches do not cut the steps")
+    falling = [run(8, 800, "linear"), run(16, 410, "linear")]
+    assert ls.describe_rule(falling, "linear", 0, 1000).endswith("bigger batches cut the steps")
+    with pytest.raises(ValueError, match="no runs with rule 'sqrt'"):
+        ls.describe_rule(falling, "sqrt", 0, 1000)
 
 
 def test_same_train_accuracy_stops_each_run_at_the_training_threshold():

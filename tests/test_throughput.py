@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from course.models import DigitsCNN
-from course.throughput import Sweep, plot_sweep, seconds_per_step, sweep
+from course.throughput import Sweep, plot_sweep, seconds_per_step, step_seconds, sweep
 
 pytestmark = pytest.mark.unit1
 
@@ -19,6 +19,8 @@ def test_sweep_measures_every_batch_size_in_ascending_order():
     assert result.seconds_per_step.shape == result.samples_per_s.shape == (3,)
     assert np.all(result.seconds_per_step > 0)
     np.testing.assert_allclose(result.samples_per_s, result.batch_sizes / result.seconds_per_step)
+    assert [t.median for t in result.steps] == result.seconds_per_step.tolist()  # medians, with their intervals
+    assert all(t.low <= t.median <= t.high and t.repeats >= 5 for t in result.steps)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # measuring does not train
 
 
@@ -30,6 +32,8 @@ def test_seconds_per_step_runs_forward_and_backward_on_the_requested_batch():
     assert seconds > 0
     assert shapes == [(5, 2, 2)] * 5  # one untimed warm-up, then min_steps timed steps
     assert all(p.grad is not None for p in model.parameters())
+    times = step_seconds(model, (2, 2), 3, batch_size=2, device="cpu", min_seconds=0.0, min_steps=3)
+    assert len(times) == 3 and all(t > 0 for t in times)
 
 
 def fake_sweep(samples_per_s):
