@@ -59,11 +59,13 @@ def test_modelled_step_matches_the_closed_forms():
 
 def test_modelled_step_refuses_bad_inputs():
     with pytest.raises(ValueError, match="strategy must be one of"):
-        who_works.modelled_step("ps", 4, 64, 1e9, 1e6)
+        who_works.modelled_step("ps", 4, 64, 1e9, 1e6, RATE, LINK)
     with pytest.raises(ValueError, match="world_size"):
-        who_works.modelled_step("ranks", 0, 64, 1e9, 1e6)
+        who_works.modelled_step("ranks", 0, 64, 1e9, 1e6, RATE, LINK)
     with pytest.raises(ValueError, match="positive"):
-        who_works.modelled_step("ranks", 4, 64, 0.0, 1e6)
+        who_works.modelled_step("ranks", 4, 64, 0.0, 1e6, RATE, LINK)
+    with pytest.raises(ValueError, match="flop_rate must be positive"):
+        who_works.modelled_step("ranks", 4, 64, 1e9, 1e6, 0.0, LINK)
 
 
 def test_cpu_while_training_averages_each_device_inside_each_phase():
