@@ -65,15 +65,6 @@ class AlphaBeta:
         return f"α = {self.alpha_s * 1e6:.1f} µs, 1/β = {self.bandwidth / 1e9:.2f} GB/s"
 
 
-#: ASSUMED links for GPUs this machine does not have: round published figures, inputs to the model, NOT
-#: measurements. NVLink 3 (A100): ~300 GB/s per direction per GPU, of which NCCL sustains ~200; PCIe 4.0 x16:
-#: ~32 GB/s raw, ~20 sustained. Latencies are a few microseconds per NCCL step.
-ASSUMED_LINKS = {
-    "NVLink 3 (assumed)": AlphaBeta(alpha_s=5e-6, beta_s_per_byte=1 / 200e9),
-    "PCIe 4.0 x16 (assumed)": AlphaBeta(alpha_s=10e-6, beta_s_per_byte=1 / 20e9),
-}
-
-
 def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
     """``(a, b)`` such that the algorithm costs ``a·α + b·N·β`` on ``world_size`` ranks (module table).
 

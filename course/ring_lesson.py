@@ -38,3 +38,15 @@ def exchange(outgoing: torch.Tensor, to: int, incoming: torch.Tensor, source: in
                                        dist.P2POp(dist.irecv, incoming, source)])
     for request in requests:
         request.wait()
+
+
+def largest_difference(sizes: tuple[int, ...] = (1, 3, 17, 100_003), seed: int = 0) -> float:
+    """Run on every rank: :func:`ring_allreduce` and ``dist.all_reduce`` on the same random float64 tensors of
+    each size; returns the largest element-wise difference (float64 rounding: the two add in different orders)."""
+    rank, worst = dist.get_rank(), 0.0
+    for numel in sizes:
+        data = torch.randn(numel, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + rank + numel))
+        expected = data.clone()
+        dist.all_reduce(expected)
+        worst = max(worst, (ring_allreduce(data) - expected).abs().max().item())
+    return worst

@@ -107,17 +107,3 @@ def noisy_when_a_peer_fails(bad_rank: int) -> int:
         raise
     return me.rank
 
-
-def teaching_ring_against_all_reduce(sizes: list[int], seed: int = 0) -> list[float]:
-    """The teaching ring and dist.all_reduce on the same random data: the largest difference, per size."""
-    from course.ring_lesson import ring_allreduce
-
-    me = world.current()
-    worst = []
-    for numel in sizes:
-        data = torch.randn(numel, generator=torch.Generator().manual_seed(seed + 1000 * me.rank + numel),
-                           dtype=torch.float64)
-        expected = data.clone()
-        dist.all_reduce(expected)
-        worst.append((ring_allreduce(data.clone()) - expected).abs().max().item() if numel else 0.0)
-    return worst
