@@ -55,6 +55,13 @@ class Assumptions:
     def element_bytes(self) -> int:
         return 4 if self.precision in ("fp32", "tf32") else 2
 
+    def __str__(self) -> str:
+        data = "data never waits" if math.isinf(self.samples_per_s) else f"data at {self.samples_per_s:,.0f} samples/s"
+        return (f"{self.precision} compute at {self.compute_efficiency:.0%} of peak, memory traffic at "
+                f"{self.memory_efficiency:.0%} of peak bandwidth, {self.launch_s * 1e6:g} µs per kernel launch; "
+                f"links at {self.link_efficiency:.0%} of their bandwidth, {self.alpha_s * 1e6:g} µs per message; "
+                f"{self.bucket_bytes / 2**20:g} MiB buckets{' overlapping backward' if self.overlap else ''}; {data}")
+
 
 @dataclass(frozen=True)
 class Cluster:

@@ -135,3 +135,9 @@ def test_monitor_labels_a_modelled_history_as_modelled():
     text = monitor.format_summary(history)
     assert text.startswith("Modelled GPUs") and "Not a measurement" in text and "MiB" not in text
     assert utilization.busy_threshold(history, cpu_count=1) == 50.0  # a modelled GPU can reach 100%
+
+
+def test_the_assumptions_read_as_a_sentence_not_a_dataclass_repr():
+    text = str(pm.Assumptions(precision="fp16", samples_per_s=1000))
+    assert text.startswith("fp16 compute at 33% of peak") and "1,000 samples/s" in text and "Assumptions(" not in text
+    assert str(pm.Assumptions()).endswith("25 MiB buckets overlapping backward; data never waits")
