@@ -29,6 +29,16 @@ TOKEN = "course-test"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 SPIN = "import time\nend = time.monotonic() + 8\nwhile time.monotonic() < end:\n    pass\n"
+# A student's train_4gpu.py that prints, then fails on rank 2 (the typo of a DDP script run without DDP).
+BROKEN_ASSIGNMENT = """from course import models, world
+
+rank = world.init_from_env()
+print(f"rank {rank.rank} joined", flush=True)
+model = models.DigitsCNN()
+if rank.rank == 2:
+    model.module.state_dict()
+world.shutdown()
+"""
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +65,10 @@ def lab(tmp_path_factory):
             'print("exit code", run.returncode)'),
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}})
     nbformat.write(notebook, root / "monitor_demo.ipynb")
+    shutil.copy(cli.notebooks_dir() / "06_assignment.ipynb", root)  # the assignment, with a script already written
+    shutil.copytree(cli.notebooks_dir() / "assignment", root / "assignment")
+    (root / "runs").mkdir()
+    (root / "runs" / "train_4gpu.py").write_text(BROKEN_ASSIGNMENT)
     port = free_port()
     env = {**cli.lab_environment(), "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
            "JUPYTER_CONFIG_DIR": str(root / ".config"), "JUPYTERLAB_WORKSPACES_DIR": str(root / ".workspaces")}
@@ -145,3 +159,21 @@ def test_a_lab_terminal_runs_the_courses_commands(browser, lab, tmp_path):
     assert (out / "pwd").read_text().strip() == str(cli.notebooks_dir())
     assert "usage: grader" in (out / "grader").read_text()
     assert "usage: torchrun" in (out / "torchrun").read_text()
+
+
+def test_the_assignment_run_shows_the_failing_ranks_traceback_and_the_self_check_says_why(browser, lab):
+    url, _ = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{url}/lab/tree/06_assignment.ipynb?token={TOKEN}")
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+    page.locator(".jp-OutputArea-output", has_text="points, status").wait_for(state="attached", timeout=180_000)
+    _screenshot(page, "lab-assignment")
+    outputs = page.locator(".jp-OutputArea").all_text_contents()  # off-screen cells too
+    page.close()
+    run = next(text for text in outputs if "exit code" in text)
+    assert "rank 2 failed first" in run and "has no attribute 'module'" in run, run
+    assert "rank 0 joined" in run  # what the script printed, and then its traceback
+    check = next(text for text in outputs if "points, status" in text)
+    assert "status crash on rank 2" in check, check
