@@ -43,9 +43,10 @@ from course.allreduce import DTYPES, OPS, Op, _op_name
 SHM_DIR = "/dev/shm"
 #: Slots start on cache-line boundaries, so ranks writing neighbouring slots never share a line.
 _ALIGN = 64
-#: Header row per rank: numel, dtype, op, dim, then up to _CHECKED_DIMS sizes (later ones folded).
+#: Header row per rank: numel, dtype, op, kind, dim, then up to _CHECKED_DIMS sizes (later ones folded).
 _CHECKED_DIMS = 6
-_ROW = 4 + _CHECKED_DIMS
+_ROW = 5 + _CHECKED_DIMS
+KINDS = ("allreduce", "reduce", "broadcast", "failed")
 #: A waiting rank yields its core this many times, then naps (a peer that is late is descheduled or slow).
 _YIELDS = 200
 _NAP_S = 50e-6
@@ -137,38 +138,88 @@ def shm_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup
         ValueError: bad ``op``, dtype, device or layout; ranks that disagree (with ``check``); ranks of the
             group on different hosts (they cannot share memory: use ``course.allreduce.ring_allreduce``).
     """
+    shared, flat = _begin("allreduce", tensor, op, group, check)
+    if shared is not None:
+        _reduce_my_chunk(shared, flat)
+        shared.barrier()  # every chunk of the result is final
+        flat.copy_(shared.slot(shared.world_size, flat.numel(), flat.dtype))
+        if _op_name(op) == "avg":
+            flat.div_(shared.world_size)
+    return tensor
+
+
+def shm_reduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
+               check: bool = True) -> torch.Tensor:
+    """Reduce to group rank 0 through shared memory: :func:`shm_allreduce` without the other ranks' copy out.
+
+    The first level of ``course.hierarchical``: the node's sum lands on its leader. Arguments as
+    :func:`shm_allreduce`; ``tensor`` holds the result on group rank 0 and is left as it was elsewhere.
+    """
+    shared, flat = _begin("reduce", tensor, op, group, check)
+    if shared is not None:
+        _reduce_my_chunk(shared, flat)
+        shared.barrier()
+        if shared.rank == 0:
+            flat.copy_(shared.slot(shared.world_size, flat.numel(), flat.dtype))
+            if _op_name(op) == "avg":
+                flat.div_(shared.world_size)
+    return tensor
+
+
+def shm_broadcast(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, *, check: bool = True,
+                  failed: bool = False) -> torch.Tensor:
+    """Copy group rank 0's ``tensor`` into every rank's, through shared memory (rank 0 writes, the rest read).
+
+    The last level of ``course.hierarchical``. Arguments as :func:`shm_allreduce`. ``failed=True`` on rank 0
+    says its work before the broadcast failed (it will raise): every other rank raises instead of waiting.
+
+    Raises:
+        ValueError: as :func:`shm_allreduce`, and on the other ranks when rank 0 passed ``failed=True``.
+    """
+    shared, flat = _begin("failed" if failed else "broadcast", tensor, "sum", group, check)
+    if shared is not None:
+        if shared.rank == 0:
+            shared.slot(shared.world_size, flat.numel(), flat.dtype).copy_(flat)
+        shared.barrier()  # rank 0's tensor is in place
+        if shared.rank != 0:
+            flat.copy_(shared.slot(shared.world_size, flat.numel(), flat.dtype))
+    return tensor
+
+
+def _begin(kind: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | None, check: bool
+           ) -> tuple[_SharedGroup | None, torch.Tensor]:
+    """Validate; write my call into the header and (unless a broadcast) my tensor into my slot; first barrier;
+    compare the calls. Returns the group's shared memory and the flat tensor, or ``(None, flat)`` when there is
+    nothing to move (a world of one, or no elements)."""
     op = _op_name(op)
     _validate(tensor)
-    if group is None and not dist.is_initialized():
-        return tensor  # a world of one
-    shared = _shared_group(group)
-    n = shared.world_size
-    if n == 1:
-        return tensor
     flat, nbytes = tensor.view(-1), tensor.numel() * tensor.element_size()
+    if group is None and not dist.is_initialized():
+        return None, flat  # a world of one
+    shared = _shared_group(group)
+    if shared.world_size == 1:
+        return None, flat
     # Alternate headers: a rank that returns early (numel 0) may write its next call's row while a slower one
     # still reads this call's rows; two calls later everyone has passed this call's first barrier.
     header = shared.header[shared.calls % 2]
     shared.calls += 1
-    header[shared.rank] = _call(tensor, op)
-    fits = nbytes <= shared.capacity
-    if fits and nbytes:
+    header[shared.rank] = _call(tensor, op, kind)
+    fits, writes = nbytes <= shared.capacity, kind in ("allreduce", "reduce")
+    if fits and nbytes and writes:
         shared.slot(shared.rank, flat.numel(), flat.dtype).copy_(flat)
     shared.barrier()  # every header row and (if it fitted) every slot is written
+    rows = header.clone()
+    _raise_if_failed(rows, shared.rank)
     if check:
-        _verify(header.clone(), shared.rank)
+        _verify(rows, shared.rank)
     if nbytes == 0:
-        return tensor
+        return None, flat
     if not fits:  # every rank decides alike: same nbytes (checked, or promised), same capacity
         shared.grow(nbytes)
-        shared.slot(shared.rank, flat.numel(), flat.dtype).copy_(flat)
+        if writes:
+            shared.slot(shared.rank, flat.numel(), flat.dtype).copy_(flat)
         shared.barrier()
-    _reduce_my_chunk(shared, flat)
-    shared.barrier()  # every chunk of the result is final
-    flat.copy_(shared.slot(n, flat.numel(), flat.dtype))
-    if op == "avg":
-        flat.div_(n)
-    return tensor
+    return shared, flat
 
 
 def _reduce_my_chunk(shared: _SharedGroup, flat: torch.Tensor) -> None:
@@ -201,18 +252,27 @@ def _validate(tensor: torch.Tensor) -> None:
                          "then x.copy_(t).")
 
 
-def _call(tensor: torch.Tensor, op: str) -> torch.Tensor:
+def _call(tensor: torch.Tensor, op: str, kind: str) -> torch.Tensor:
     """This rank's header row: what every rank must agree on."""
     shape = list(tensor.shape[:_CHECKED_DIMS]) + [0] * max(0, _CHECKED_DIMS - tensor.dim())
     if tensor.dim() > _CHECKED_DIMS:
         shape[-1] = math.prod(tensor.shape[_CHECKED_DIMS - 1:])
-    return torch.tensor([tensor.numel(), DTYPES.index(tensor.dtype), OPS.index(op), tensor.dim(), *shape],
+    return torch.tensor([tensor.numel(), DTYPES.index(tensor.dtype), OPS.index(op), KINDS.index(kind),
+                         tensor.dim(), *shape],
                         dtype=torch.int64)
 
 
 def _describe(row: list[int]) -> str:
-    numel, dtype, op, dim, *shape = row
-    return f"numel {numel}, shape {tuple(shape[:dim])}, {DTYPES[dtype]}, op {OPS[op]!r}"
+    numel, dtype, op, kind, dim, *shape = row
+    return f"numel {numel}, shape {tuple(shape[:dim])}, {DTYPES[dtype]}, op {OPS[op]!r}, shm_{KINDS[kind]}"
+
+
+def _raise_if_failed(header: torch.Tensor, rank: int) -> None:
+    failed = [k for k, row in enumerate(header.tolist()) if row[3] == KINDS.index("failed")]
+    if failed:
+        raise ValueError(f"rank {failed[0]} of this group (a node's leader) failed before its broadcast, so it "
+                         f"sends none; it raises the reason itself (e.g. ranks on another node called with another "
+                         f"shape). I am rank {rank} of the group.")
 
 
 def _verify(header: torch.Tensor, rank: int) -> None:
@@ -221,7 +281,8 @@ def _verify(header: torch.Tensor, rank: int) -> None:
     odd = [k for k, row in enumerate(rows) if row != rows[0]]
     if odd:
         raise ValueError(
-            f"shm_allreduce needs the same tensor shape, dtype and op on every rank, but rank {odd[0]} has "
+            f"shm_allreduce needs the same tensor shape, dtype and op (and the same call) on every rank, but "
+            f"rank {odd[0]} has "
             f"{_describe(rows[odd[0]])} while rank 0 has {_describe(rows[0])} (ranks that differ from rank 0: "
             f"{odd}; I am rank {rank}). Call it with the same-shaped tensor on every rank.")
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import course.shm_allreduce as shm
 from course import world
+from course.hierarchical import hierarchical_allreduce, node_groups
 from course.shm_allreduce import SHM_DIR, shm_allreduce
 
 
@@ -46,7 +47,7 @@ def one_case(allreduce: Callable[..., torch.Tensor], case: dict[str, Any], group
     for call in ("", " (repeated)"):
         mine = _data(case, rank)
         address = mine.data_ptr()
-        got = allreduce(mine, op=case["op"], group=group, check=case["check"])
+        got = allreduce(mine, op=case["op"], group=group, check=case["check"], **case.get("options", {}))
         if got is not mine or mine.data_ptr() != address or mine.shape != expected.shape:
             return f"not in place{call}"
         if case["values"] == "integers":
@@ -59,8 +60,16 @@ def one_case(allreduce: Callable[..., torch.Tensor], case: dict[str, Any], group
     return None
 
 
+@st.composite
+def hierarchical_cases(draw: st.DrawFn, world_size: int) -> dict[str, Any]:
+    """A case for hierarchical_allreduce: also how many ranks per node, and the algorithm across nodes."""
+    case = draw(cases(world_size))
+    per_node = draw(st.sampled_from([d for d in range(1, case["k"] + 1) if case["k"] % d == 0]))
+    return {**case, "options": {"ranks_per_node": per_node, "across": draw(st.sampled_from(["ring", "tree"]))}}
+
+
 def hypothesis_cases(allreduce: Callable[..., torch.Tensor], max_examples: int,
-                     groups: dict[int, dist.ProcessGroup | None]) -> dict[str, Any]:
+                     groups: dict[int, dist.ProcessGroup | None], strategy: Callable = cases) -> dict[str, Any]:
     """Rank 0 draws cases and broadcasts each; every rank runs it. On rank 0: count, covered k, failures."""
     me = world.current()
     if me.rank != 0:
@@ -74,17 +83,17 @@ def hypothesis_cases(allreduce: Callable[..., torch.Tensor], max_examples: int,
 
     @settings(max_examples=max_examples, database=None, deadline=None, derandomize=True,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
-    @given(case=cases(me.world_size))
+    @given(case=strategy(me.world_size))
     @example(case={"k": 4, "shape": (0,), "dtype": "float32", "op": "avg", "values": "normal", "check": True,
-                   "seed": 0})
+                   "seed": 0, **({"options": {"ranks_per_node": 2}} if strategy is hierarchical_cases else {})})
     @example(case={"k": 3, "shape": (1,), "dtype": "bfloat16", "op": "sum", "values": "integers", "check": False,
-                   "seed": 1})
+                   "seed": 1, **({"options": {"ranks_per_node": 1}} if strategy is hierarchical_cases else {})})
     def drive(case: dict[str, Any]) -> None:
         dist.broadcast_object_list([case], src=0)
         problems: list[str | None] = [None] * me.world_size
         dist.gather_object(one_case(allreduce, case, groups[case["k"]]), problems, dst=0)
         report["count"] += 1
-        report["covered"].add(case["k"])
+        report["covered"].add((case["k"], case.get("options", {}).get("ranks_per_node")))
         found = {rank: why for rank, why in enumerate(problems) if why}
         if found:
             report["failures"].append((case, found))
@@ -146,6 +155,34 @@ def our_files() -> list[str]:
     """This run's files still in /dev/shm (each is unlinked once every rank has mapped it)."""
     prefixes = {shared.name for shared in shm._groups.values()}
     return sorted(name for name in os.listdir(SHM_DIR) if any(name.startswith(p) for p in prefixes))
+
+
+def hierarchical_mismatches(bad_rank: int, ranks_per_node: int = 2) -> dict[str, str]:
+    """hierarchical_allreduce with one rank's numel different (a leader, or not): the error each rank raised, and
+    whether the next, agreed call is right."""
+    me = world.current()
+    errors: dict[str, Any] = {}
+    for who in (bad_rank, bad_rank + 1):
+        label = "leader" if who % ranks_per_node == 0 else "not a leader"
+        try:
+            hierarchical_allreduce(torch.ones(6 if me.rank == who else 5), ranks_per_node=ranks_per_node)
+            errors[label] = "no error"
+        except ValueError as error:
+            errors[label] = str(error)
+        after = hierarchical_allreduce(torch.full((7,), float(me.rank)), ranks_per_node=ranks_per_node)
+        errors[f"{label}, next call right"] = bool(torch.all(after == sum(range(me.world_size))))
+    return errors
+
+
+def hierarchical(max_examples: int, bad_rank: int) -> dict[str, Any]:
+    """The hierarchical checks in one launch."""
+    size = world.current().world_size
+    groups = _groups(size)
+    for k in range(1, size + 1):  # every rank makes every sub-group's node groups, in the same order
+        for per_node in (d for d in range(1, k + 1) if k % d == 0):
+            node_groups(per_node, range(k))
+    return {"hypothesis": hypothesis_cases(hierarchical_allreduce, max_examples, groups, hierarchical_cases),
+            "mismatches": hierarchical_mismatches(bad_rank)}
 
 
 def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
