@@ -1,0 +1,86 @@
+"""course.nodes: two torchrun "nodes" meeting through c10d rendezvous, in shaped network namespaces (as root)
+or on loopback; the namespaces are made, shaped and always deleted."""
+
+import subprocess
+
+import pytest
+
+from course import nodes
+
+pytestmark = pytest.mark.unit5
+
+UNAVAILABLE = nodes.namespaces_unavailable()
+needs_namespaces = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"network namespaces: {UNAVAILABLE}")
+
+
+def _namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+
+
+def _links() -> str:
+    return subprocess.run(["ip", "link"], capture_output=True, text=True, timeout=10).stdout
+
+
+@needs_namespaces
+@pytest.mark.timeout(60)
+def test_namespaces_are_made_shaped_and_deleted():
+    with nodes.two_node_network(nodes.SlowLink(rate_mbit=50)) as network:
+        assert all(name in _namespaces() for name in network.namespaces)
+        for shown in nodes.shaping(network):
+            assert "tbf" in shown and "rate 50Mbit" in shown, shown
+        for namespace, interface, address in zip(network.namespaces, network.interfaces, network.addresses,
+                                                 strict=True):
+            shown = subprocess.run(["ip", "-n", namespace, "addr", "show", interface], capture_output=True,
+                                   text=True, timeout=10).stdout
+            assert f"inet {address}/30" in shown and "UP" in shown, shown
+    assert not any(name in _namespaces() for name in network.namespaces)
+    assert not any(name in _links() for name in network.interfaces)
+
+
+@needs_namespaces
+@pytest.mark.timeout(60)
+def test_namespaces_are_deleted_when_the_body_raises():
+    with pytest.raises(KeyError), nodes.two_node_network() as network:
+        raise KeyError("boom")
+    assert not any(name in _namespaces() for name in network.namespaces)
+
+
+@needs_namespaces
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_two_nodes_meet_without_node_rank_and_the_hierarchical_allreduce_matches_dist():
+    result = nodes.run_two_nodes(nodes.SlowLink(rate_mbit=400), nbytes=(64 << 10, 256 << 10), repeats=1)
+    assert result["mode"] == "namespaces"
+    assert result["nodes"] == [[0, 1], [2, 3]]
+    assert result["max_diff"] < 1e-12
+    first, second = result["commands"]
+    assert first == second and "--node_rank" not in first and "--rdzv_backend=c10d" in first
+    assert set(result["times"]) == {"flat ring", "hierarchical", "dist.all_reduce"}
+    assert not any(name.startswith("cn") for name in _namespaces().split())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_without_a_slow_link_two_nodes_meet_on_loopback_and_say_why():
+    result = nodes.run_two_nodes(None, nbytes=(64 << 10, 256 << 10), repeats=1)
+    assert result["mode"] == "loopback" and result["why"]
+    assert result["nodes"] == [[0, 1], [2, 3]]
+    assert result["max_diff"] < 1e-12
+
+
+def test_namespaces_unavailable_says_why(monkeypatch):
+    monkeypatch.setattr(nodes.os, "geteuid", lambda: 1000)
+    assert "root" in nodes.namespaces_unavailable()
+    monkeypatch.setattr(nodes.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(nodes.shutil, "which", lambda tool: None)
+    assert "iproute2" in nodes.namespaces_unavailable()
+    with pytest.raises(RuntimeError, match="cannot make network namespaces"), nodes.two_node_network():
+        pass
+
+
+def test_predictions_are_the_cost_models():
+    inside, between = nodes.cost_model.AlphaBeta(1e-3, 1e-10), nodes.cost_model.AlphaBeta(1e-4, 4e-8)
+    predicted = nodes.predictions(inside, between, [1 << 20])
+    assert predicted["flat ring"][1 << 20] == pytest.approx(6e-4 + 1.5 * (1 << 20) * 4e-8)
+    assert predicted["hierarchical"][1 << 20] == pytest.approx(4e-3 + 5 * (1 << 20) * 1e-10 + 2e-4
+                                                               + (1 << 20) * 4e-8)
