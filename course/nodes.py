@@ -339,5 +339,30 @@ def main() -> None:
         world.shutdown()
 
 
+def demo() -> None:
+    """``python -m course.nodes``: run the two nodes (in namespaces as root, else on loopback) and print the
+    commands, the flat ring and the hierarchical allreduce measured beside the model."""
+    parser = argparse.ArgumentParser(description="two torchrun nodes on this machine: flat ring vs hierarchical")
+    parser.add_argument("--rate-mbit", type=float, default=SlowLink.rate_mbit, help="the slow link's rate (tbf)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="the slow link's added delay (netem, if any)")
+    parser.add_argument("--loopback", action="store_true", help="no namespaces, no slow link")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    link = None if args.loopback else SlowLink(args.rate_mbit, args.delay_ms)
+    result = run_two_nodes(link, repeats=args.repeats)
+    print(f"mode: {result['mode']}" + (f" ({result['why']})" if result["why"] else ""))
+    for line in result["shaping"] + result["notes"]:
+        print("   ", line)
+    for node, command in enumerate(result["commands"]):
+        print(f"node {node}: $ {command}")
+    print(f"ranks by node {result['nodes']}; hierarchical vs dist.all_reduce: largest difference "
+          f"{result['max_diff']:.1e}")
+    print(f"links fitted: inside {result['inside']}; between {result['between']}")
+    for size in sorted(result["times"]["flat ring"]):
+        for name in ("flat ring", "hierarchical"):
+            print(f"{size / 2**20:6.2f} MB {name:<13} measured {result['times'][name][size] * 1e3:8.1f} ms   "
+                  f"modelled {result['predicted'][name][size] * 1e3:8.1f} ms")
+
+
 if __name__ == "__main__":
-    main()
+    main() if "RANK" in os.environ else demo()
