@@ -231,33 +231,38 @@ def predictions(inside: cost_model.AlphaBeta, between: cost_model.AlphaBeta, nby
 
 
 def _start_and_wait(commands: list[list[str]], interfaces: tuple[str, str], timeout_s: float) -> list[str]:
-    """Start every node's command, wait for all (bounded), stop all if one fails; the commands as typed."""
+    """Start every node's command, wait for all (bounded), stop all as soon as one fails; the commands as typed."""
     from course.ddp import torchrun_environment
 
-    processes = []
-    try:
-        for command, interface in zip(commands, interfaces, strict=True):
-            env = torchrun_environment(RANKS_PER_NODE)
-            env.update(GLOO_SOCKET_IFNAME=interface, COURSE_EMULATE="1")
-            processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                              env=env, start_new_session=True))
-        deadline = time.monotonic() + timeout_s
-        outputs = []
-        for node, process in enumerate(processes):
-            try:
-                output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"node {node} did not finish within {timeout_s:g} s; both nodes were stopped.") \
-                    from None
-            outputs.append(output)
-            if process.returncode != 0:
-                raise RuntimeError(f"node {node} failed (exit {process.returncode}); the other was stopped. Its "
-                                   f"output ends:\n{output[-3000:]}")
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                kill_tree(process, own_group=True)
-                process.wait(timeout=10)
+    processes, logs = [], []
+    with tempfile.TemporaryDirectory(prefix="course-nodes-logs-") as scratch:
+        try:
+            for node, (command, interface) in enumerate(zip(commands, interfaces, strict=True)):
+                env = torchrun_environment(RANKS_PER_NODE)
+                env.update(GLOO_SOCKET_IFNAME=interface, COURSE_EMULATE="1")
+                logs.append(open(os.path.join(scratch, f"node{node}.log"), "w+"))  # noqa: SIM115 - closed below
+                processes.append(subprocess.Popen(command, stdout=logs[-1], stderr=subprocess.STDOUT, text=True,
+                                                  env=env, start_new_session=True))
+            deadline = time.monotonic() + timeout_s
+            while any(process.poll() is None for process in processes):
+                failed = [n for n, process in enumerate(processes) if process.poll() not in (None, 0)]
+                if failed:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the nodes did not finish within {timeout_s:g} s; both were stopped.")
+                time.sleep(0.1)
+            for node, process in enumerate(processes):
+                if process.poll() not in (None, 0):
+                    logs[node].seek(0)
+                    raise RuntimeError(f"node {node} failed (exit {process.returncode}); the other was stopped. Its "
+                                       f"output ends:\n{logs[node].read()[-3000:]}")
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    kill_tree(process, own_group=True)
+                    process.wait(timeout=10)
+            for log in logs:
+                log.close()
     return [" ".join(["torchrun", *command[command.index("torch.distributed.run") + 1:]]) for command in commands]
 
 
