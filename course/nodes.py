@@ -362,11 +362,38 @@ def demo() -> None:
         print(f"node {node}: $ {command}")
     print(f"ranks by node {result['nodes']}; hierarchical vs dist.all_reduce: largest difference "
           f"{result['max_diff']:.1e}")
-    print(f"links fitted: inside {result['inside']}; between {result['between']}")
-    for size in sorted(result["times"]["flat ring"]):
+    print("\n".join(comparison(result)))
+
+
+def comparison(result: dict) -> list[str]:
+    """Lines for :func:`run_two_nodes`'s result: the fitted links, each algorithm measured beside modelled, and
+    sentences whose wording follows the numbers (for notebook 05b and ``python -m course.nodes``)."""
+    times, predicted = result["times"], result["predicted"]
+    lines = [f"links fitted in this run: inside a node {result['inside']}; between the nodes {result['between']}",
+             f"{'size':>8}  {'algorithm':<14}{'measured ms':>12}{'modelled ms':>12}"]
+    for size in sorted(times["flat ring"]):
         for name in ("flat ring", "hierarchical"):
-            print(f"{size / 2**20:6.2f} MB {name:<13} measured {result['times'][name][size] * 1e3:8.1f} ms   "
-                  f"modelled {result['predicted'][name][size] * 1e3:8.1f} ms")
+            lines.append(f"{size / 2**20:>6.2f}MB  {name:<14}{times[name][size] * 1e3:>12.1f}"
+                         f"{predicted[name][size] * 1e3:>12.1f}")
+        measured = times["flat ring"][size] / times["hierarchical"][size]
+        modelled = predicted["flat ring"][size] / predicted["hierarchical"][size]
+        lines.append(f"{'':>10}flat ring time / hierarchical time: measured {measured:.2f}x, modelled {modelled:.2f}x "
+                     "(above 1: the hierarchical allreduce is faster)")
+    biggest = max(times["flat ring"])
+    error = times["hierarchical"][biggest] / predicted["hierarchical"][biggest] - 1
+    lines.append(f"at {biggest / 2**20:.0f} MB the model's hierarchical time is {abs(error):.0%} "
+                 f"{'below' if error > 0 else 'above'} the measured one")
+    ratio = result["between"].beta_s_per_byte / result["inside"].beta_s_per_byte
+    lines.append(f"the link between the nodes carries a byte {ratio:,.0f}x slower than shared memory inside a node "
+                 "(fitted β)" if ratio >= 1 else f"the link between the nodes carries a byte {1 / ratio:,.1f}x "
+                 "faster than shared memory inside a node (fitted β)")
+    faster = (times["flat ring"][biggest] > times["hierarchical"][biggest],
+              predicted["flat ring"][biggest] > predicted["hierarchical"][biggest])
+    verdict = {(True, True): "both the measurement and the model favour the hierarchical allreduce",
+               (False, False): "neither the measurement nor the model favours the hierarchical allreduce",
+               (True, False): "the measurement favours the hierarchical allreduce, the model does not",
+               (False, True): "the model favours the hierarchical allreduce, the measurement does not"}[faster]
+    return [*lines, f"at {biggest / 2**20:.0f} MB {verdict}"]
 
 
 if __name__ == "__main__":

@@ -91,3 +91,18 @@ def test_predictions_are_the_cost_models():
     assert predicted["flat ring"][1 << 20] == pytest.approx(6e-4 + 1.5 * (1 << 20) * 4e-8)
     assert predicted["hierarchical"][1 << 20] == pytest.approx(4e-3 + 5 * (1 << 20) * 1e-10 + 2e-4
                                                                + (1 << 20) * 4e-8)
+
+
+@pytest.mark.parametrize(("hierarchical_s", "verdict"), [
+    (0.05, "both the measurement and the model favour the hierarchical allreduce"),
+    (0.50, "the model favours the hierarchical allreduce, the measurement does not"),
+])
+def test_the_comparison_says_what_the_numbers_say(hierarchical_s, verdict):
+    inside, between = nodes.cost_model.AlphaBeta(1e-4, 1e-10), nodes.cost_model.AlphaBeta(1e-4, 4e-8)
+    size = 2 << 20
+    result = {"inside": inside, "between": between, "predicted": nodes.predictions(inside, between, [size]),
+              "times": {"flat ring": {size: 0.2}, "hierarchical": {size: hierarchical_s}}}
+    lines = nodes.comparison(result)
+    assert lines[-1] == f"at 2 MB {verdict}"
+    assert "400x slower than shared memory" in "\n".join(lines)
+    assert f"measured {0.2 / hierarchical_s:.2f}x" in "\n".join(lines)
