@@ -365,6 +365,17 @@ def demo() -> None:
     print("\n".join(comparison(result)))
 
 
+def _speeds(inside_beta: float, between_beta: float) -> str:
+    """How the fitted per-byte times compare (a noisy fit can put a β at 0: then say so instead)."""
+    if inside_beta <= 0 or between_beta <= 0:
+        zero = "inside a node" if inside_beta <= 0 else "between the nodes"
+        return (f"the fit found no per-byte time {zero} (β = 0: the timings there were dominated by noise or "
+                "latency), so the two links' speeds are not compared")
+    ratio = between_beta / inside_beta
+    how = f"{ratio:,.0f}x slower" if ratio >= 1 else f"{1 / ratio:,.1f}x faster"
+    return f"the link between the nodes carries a byte {how} than shared memory inside a node (fitted β)"
+
+
 def comparison(result: dict) -> list[str]:
     """Lines for :func:`run_two_nodes`'s result: the fitted links, each algorithm measured beside modelled, and
     sentences whose wording follows the numbers (for notebook 05b and ``python -m course.nodes``)."""
@@ -383,10 +394,7 @@ def comparison(result: dict) -> list[str]:
     error = times["hierarchical"][biggest] / predicted["hierarchical"][biggest] - 1
     lines.append(f"at {biggest / 2**20:.0f} MB the model's hierarchical time is {abs(error):.0%} "
                  f"{'below' if error > 0 else 'above'} the measured one")
-    ratio = result["between"].beta_s_per_byte / result["inside"].beta_s_per_byte
-    lines.append(f"the link between the nodes carries a byte {ratio:,.0f}x slower than shared memory inside a node "
-                 "(fitted β)" if ratio >= 1 else f"the link between the nodes carries a byte {1 / ratio:,.1f}x "
-                 "faster than shared memory inside a node (fitted β)")
+    lines.append(_speeds(result["inside"].beta_s_per_byte, result["between"].beta_s_per_byte))
     faster = (times["flat ring"][biggest] > times["hierarchical"][biggest],
               predicted["flat ring"][biggest] > predicted["hierarchical"][biggest])
     verdict = {(True, True): "both the measurement and the model favour the hierarchical allreduce",

@@ -106,3 +106,11 @@ def test_the_comparison_says_what_the_numbers_say(hierarchical_s, verdict):
     assert lines[-1] == f"at 2 MB {verdict}"
     assert "400x slower than shared memory" in "\n".join(lines)
     assert f"measured {0.2 / hierarchical_s:.2f}x" in "\n".join(lines)
+
+
+def test_a_fit_without_a_per_byte_time_is_said_not_divided_by():
+    lines = nodes.comparison({"inside": nodes.cost_model.AlphaBeta(1e-3, 0.0),
+                              "between": nodes.cost_model.AlphaBeta(1e-4, 4e-8),
+                              "predicted": {"flat ring": {1: 1.0}, "hierarchical": {1: 1.0}},
+                              "times": {"flat ring": {1: 1.0}, "hierarchical": {1: 2.0}}})
+    assert "no per-byte time inside a node" in "\n".join(lines)
