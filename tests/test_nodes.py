@@ -39,6 +39,19 @@ def test_namespaces_are_made_shaped_and_deleted():
 
 @needs_namespaces
 @pytest.mark.timeout(60)
+def test_a_delay_is_shaped_with_netem_or_said_to_be_missing():
+    with nodes.two_node_network(nodes.SlowLink(rate_mbit=100, delay_ms=5)) as network:
+        shown = nodes.shaping(network)
+        if any("netem" in line for line in shown):
+            assert all("delay 5ms" in line and "tbf" in line for line in shown), shown
+            assert network.notes == []
+        else:
+            assert network.notes and "no netem" in network.notes[0]
+            assert all("tbf" in line and "rate 100Mbit" in line for line in shown), shown
+
+
+@needs_namespaces
+@pytest.mark.timeout(60)
 def test_namespaces_are_deleted_when_the_body_raises():
     with pytest.raises(KeyError), nodes.two_node_network() as network:
         raise KeyError("boom")
