@@ -10,13 +10,16 @@ group maps the same file in ``/dev/shm`` (one *slot* per rank, plus a *result*),
     4. barrier                                                          # every chunk of the result is final
     5. rank r copies the whole result into its tensor                   # all-gather, one read of N bytes
 
-No byte goes through a socket: the barrier is the only message. Each rank moves ``N`` bytes in, ``N`` out
+No byte goes through a socket, and no message is sent: a barrier is a counter per rank in the same shared
+memory (:meth:`_SharedGroup.barrier`). Each rank moves ``N`` bytes in, ``N`` out
 and reads ``n`` chunks of ``N/n``: about ``3N`` bytes of memory traffic, against gloo's ``2(n-1)/n·N``
 through the kernel's socket buffers (each byte copied into the socket and out again) plus the adds.
 The one-time cost is setting up the mapping per process group (and again when a larger tensor comes).
 
-Same signature as ``course.allreduce``'s naive, ring and tree (``tensor, op, group, check``), so it is the
-intra-node level of ``course.hierarchical``. Taught in ``notebooks/05b_nodes.ipynb``.
+Same signature as ``course.allreduce``'s naive, ring and tree (``tensor, op, group, check``). Its halves,
+:func:`shm_reduce` (steps 1-4, then only group rank 0 copies out) and :func:`shm_broadcast` (rank 0 writes the
+result, the others copy it out), are the intra-node levels of ``course.hierarchical``. Taught in
+``notebooks/05b_nodes.ipynb``; ``benchmarks/shm_allreduce.py`` measures it against gloo.
 
 The agreement check (``check=True``) costs no message: each rank writes its call (numel, dtype, op, shape)
 into its row of a small shared header before the first barrier, and after it every rank reads every row, so
