@@ -13,6 +13,8 @@ algorithm  a (steps)           b (bytes per N, busiest  why
 naive      2(n-1)              2(n-1)                  rank 0 receives n-1 tensors, then sends n-1
 ring       2(n-1)              2(n-1)/n                2(n-1) steps, each moving one 1/n chunk
 tree       2⌈log2 n⌉           2⌈log2 n⌉               ⌈log2 n⌉ rounds up, as many down, whole tensors
+shm        2                   3                       two barriers; each rank copies N in, adds its
+                                                       n chunks of N/n, copies N out (β: memory)
 =========  ==================  ======================  =============================================
 
 The ring's bandwidth term, ``2(n-1)/n·N·β``, is the lower bound for any allreduce, which is why nccl-tests
@@ -20,6 +22,19 @@ reports **bus bandwidth** ``busbw = algbw · 2(n-1)/n`` (``algbw = N / T``): it 
 actually sustained, comparable across world sizes and with the hardware's link speed. The model leaves
 out the time to add the numbers (a third term, γ per byte, small on GPUs) and contention between links
 that share hardware (large for CPU processes sharing two cores). Taught in ``notebooks/04_allreduce.ipynb``.
+
+**Two levels** (``notebooks/05b_nodes.ipynb``): ``m`` nodes of ``g`` ranks, a fast link inside a node
+(``α_in, β_in``) and a slow one between nodes (``α_x, β_x``). A flat ring over all ``n = g·m`` ranks waits for
+the slow link at every one of its ``2(n-1)`` steps: ``2(n-1)·α_x + 2(n-1)/n·N·β_x``. The hierarchical
+allreduce (``course.hierarchical``) costs (:func:`hierarchical_coefficients`, :func:`predict_hierarchical`)::
+
+    T = 4·α_in + 5·N·β_in   +   a(m)·α_x + b(m)·N·β_x
+        shared-memory reduce     the allreduce among the m leaders (ring: 2(m-1), 2(m-1)/m)
+        and broadcast
+
+(reduce: 2 barriers, copy in, add, the leader copies out; broadcast: 2 barriers, the leader copies in, the
+others copy out), with no intra-node term when ``g = 1``. Across nodes it sends ``2(m-1)/m·N`` instead of
+``2(n-1)/n·N`` per link, in ``2(m-1)`` steps instead of ``2(n-1)``.
 """
 
 from __future__ import annotations
@@ -76,7 +91,7 @@ def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
     n = world_size
     depth = math.ceil(math.log2(n)) if n > 1 else 0
     table = {"naive": (2 * (n - 1), 2 * (n - 1)), "ring": (2 * (n - 1), 2 * (n - 1) / n),
-             "tree": (2 * depth, 2 * depth)}
+             "tree": (2 * depth, 2 * depth), "shm": (2, 3) if n > 1 else (0, 0)}
     if algorithm not in table:
         raise ValueError(f"algorithm must be one of {sorted(table)}, got {algorithm!r}.")
     a, b = table[algorithm]
@@ -87,6 +102,42 @@ def predict(algorithm: str, nbytes: float | np.ndarray, world_size: int, link: A
     """Modelled seconds for one allreduce of ``nbytes`` bytes: ``a·α + b·nbytes·β``."""
     a, b = coefficients(algorithm, world_size)
     return a * link.alpha_s + b * np.asarray(nbytes, dtype=float) * link.beta_s_per_byte
+
+
+#: The hierarchical allreduce's intra-node part, (a, b) for g > 1 ranks per node: shared-memory reduce then
+#: broadcast (module docstring).
+INTRA_NODE = (4.0, 5.0)
+
+
+def hierarchical_coefficients(ranks_per_node: int, nodes: int, across: str = "ring"
+                              ) -> tuple[tuple[float, float], tuple[float, float]]:
+    """``((a_in, b_in), (a_x, b_x))``: the hierarchical allreduce of ``N`` bytes costs
+    ``a_in·α_in + b_in·N·β_in + a_x·α_x + b_x·N·β_x`` (module docstring).
+
+    Raises:
+        ValueError: fewer than 1 rank per node or node, or an unknown ``across`` algorithm.
+    """
+    if ranks_per_node < 1 or nodes < 1:
+        raise ValueError(f"need at least 1 rank per node and 1 node, got ranks_per_node={ranks_per_node}, "
+                         f"nodes={nodes}.")
+    inside = INTRA_NODE if ranks_per_node > 1 else (0.0, 0.0)
+    return inside, coefficients(across, nodes)
+
+
+def predict_hierarchical(nbytes: float | np.ndarray, ranks_per_node: int, nodes: int, inside: AlphaBeta,
+                         between: AlphaBeta, across: str = "ring") -> float | np.ndarray:
+    """Modelled seconds for one hierarchical allreduce of ``nbytes`` bytes: fast link ``inside`` a node (for
+    shared memory, α is a barrier and β the time to copy a byte), slow link ``between`` nodes."""
+    (a_in, b_in), (a_x, b_x) = hierarchical_coefficients(ranks_per_node, nodes, across)
+    size = np.asarray(nbytes, dtype=float)
+    return (a_in * inside.alpha_s + b_in * size * inside.beta_s_per_byte
+            + a_x * between.alpha_s + b_x * size * between.beta_s_per_byte)
+
+
+def predict_flat(nbytes: float | np.ndarray, ranks_per_node: int, nodes: int, between: AlphaBeta,
+                 algorithm: str = "ring") -> float | np.ndarray:
+    """Modelled seconds for a flat allreduce over every rank when each step waits for the slow link."""
+    return predict(algorithm, nbytes, ranks_per_node * nodes, between)
 
 
 def algbw(nbytes: float | np.ndarray, seconds: float | np.ndarray) -> float | np.ndarray:

@@ -56,19 +56,23 @@ def step_diff(before: str | Path, after: str | Path, context: int = 1) -> str:
 
 
 def torchrun_command(script: str | Path, nproc_per_node: int = 4, script_args: tuple[str, ...] = (),
-                     nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str = "node0.example:29500",
-                     rdzv_id: str = "job42") -> list[str]:
+                     nnodes: int = 1, node_rank: int | None = None, rdzv_endpoint: str = "node0.example:29500",
+                     rdzv_id: str = "job42", local_addr: str | None = None) -> list[str]:
     """The ``torchrun`` command line for ``script``: ``--standalone`` on one node, c10d rendezvous on several.
 
-    On several nodes the same command runs on every node, each with its own ``node_rank``; they meet at
-    ``rdzv_endpoint`` (host:port of node 0) and agree on ``RANK``/``WORLD_SIZE`` for every process.
+    On several nodes the *same* command runs on every node: they meet at ``rdzv_endpoint`` (host:port of the
+    node that hosts the rendezvous store) under one ``rdzv_id``, and the rendezvous gives each node its rank
+    (``GROUP_RANK``) and every process its ``RANK``/``WORLD_SIZE``. ``--node_rank`` is only for the static
+    rendezvous (``--master_addr``); pass ``node_rank`` to pin it anyway. ``local_addr``: the address this node
+    is reached at, when its host name does not resolve to it (e.g. inside a network namespace).
     """
     command = [sys.executable, "-m", "torch.distributed.run"]
     if nnodes == 1:
         command += ["--standalone"]
     else:
-        command += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", "--rdzv_backend=c10d",
-                    f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
+        command += [f"--nnodes={nnodes}", *([f"--node_rank={node_rank}"] if node_rank is not None else []),
+                    "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}",
+                    *([f"--local_addr={local_addr}"] if local_addr else [])]
     return command + [f"--nproc_per_node={nproc_per_node}", str(script), *script_args]
 
 

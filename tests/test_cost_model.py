@@ -182,3 +182,34 @@ def _sleepy_allreduce(tensor):
 def _three_calls_a_round():
     medians = cm.time_allreduce([4096], {"sleepy": _sleepy_allreduce}, repeats=2, calls=3)
     return len(_CALLS), medians["sleepy"][4096]
+
+
+def test_shm_costs_two_barriers_and_three_copies():
+    assert cm.coefficients("shm", 4) == (2.0, 3.0)
+    assert cm.coefficients("shm", 1) == (0.0, 0.0)
+
+
+def test_hierarchical_cost_matches_the_closed_form():
+    inside, between = cm.AlphaBeta(2e-6, 1 / 5e9), cm.AlphaBeta(50e-6, 1 / 12.5e6)
+    n_bytes = 4 << 20
+    # 2 nodes x 2 ranks: 4 barriers + 5 copies inside, a ring of 2 leaders (2 steps of N/2) across
+    expected = 4 * 2e-6 + 5 * n_bytes / 5e9 + 2 * 50e-6 + 1 * n_bytes / 12.5e6
+    assert cm.predict_hierarchical(n_bytes, 2, 2, inside, between) == pytest.approx(expected)
+    # the flat ring over 4 ranks: 6 steps of N/4, each waiting for the slow link
+    assert cm.predict_flat(n_bytes, 2, 2, between) == pytest.approx(6 * 50e-6 + 1.5 * n_bytes / 12.5e6)
+    # one rank per node: no intra-node term, just a ring over the nodes
+    assert cm.predict_hierarchical(n_bytes, 1, 4, inside, between) == pytest.approx(cm.predict("ring", n_bytes, 4,
+                                                                                                between))
+
+
+@given(g=st.integers(1, 16), m=st.integers(1, 16))
+def test_hierarchical_sends_fewer_bytes_and_steps_across_nodes_than_the_flat_ring(g, m):
+    (_, _), (a_x, b_x) = cm.hierarchical_coefficients(g, m)
+    a_flat, b_flat = cm.coefficients("ring", g * m)
+    assert a_x <= a_flat and b_x <= b_flat + 1e-12
+    assert (a_x < a_flat) == (g > 1)
+
+
+def test_hierarchical_needs_ranks_and_nodes():
+    with pytest.raises(ValueError, match="at least 1 rank per node"):
+        cm.hierarchical_coefficients(0, 2)

@@ -54,8 +54,11 @@ def test_torchrun_commands_for_one_and_several_nodes():
     single = ddp.torchrun_command("train.py", 4, ("--epochs", "2"))
     assert single == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                       "train.py", "--epochs", "2"]
-    multi = ddp.torchrun_command("train.py", 8, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500")
-    assert "--nnodes=2" in multi and "--node_rank=1" in multi and "--rdzv_endpoint=10.0.0.1:29500" in multi
+    multi = ddp.torchrun_command("train.py", 8, nnodes=2, rdzv_endpoint="10.0.0.1:29500")
+    assert "--nnodes=2" in multi and "--rdzv_backend=c10d" in multi and "--rdzv_endpoint=10.0.0.1:29500" in multi
+    assert not any(part.startswith("--node_rank") for part in multi)  # c10d rendezvous assigns node ranks
+    pinned = ddp.torchrun_command("train.py", 8, nnodes=2, node_rank=1, local_addr="10.0.0.2")
+    assert "--node_rank=1" in pinned and "--local_addr=10.0.0.2" in pinned
     assert "--rdzv_backend=c10d" in multi and "--standalone" not in multi
 
 
