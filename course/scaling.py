@@ -1,23 +1,18 @@
 """Scaling: step time measured on 1, 2, 4 emulated ranks here, honestly, and modelled for real GPUs.
 
 **Measured** (``notebooks/05_ddp.ipynb``): :func:`measure_step_samples` times every step of DDP training on
-sub-groups of 1, 2 and 4 ranks; :func:`summarize` keeps the median with a 95% bootstrap interval, and
+sub-groups of 1, 2 and 4 ranks; :func:`course.timing.summarize` keeps the median with a 95% bootstrap interval, and
 :func:`speedup_verdict` flags a speedup above what this machine's cores allow as noise, not a result (4 ranks
 on 2 cores can at best run 2x). :func:`fit_calibration` fits a two-term model of these ranks from the 1- and
 2-rank timings and predicts the held-out ones, with its error.
 
 **Modelled** for real GPUs: :mod:`course.perf_model` (validated against published figures in
 :mod:`course.perf_validation`); :func:`plot_modelled_scaling` and :func:`plot_modelled_timeline` draw it.
-
-:func:`record_timeline` and :func:`plot_timeline` show, inside one step, how much of the allreduce hides behind
-backward (``notebooks/04b_distributed_optimizer.ipynb``).
 """
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,10 +21,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, world
-from course.distributed_optimizer import DistributedOptimizer
+from course import data, timing, world
 from course.models import DigitsCNN
 from course.perf_model import KINDS, StepTime
+from course.timing import Estimate
 
 
 def speedup(step_s: dict[int, float]) -> dict[int, float]:
@@ -105,54 +100,13 @@ def measure_step_times(world_sizes: tuple[int, ...] = (1, 2, 4), batch_size: int
     return {n: float(np.median(times)) for (n, _), times in samples.items()}
 
 
-@dataclass(frozen=True)
-class Timing:
-    """The median of repeated timings, and a 95% bootstrap interval for it, in seconds."""
-
-    median_s: float
-    low_s: float
-    high_s: float
-    repeats: int
-
-    def __str__(self) -> str:
-        return f"{self.median_s * 1e3:.1f} ms [{self.low_s * 1e3:.1f}, {self.high_s * 1e3:.1f}]"
-
-
-def summarize(samples: Sequence[float], resamples: int = 2000, seed: int = 0) -> Timing:
-    """Median of ``samples`` with a 95% bootstrap interval (resampling the repeats with replacement).
-
-    Raises:
-        ValueError: fewer than 3 samples (no interval worth the name).
-    """
-    values = np.asarray(samples, dtype=float)
-    if values.size < 3:
-        raise ValueError(f"need at least 3 timings for a median with an interval, got {values.size}.")
-    rng = np.random.default_rng(seed)
-    medians = np.median(rng.choice(values, size=(resamples, values.size)), axis=1)
-    low, high = np.percentile(medians, [2.5, 97.5])
-    return Timing(float(np.median(values)), float(low), float(high), int(values.size))
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def speedup_verdict(one: Timing, many: Timing, world_size: int, cores: int) -> tuple[float, str]:
-    """Weak-scaling speedup of ``world_size`` ranks over 1 (medians), and what it means on ``cores`` cores.
-
-    n ranks on c cores do at most min(n, c) ranks' work at once, so a speedup above min(n, c) cannot be a real
-    effect of parallelism: it is reported as noise (a slow 1-rank baseline, or a neighbour's load), not a result.
-    """
-    value = world_size * one.median_s / many.median_s
-    allowed = min(world_size, cores)
-    interval = (world_size * one.low_s / many.high_s, world_size * one.high_s / many.low_s)
-    span = f"{value:.2f}x (95% interval {interval[0]:.2f}-{interval[1]:.2f}x)"
-    if value > allowed * 1.05:
-        return value, f"{span}: NOISE, above the {allowed}x that {cores} core(s) allow; not a result"
-    return value, f"{span}, at most {allowed}x possible on {cores} core(s)"
+def speedup_verdict(one: Estimate, many: Estimate, world_size: int, cores: int) -> tuple[float, str]:
+    """Weak-scaling speedup of ``world_size`` ranks over 1 (``world_size`` x the 1-rank step / this step, from
+    :func:`course.timing.summarize` of each), and what it means on ``cores`` cores
+    (:func:`course.timing.speedup_verdict`: above min(n, c) it is noise, not a result)."""
+    speedup = Estimate(world_size * one.median / many.median, world_size * one.low / many.high,
+                       world_size * one.high / many.low, min(one.repeats, many.repeats))
+    return speedup.median, timing.speedup_verdict(speedup, world_size, cores)
 
 
 @dataclass(frozen=True)
@@ -173,14 +127,14 @@ class Calibration:
         return (self.fixed_s + self.per_sample_s * batch_size) * share + self.per_peer_s * (world_size - 1)
 
 
-def fit_calibration(timings: dict[tuple[int, int], Timing], cores: int) -> Calibration:
+def fit_calibration(timings: dict[tuple[int, int], Estimate], cores: int) -> Calibration:
     """Fit :class:`Calibration` from 1-rank timings at two or more batch sizes and 2-rank timings.
 
     Raises:
         ValueError: fewer than two 1-rank batch sizes, or no 2-rank timing.
     """
-    ones = sorted((b, t.median_s) for (n, b), t in timings.items() if n == 1)
-    twos = [(b, t.median_s) for (n, b), t in timings.items() if n == 2]
+    ones = sorted((b, t.median) for (n, b), t in timings.items() if n == 1)
+    twos = [(b, t.median) for (n, b), t in timings.items() if n == 2]
     if len(ones) < 2 or not twos:
         raise ValueError(f"need 1-rank timings at >= 2 batch sizes and a 2-rank timing; got {sorted(timings)}.")
     per_sample, fixed = np.polyfit([b for b, _ in ones], [t for _, t in ones], 1)
@@ -189,22 +143,22 @@ def fit_calibration(timings: dict[tuple[int, int], Timing], cores: int) -> Calib
     return Calibration(float(fixed), float(per_sample), max(0.0, per_peer), cores)
 
 
-def plot_measured(timings: dict[tuple[int, int], Timing], calibration: Calibration | None = None) -> object:
+def plot_measured(timings: dict[tuple[int, int], Estimate], calibration: Calibration | None = None) -> object:
     """Measured ms per step (median, 95% interval) against ranks, one line per batch size; dashed: calibration."""
     import matplotlib.pyplot as plt
 
     figure, ax = plt.subplots(figsize=(5.5, 3.4))
     for i, batch in enumerate(sorted({b for _, b in timings})):
         sizes = sorted(n for n, b in timings if b == batch)
-        med = np.array([timings[n, batch].median_s for n in sizes]) * 1e3
-        err = np.array([[med[j] - timings[n, batch].low_s * 1e3, timings[n, batch].high_s * 1e3 - med[j]]
+        med = np.array([timings[n, batch].median for n in sizes]) * 1e3
+        err = np.array([[med[j] - timings[n, batch].low * 1e3, timings[n, batch].high * 1e3 - med[j]]
                         for j, n in enumerate(sizes)]).T
         ax.errorbar(sizes, med, yerr=err, fmt="o-", color=f"C{i}", capsize=3, label=f"measured, batch {batch}/rank")
         if calibration:
             ax.plot(sizes, [calibration.predict(n, batch) * 1e3 for n in sizes], "--", color=f"C{i}",
                     label=f"calibration, batch {batch}")
     ax.set(xlabel="emulated ranks (CPU processes)", ylabel="ms per step", xticks=sorted({n for n, _ in timings}),
-           title=f"measured here, on {usable_cores()} core(s)")
+           title=f"measured here, on {timing.usable_cores()} core(s)")
     ax.legend(fontsize=7)
     figure.tight_layout()
     return figure
@@ -248,58 +202,4 @@ def plot_modelled_timeline(steps: dict[str, StepTime], devices: int = 4) -> obje
     legend = {label: handle for ax in axes[:, 0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     figure.legend(legend.values(), legend.keys(), loc="upper center", fontsize=7, ncol=4)
     figure.tight_layout(rect=(0, 0, 1, 0.95))  # room for the legend above the first panel
-    return figure
-
-
-def record_timeline(bucket_sizes: Sequence[int], batch_size: int = 64, steps: int = 3) -> dict[int, dict]:
-    """Rank function: one training step's backward and allreduce times, for each bucket size.
-
-    Trains DigitsCNN with a :class:`DistributedOptimizer` for ``steps`` steps per bucket size and keeps the
-    last step (the first ones warm up). Times are seconds since that step's ``backward()`` started.
-
-    Returns:
-        ``{bucket_bytes: {"backward_end": s, "grads": [s, ...], "allreduces": [(start, end), ...]}}``.
-    """
-    me = world.current()
-    images, labels = data.load().train.tensors
-    rows = slice(me.rank * batch_size, (me.rank + 1) * batch_size)
-    images, labels = images[rows].to(me.device), labels[rows].to(me.device)
-    timelines = {}
-    for bucket_bytes in bucket_sizes:
-        torch.manual_seed(0)
-        model = DigitsCNN().to(me.device)
-        optimizer = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters(),
-                                         bucket_bytes=bucket_bytes, record_events=True)
-        for _ in range(steps):
-            optimizer.events.clear()
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-            start = time.perf_counter()
-            loss.backward()
-            backward_end = time.perf_counter() - start
-            optimizer.step()
-            optimizer.zero_grad()
-        optimizer.close()
-        timelines[bucket_bytes] = {
-            "backward_end": backward_end,
-            "grads": [e.start - start for e in optimizer.events if e.kind == "grad"],
-            "allreduces": [(e.start - start, e.end - start) for e in optimizer.events if e.kind == "allreduce"],
-        }
-    return timelines
-
-
-def plot_timeline(timelines: dict[int, dict]) -> object:
-    """One row per bucket size: backward (grey, with a tick per finished gradient) and each bucket's allreduce."""
-    import matplotlib.pyplot as plt
-
-    figure, ax = plt.subplots(figsize=(10, 1.2 + 0.9 * len(timelines)))
-    for row, (bucket_bytes, timeline) in enumerate(timelines.items()):
-        y = 2 * row
-        ax.broken_barh([(0, timeline["backward_end"] * 1e3)], (y + 0.55, 0.8), color="0.75")
-        ax.vlines([t * 1e3 for t in timeline["grads"]], y + 0.55, y + 1.35, color="k", linewidth=0.8)
-        ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in timeline["allreduces"]], (y - 0.35, 0.8),
-                       facecolors=[f"C{i % 10}" for i in range(len(timeline["allreduces"]))])
-        ax.text(0, y + 1.45, f"{bucket_bytes / 1024:g} KiB buckets: backward (grey), allreduce per bucket (colour)",
-                fontsize=8)
-    ax.set(xlabel="ms since backward() started", yticks=[])
-    figure.tight_layout()
     return figure

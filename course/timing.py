@@ -141,9 +141,16 @@ def time_repeats(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) ->
     return seconds
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def max_speedup(workers: int, cores: int | None = None) -> int:
     """The most ``workers`` processes can speed up CPU-bound work on ``cores`` cores: ``min(workers, cores)``."""
-    cores = (os.cpu_count() or 1) if cores is None else cores
+    cores = usable_cores() if cores is None else cores
     if workers < 1 or cores < 1:
         raise ValueError(f"workers and cores must be at least 1, got workers={workers!r}, cores={cores!r}.")
     return min(workers, cores)
@@ -157,7 +164,7 @@ def speedup_verdict(speedup: Estimate, workers: int, cores: int | None = None) -
         cores: CPU cores they share (default: this machine's).
     """
     limit = max_speedup(workers, cores)
-    cores = (os.cpu_count() or 1) if cores is None else cores
+    cores = usable_cores() if cores is None else cores
     text = f"speedup {speedup.format_ratio()}"
     if speedup.median > limit:
         return (f"{text}: above the {limit}x that {workers} process(es) on {cores} core(s) allow, so it is "

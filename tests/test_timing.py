@@ -1,5 +1,7 @@
 """course.timing: medians and bootstrap intervals, checked against numpy and hand-made samples (never timed)."""
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -99,3 +101,8 @@ def test_phase_clock_adds_up_each_phase_per_step():
     with pytest.raises(RuntimeError, match="new_step"):
         with timing.PhaseClock().phase("compute"):
             pass
+
+
+def test_usable_cores_is_this_process_share_of_the_machine():
+    assert 1 <= timing.usable_cores() <= (os.cpu_count() or 1)
+    assert timing.max_speedup(8) == min(8, timing.usable_cores())
