@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from course import exercise
 from course.allreduce import chunk_bounds
 
 if TYPE_CHECKING:  # matplotlib is imported only when drawing
@@ -162,6 +163,7 @@ def _play(algorithm: str, schedule: Callable[[int], list[Step]], inputs: Sequenc
     return Simulation(algorithm, tuple(snapshots), sent)
 
 
+@exercise.checker
 def check_ring_send_chunk(send_chunk: Callable[[int, int, int], int], max_world_size: int = 8) -> bool:
     """Exercise checker: does ``send_chunk(rank, step, world_size)`` make a correct ring allreduce?
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from course import exercise
 from course.validation import check_count
 
 #: PyTorch DDP's default bucket_cap_mb is 25 MB; the same default here makes the two comparable.
@@ -76,6 +77,7 @@ def unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
 
 
 # -- for notebook 04b -------------------------------------------------------------------------------------------
+@exercise.checker
 def check_assign_buckets(candidate: Callable[[list[int], int], list[list[int]]]) -> None:
     """Exercise checker: does ``candidate(grad_bytes, bucket_bytes)`` bucket like :func:`assign_buckets`?
 

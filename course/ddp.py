@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, root_cause, world
+from course import data, exercise, root_cause, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
@@ -307,6 +307,7 @@ def internals(accumulation_steps: int = 4) -> dict[str, dict[str, float]]:
     return {"no_sync": no_sync_check(accumulation_steps), "batchnorm": batchnorm_check()}
 
 
+@exercise.checker
 def check_shard(candidate: Callable[[int, int, int], Sequence[int]]) -> None:
     """Exercise checker: does ``candidate(n, rank, world_size)`` give the indices ``DistributedSampler`` gives?
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from course import exercise
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -83,6 +85,7 @@ def plot_timeline(events: Sequence[Event], ax: Axes | None = None, title: str = 
     return ax
 
 
+@exercise.checker
 def check_bubble_exercise(bubble: Callable[[int, int], float]) -> bool:
     """Exercise checker: does ``bubble(num_stages, num_micro_batches)`` give a GPipe schedule's idle fraction?
 
