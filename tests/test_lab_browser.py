@@ -170,7 +170,8 @@ def test_the_assignment_run_shows_the_failing_ranks_traceback_and_the_self_check
     page.get_by_text("Run All Cells", exact=True).click()
     page.locator(".jp-OutputArea-output", has_text="points, status").wait_for(state="attached", timeout=180_000)
     _screenshot(page, "lab-assignment")
-    outputs = page.locator(".jp-OutputArea").all_text_contents()  # off-screen cells too
+    # the notebook in view (the Lab may have restored other notebooks' tabs); off-screen cells too
+    outputs = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea").all_text_contents()
     page.close()
     run = next(text for text in outputs if "exit code" in text)
     assert "rank 2 failed first" in run and "has no attribute 'module'" in run, run
