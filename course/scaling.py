@@ -27,17 +27,6 @@ from course.perf_model import KINDS, StepTime
 from course.timing import Estimate
 
 
-def speedup(step_s: dict[int, float]) -> dict[int, float]:
-    """Weak-scaling speedup: throughput on n ranks over throughput on 1 (ideal: n).
-
-    Args:
-        step_s: seconds per step by world size, with the same per-rank batch; must contain 1.
-    """
-    if 1 not in step_s:
-        raise ValueError(f"speedup needs the 1-rank time as its baseline; got world sizes {sorted(step_s)}.")
-    return {n: n * step_s[1] / seconds for n, seconds in step_s.items()}
-
-
 def measure_step_samples(world_sizes: tuple[int, ...] = (1, 2, 4), batch_sizes: tuple[int, ...] = (32,),
                          rounds: int = 5, steps_per_round: int = 2, warmup_steps: int = 2
                          ) -> dict[tuple[int, int], list[float]]:
@@ -91,13 +80,6 @@ def _time_steps(model: nn.Module, optimizer: torch.optim.Optimizer, images: torc
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times
-
-
-def measure_step_times(world_sizes: tuple[int, ...] = (1, 2, 4), batch_size: int = 32, steps: int = 5,
-                       warmup_steps: int = 2) -> dict[int, float]:
-    """Rank function: median seconds per DDP step on the first n ranks (:func:`measure_step_samples`)."""
-    samples = measure_step_samples(world_sizes, (batch_size,), steps, 1, warmup_steps)
-    return {n: float(np.median(times)) for (n, _), times in samples.items()}
 
 
 def speedup_verdict(one: Estimate, many: Estimate, world_size: int, cores: int) -> tuple[float, str]:

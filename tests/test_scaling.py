@@ -10,12 +10,6 @@ from course.launch import launch
 pytestmark = pytest.mark.unit5
 
 
-def test_speedup_is_weak_scaling_throughput():
-    assert scaling.speedup({1: 1.0, 2: 1.0, 4: 2.0}) == {1: 1.0, 2: 2.0, 4: 2.0}
-    with pytest.raises(ValueError, match="1-rank"):
-        scaling.speedup({2: 1.0})
-
-
 def test_speedup_above_the_cores_is_flagged_as_noise():
     one, four = timing.summarize([0.030] * 5), timing.summarize([0.036] * 5)
     value, text = scaling.speedup_verdict(one, four, 4, cores=2)
