@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from course import exercise
+
 Criterion = Callable[[Sequence[float], float, float, int], "int | None"]
 
 
@@ -111,8 +113,7 @@ def check_updates_to_converge(criterion: Criterion, verbose: bool = True) -> Che
     for case in CASES:
         got, problem = _run(criterion, case)
         if problem is not None and problem.startswith("raised NotImplementedError"):
-            result = CheckResult(False, ["Not attempted yet: the function still raises NotImplementedError. Replace "
-                                         "the raise with your code, then run this check again."], attempted=False)
+            result = CheckResult(False, [exercise.NOT_ATTEMPTED], attempted=False)
             if verbose:
                 print(result)
             return result

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from course import models, world
+from course import exercise, models, world
 from course.large_batch import check_batch, check_lr
 from course.lars import LARS
 from course.validation import check_count, check_model_fits_data
@@ -256,8 +256,7 @@ def check_warmup_exercise(fn: Callable[[int, float, int, int, int], float]) -> b
         try:
             got = fn(step, base_lr, base_b, b, warm)
         except NotImplementedError:
-            print("Not attempted yet: the function still raises NotImplementedError. Replace the raise with your "
-                  "code, then run this check again.")
+            print(exercise.NOT_ATTEMPTED)
             return False
         except Exception as error:  # noqa: BLE001 - the student's error is the feedback
             print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, batch_size={b}, "

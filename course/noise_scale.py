@@ -29,6 +29,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
+from course import exercise
 from course.large_batch import check_batch, check_lr, gradients, sgd_update, split_batch
 from course.validation import check_model_fits_data
 
@@ -295,8 +296,7 @@ def check_two_batch_exercise(fn: Callable[[float, float, int, int], tuple[float,
         try:
             trace_sigma, grad_norm_sq = fn(small, big, b_small, b_big)
         except NotImplementedError:
-            print("Not attempted yet: the function still raises NotImplementedError. Replace the raise with your "
-                  "code, then run this check again.")
+            print(exercise.NOT_ATTEMPTED)
             return False
         except Exception as error:  # noqa: BLE001 - the student's error is the feedback
             print(f"{call} raised {type(error).__name__}: {error}. It must return (trace_sigma, grad_norm_sq).")
