@@ -365,6 +365,7 @@ def _describe(metadata: list[int]) -> str:
 _CALL_TAG, _ANSWER_TAG, _EVERYONE_TAG = 1, 2, 3  # the data goes on tag 0
 #: Per process group, the last call every rank was verified to agree on (ring calls only).
 _verified: dict[dist.ProcessGroup, list[int]] = {}
+world.forget_on_shutdown(_verified.clear)
 
 
 @dataclass

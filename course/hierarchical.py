@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.allreduce import ALGORITHMS, Op, _op_name
 from course.shm_allreduce import _host, _validate, shm_broadcast, shm_reduce
 
@@ -56,6 +57,7 @@ class Nodes:
 
 
 _nodes: dict[tuple[tuple[int, ...], int | None], Nodes | None] = {}
+world.forget_on_shutdown(_nodes.clear)
 
 
 def node_groups(ranks_per_node: int | None = None, ranks: Sequence[int] | None = None) -> Nodes | None:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.allreduce import DTYPES, OPS, Op, _op_name
 
 SHM_DIR = "/dev/shm"
@@ -118,6 +119,7 @@ class _SharedGroup:
 
 
 _groups: dict[object, _SharedGroup] = {}
+world.forget_on_shutdown(_groups.clear)
 
 
 def shm_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,

@@ -155,3 +155,23 @@ def test_a_torchrun_script_joins_the_group_and_prints_once(tmp_path):
         capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines().count("world_size=3 backend=gloo sum=3") == 1
+
+
+def test_shutdown_frees_the_groups_a_module_cached(monkeypatch):
+    """A group a cache keeps past shutdown would keep gloo's threads alive into interpreter exit (world.shutdown)."""
+    from course import shm_allreduce
+    from course.ports import free_port
+
+    monkeypatch.setenv(world.EMULATE_ENV, "1")
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                            MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(name, value)
+    threads = torch.get_num_threads()
+    try:
+        world.init_from_env(timeout_s=30)
+        assert shm_allreduce.shm_allreduce(torch.ones(5)).tolist() == [1.0] * 5
+        assert shm_allreduce._groups, "the shared-memory allreduce keeps its group's mapping between calls"
+    finally:
+        world.shutdown()
+        torch.set_num_threads(threads)
+    assert not shm_allreduce._groups
