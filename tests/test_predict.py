@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
+import nbformat
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +15,8 @@ from course import predict
 from course.predict import Question
 
 pytestmark = pytest.mark.unit0
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
 def ring_question(rel_tol: float = 0.05) -> Question:
@@ -129,3 +134,38 @@ def test_without_ipywidgets_ask_prints_the_question(monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "Which sends fewer bytes" in printed and "- naive" in printed and "ipywidgets is not installed" in printed
     assert "does not grow" not in printed
+
+
+def questions_in(cell_source: str) -> list[str]:
+    """The `reveal` names of the Questions a cell builds."""
+    names = []
+    for node in ast.walk(ast.parse(cell_source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "Question":
+            reveal = next((k.value for k in node.keywords if k.arg == "reveal"), None)
+            assert isinstance(reveal, ast.Constant), f"Question without a literal reveal=... in:\n{cell_source}"
+            names.append(reveal.value)
+    return names
+
+
+def reveals_in(cell_source: str) -> list[str]:
+    return [line.split(":", 1)[1].strip() for line in cell_source.splitlines()
+            if line.strip().startswith(predict.REVEAL_MARK)]
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS], ids=lambda p: p.name)
+def test_every_notebook_asks_two_questions_each_before_the_cell_that_reveals_it(path):
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    asked: dict[str, int] = {}
+    revealed: dict[str, int] = {}
+    for index, cell in enumerate(cells):
+        for name in questions_in(cell.source):
+            assert name not in asked, f"{path.name}: two questions name reveal={name!r}"
+            assert "predict.ask(" in cell.source, f"{path.name}: question {name!r} is built but never asked"
+            asked[name] = index
+        for name in reveals_in(cell.source):
+            revealed.setdefault(name, index)
+    assert len(asked) >= 2, f"{path.name}: expected at least 2 predict-then-run questions, got {len(asked)}"
+    for name, index in asked.items():
+        assert name in revealed, f"{path.name}: no code cell has the line '{predict.REVEAL_MARK} {name}'"
+        assert revealed[name] > index, (f"{path.name}: question {name!r} (code cell {index}) comes after the cell "
+                                        f"that reveals it (code cell {revealed[name]}): move the question up")
