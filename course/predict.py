@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ class Question:
             object.__setattr__(self, "choices", tuple(self.choices))
             if self.answer not in self.choices:
                 raise ValueError(f"answer should be one of the choices {self.choices}, got {self.answer!r}")
-        elif isinstance(self.answer, bool) or not isinstance(self.answer, (int, float)) or not math.isfinite(
+        elif isinstance(self.answer, bool) or not isinstance(self.answer, numbers.Real) or not math.isfinite(
                 self.answer):
             raise ValueError(f"a numeric question needs a finite number as its answer, got {self.answer!r}; "
                              f"for a multiple-choice question pass choices=(...)")

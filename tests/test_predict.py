@@ -83,6 +83,12 @@ def test_bad_questions_are_refused_with_what_was_expected(bad):
         Question(**arguments)
 
 
+def test_numpy_numbers_are_numeric_answers():
+    np = pytest.importorskip("numpy")
+    question = Question("?", answer=np.int64(6), explanation="", reveal="r", rel_tol=0.0)
+    assert predict.grade(question, "6").correct is True and predict.grade(question, 5).correct is False
+
+
 def test_repr_keeps_the_answer_hidden():
     assert "1500000000" not in repr(ring_question()) and "1.5e" not in repr(ring_question())
 
