@@ -4,16 +4,19 @@ On one host, NCCL does not send a GPU's data over TCP to the GPU next to it: it 
 through a buffer in shared memory. This is the second, on emulated GPUs (CPU processes): every rank of the
 group maps the same file in ``/dev/shm`` (one *slot* per rank, plus a *result*), and::
 
-    1. rank r copies its tensor into slot r                             # one write of N bytes
+    1. rank r copies its tensor into slot r, all but chunk r            # (n-1)/n of N bytes written
     2. barrier                                                          # every slot is full
-    3. rank r adds up chunk r of every slot into chunk r of the result  # reduce-scatter, no messages
+    3. rank r adds its own chunk r (straight from its tensor) and       # reduce-scatter, no messages
+       chunk r of every other slot into chunk r of the result
     4. barrier                                                          # every chunk of the result is final
     5. rank r copies the whole result into its tensor                   # all-gather, one read of N bytes
 
 No byte goes through a socket, and no message is sent: a barrier is a counter per rank in the same shared
-memory (:meth:`_SharedGroup.barrier`). Each rank moves ``N`` bytes in, ``N`` out
-and reads ``n`` chunks of ``N/n``: about ``3N`` bytes of memory traffic, against gloo's ``2(n-1)/n·N``
-through the kernel's socket buffers (each byte copied into the socket and out again) plus the adds.
+memory (:meth:`_SharedGroup.barrier`), and a waiting rank sleeps on it (a futex) rather than spin. Each rank
+copies ``(n-1)/n·N`` bytes in and ``N`` out and reads ``n`` chunks of ``N/n`` to add them: about ``2N`` bytes
+copied, against gloo's ``2(n-1)/n·N`` sent through the kernel's socket buffers (each byte copied into the
+socket and out again, so twice that) plus the adds and gloo's own threads. ``benchmarks/shm_allreduce.py``
+profiles the five steps.
 The one-time cost is setting up the mapping per process group (and again when a larger tensor comes).
 
 Same signature as ``course.allreduce``'s naive, ring and tree (``tensor, op, group, check``). Its halves,
@@ -28,11 +31,14 @@ all ranks raise the same ``ValueError`` together when one differs.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import os
+import platform
 import socket
 import statistics
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -50,9 +56,10 @@ _ALIGN = 64
 _CHECKED_DIMS = 6
 _ROW = 5 + _CHECKED_DIMS
 KINDS = ("allreduce", "reduce", "broadcast", "failed")
-#: A waiting rank yields its core this many times, then naps (a peer that is late is descheduled or slow).
-_YIELDS = 200
-_NAP_S = 50e-6
+#: A waiting rank sleeps on a late rank's counter (woken as soon as that rank arrives) for at most this long
+#: before it looks again; without futexes (not Linux) it polls, napping this long in between.
+_WAIT_S = 10e-3
+_POLL_S = 50e-6
 BARRIER_TIMEOUT_S = 300.0
 
 
@@ -84,20 +91,24 @@ class _SharedGroup:
     def barrier(self) -> None:
         """Wait until every rank of the group has reached this barrier: a flag per rank in shared memory.
 
-        Each rank raises its own counter to the number of barriers it has passed, then waits until every
-        counter has got there (counters only grow, so no reset is needed). Waiting yields the core: with more
-        ranks than cores, the ranks still copying need it. x86 keeps stores in order, so a peer that sees my
-        counter also sees the data I wrote before it. No socket is involved (gloo's barrier took ~1 ms on 4
-        ranks sharing 2 cores, as long as copying 1 MB)."""
+        Each rank raises its own counter to the number of barriers it has passed and wakes whoever sleeps on
+        it, then sleeps on the counter of a rank that has not got there yet (counters only grow, so no reset
+        is needed). Sleeping (a futex on the shared counter), not spinning: with more ranks than cores, the
+        ranks still copying need the core, and on a busy machine a spinning rank takes its share of the CPU
+        from them. x86 keeps stores in order, so a peer that sees my counter also sees the data I wrote
+        before it. No socket is involved (gloo's barrier took ~1 ms on 4 ranks sharing 2 cores)."""
         self.epoch += 1
         self.flags[self.rank, 0] = self.epoch
-        deadline, spins = None, 0
-        while self.flags[:, 0].min() < self.epoch:
-            spins += 1
-            if spins < _YIELDS:
-                os.sched_yield()
-                continue
-            time.sleep(_NAP_S)
+        _futex_wake(self.flags, self.rank)
+        deadline = None
+        while True:
+            counts = self.flags[:, 0]
+            late = int(counts.argmin())
+            seen = int(counts[late])
+            if seen >= self.epoch:
+                return
+            if not _futex_wait(self.flags, late, seen, _WAIT_S):
+                time.sleep(_POLL_S)
             deadline = deadline or time.monotonic() + BARRIER_TIMEOUT_S
             if time.monotonic() > deadline:
                 late = [k for k in range(self.world_size) if self.flags[k, 0] < self.epoch]
@@ -118,6 +129,35 @@ class _SharedGroup:
 
 
 _groups: dict[object, _SharedGroup] = {}
+
+#: futex(2), to sleep on a word of shared memory until another process changes it (Linux, x86-64 or arm64).
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_libc = ctypes.CDLL(None, use_errno=True) if _SYS_FUTEX is not None and sys.platform == "linux" else None
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_wait(flags: np.ndarray, rank: int, seen: int, timeout_s: float) -> bool:
+    """Sleep until rank's counter is no longer ``seen`` (or ``timeout_s``); False if futexes are unavailable.
+    The kernel compares the counter's low 32 bits with ``seen`` atomically, so a wake cannot be missed."""
+    if _libc is None:
+        return False
+    whole, frac = divmod(timeout_s, 1.0)
+    timeout = _Timespec(int(whole), int(frac * 1e9))
+    address = flags.ctypes.data + rank * flags.strides[0]  # the int64's low half (little-endian)
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAIT, ctypes.c_uint32(seen & 0xFFFFFFFF),
+                  ctypes.byref(timeout), None, 0)
+    return True
+
+
+def _futex_wake(flags: np.ndarray, rank: int) -> None:
+    """Wake every process sleeping on rank's counter."""
+    if _libc is not None:
+        address = flags.ctypes.data + rank * flags.strides[0]
+        _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(address), _FUTEX_WAKE, 1 << 30, None, None, 0)
 
 
 def shm_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
@@ -145,9 +185,7 @@ def shm_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup
     if shared is not None:
         _reduce_my_chunk(shared, flat)
         shared.barrier()  # every chunk of the result is final
-        flat.copy_(shared.slot(shared.world_size, flat.numel(), flat.dtype))
-        if _op_name(op) == "avg":
-            flat.div_(shared.world_size)
+        _copy_out(shared, flat, op)
     return tensor
 
 
@@ -163,9 +201,7 @@ def shm_reduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | 
         _reduce_my_chunk(shared, flat)
         shared.barrier()
         if shared.rank == 0:
-            flat.copy_(shared.slot(shared.world_size, flat.numel(), flat.dtype))
-            if _op_name(op) == "avg":
-                flat.div_(shared.world_size)
+            _copy_out(shared, flat, op)
     return tensor
 
 
@@ -181,7 +217,7 @@ def shm_broadcast(tensor: torch.Tensor, group: dist.ProcessGroup | None = None, 
     """
     shared, flat = _begin("failed" if failed else "broadcast", tensor, "sum", group, check)
     if shared is not None:
-        if shared.rank == 0:
+        if shared.rank == 0:  # after the first barrier: every rank has finished reading the last call's result
             shared.slot(shared.world_size, flat.numel(), flat.dtype).copy_(flat)
         shared.barrier()  # rank 0's tensor is in place
         if shared.rank != 0:
@@ -209,7 +245,7 @@ def _begin(kind: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | N
     header[shared.rank] = _call(tensor, op, kind)
     fits, writes = nbytes <= shared.capacity, kind in ("allreduce", "reduce")
     if fits and nbytes and writes:
-        shared.slot(shared.rank, flat.numel(), flat.dtype).copy_(flat)
+        _copy_in(shared, flat)
     shared.barrier()  # every header row and (if it fitted) every slot is written
     rows = header.clone()
     _raise_if_failed(rows, shared.rank)
@@ -220,24 +256,48 @@ def _begin(kind: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | N
     if not fits:  # every rank decides alike: same nbytes (checked, or promised), same capacity
         shared.grow(nbytes)
         if writes:
-            shared.slot(shared.rank, flat.numel(), flat.dtype).copy_(flat)
+            _copy_in(shared, flat)
         shared.barrier()
     return shared, flat
 
 
-def _reduce_my_chunk(shared: _SharedGroup, flat: torch.Tensor) -> None:
-    """Result chunk r = sum over ranks k of slot k's chunk r (``chunk_bounds`` split: sizes differ by <= 1)."""
-    n, numel = shared.world_size, flat.numel()
-    base, extra = divmod(numel, n)
+def _my_chunk(shared: _SharedGroup, numel: int) -> tuple[int, int]:
+    """``(start, stop)`` of the chunk this rank reduces: ``course.allreduce.chunk_bounds``' split."""
+    base, extra = divmod(numel, shared.world_size)
     start = shared.rank * base + min(shared.rank, extra)
-    stop = start + base + (shared.rank < extra)
+    return start, start + base + (shared.rank < extra)
+
+
+def _copy_in(shared: _SharedGroup, flat: torch.Tensor) -> None:
+    """Step 1: my tensor into my slot, all but my own chunk (I read that one straight from my tensor)."""
+    start, stop = _my_chunk(shared, flat.numel())
+    slot = shared.slot(shared.rank, flat.numel(), flat.dtype)
+    slot[:start].copy_(flat[:start])
+    slot[stop:].copy_(flat[stop:])
+
+
+def _reduce_my_chunk(shared: _SharedGroup, flat: torch.Tensor) -> None:
+    """Step 3: result chunk r = my tensor's chunk r + every other slot's chunk r, in rank order after mine,
+    accumulated in place in the result (no temporary). Adding in cache-sized blocks was slower here (the
+    chunks of 16 MB on 4 ranks fit in L3; the extra calls cost more than they saved)."""
+    n, numel = shared.world_size, flat.numel()
+    start, stop = _my_chunk(shared, numel)
     if stop == start:
         return
     result = shared.slot(n, numel, flat.dtype)[start:stop]
-    slots = [shared.slot(k, numel, flat.dtype)[start:stop] for k in range(n)]
-    torch.add(slots[0], slots[1], out=result)
-    for other in slots[2:]:
+    others = [shared.slot(k, numel, flat.dtype)[start:stop] for k in range(n) if k != shared.rank]
+    torch.add(flat[start:stop], others[0], out=result)
+    for other in others[1:]:
         result.add_(other)
+
+
+def _copy_out(shared: _SharedGroup, flat: torch.Tensor, op: Op) -> None:
+    """Step 5: the whole result into my tensor, divided by the world size on the way for ``"avg"``."""
+    result = shared.slot(shared.world_size, flat.numel(), flat.dtype)
+    if _op_name(op) == "avg":
+        torch.div(result, shared.world_size, out=flat)
+    else:
+        flat.copy_(result)
 
 
 def _validate(tensor: torch.Tensor) -> None:
