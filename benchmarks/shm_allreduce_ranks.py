@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import course.shm_allreduce as shm
-from course import world
+from course import shm_group, world
 
 PHASES = ("copy in", "barrier 1", "reduce", "barrier 2", "copy out")
 
@@ -55,7 +55,7 @@ def time_phases(nbytes: int, repeats: int) -> dict[str, list[list[float]]]:
     ``{phase: [[rank 0's repeats], [rank 1's], ...]}``. A barrier's time is the wait for the slowest rank."""
     tensor = torch.full((nbytes // 4,), float(world.current().rank))
     shm.shm_allreduce(tensor)  # maps the shared memory
-    shared, flat = shm._groups[dist.group.WORLD], tensor.view(-1)
+    shared, flat = shm_group.shared_group(None), tensor.view(-1)
     steps = (lambda: shm._copy_in(shared, flat), shared.barrier, lambda: shm._reduce_my_chunk(shared, flat),
              shared.barrier, lambda: shm._copy_out(shared, flat, "sum"))
     seconds: dict[str, list[float]] = {phase: [] for phase in PHASES}
