@@ -12,11 +12,11 @@ group maps the same file in ``/dev/shm`` (one *slot* per rank, plus a *result*),
     5. rank r copies the whole result into its tensor                   # all-gather, one read of N bytes
 
 No byte goes through a socket, and no message is sent: a barrier is a counter per rank in the same shared
-memory (:meth:`SharedGroup.barrier`), and a waiting rank sleeps on it (a futex) rather than spin. Each rank
-copies ``(n-1)/n·N`` bytes in and ``N`` out and reads ``n`` chunks of ``N/n`` to add them: about ``2N`` bytes
-copied, against gloo's ``2(n-1)/n·N`` sent through the kernel's socket buffers (each byte copied into the
-socket and out again, so twice that) plus the adds and gloo's own threads. ``benchmarks/shm_allreduce.py``
-profiles the five steps.
+memory (``course.shm_group`` maps the file and keeps the barrier), and a waiting rank sleeps on it (a futex)
+rather than spin. Each rank copies ``(n-1)/n·N`` bytes in and ``N`` out and reads ``n`` chunks of ``N/n`` to
+add them: about ``2N`` bytes copied, against gloo's ``2(n-1)/n·N`` sent through the kernel's socket buffers
+(each byte copied into the socket and out again, so twice that) plus the adds and gloo's own threads.
+``benchmarks/shm_allreduce.py`` profiles the five steps.
 The one-time cost is setting up the mapping per process group (and again when a larger tensor comes).
 
 Same signature as ``course.allreduce``'s naive, ring and tree (``tensor, op, group, check``). Its halves,
