@@ -14,8 +14,8 @@ allreduce's bus bandwidth (nccl-tests' busbw) is printed as a fraction of it: a 
 Last, where the time of one 16 MB call goes: each step of shm_allreduce timed on every rank (copy in,
 barrier, reduce, barrier, copy out); a barrier's time is the wait for the slowest rank. It ends with the load
 average before and after: 4 ranks share the cores, so on a busy machine every barrier also waits for the
-scheduler, and the wall-clock ratio moves with the load (here, under a load of 30-45 on 2 cores, 0.9-3.3x from
-run to run) while the CPU-time ratio stayed within 3.0-3.4x.
+scheduler, and the wall-clock ratio moves with the load (here, 8 runs under a load of 30-45 on 2 cores gave
+1.1-3.9x at 16 MB) while the CPU-time ratio stayed within 3.0-3.7x.
 Run: ``python benchmarks/shm_allreduce.py``. Exit status 1 if shm_allreduce is below 3x at 16 MB.
 """
 
