@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from course import world
 from course.allreduce import ALGORITHMS, Op, _op_name
-from course.shm_allreduce import _host, _validate, shm_broadcast, shm_reduce
+from course.shm_allreduce import shm_broadcast, shm_reduce, validate_host_tensor
+from course.shm_group import host
 
 #: torchrun sets it to the node's index (its place in the rendezvous), the same for every rank of a node.
 NODE_ENV = "GROUP_RANK"
@@ -82,7 +83,7 @@ def node_groups(ranks_per_node: int | None = None, ranks: Sequence[int] | None =
         return _nodes[key]
     if ranks_per_node is None:
         where = [None] * dist.get_world_size()
-        dist.all_gather_object(where, (_host(), os.environ.get(NODE_ENV, "")))
+        dist.all_gather_object(where, (host(), os.environ.get(NODE_ENV, "")))
         places = [where[r] for r in ranks]
         members = tuple(tuple(r for r, w in zip(ranks, places, strict=True) if w == place)
                         for place in dict.fromkeys(places))
@@ -121,7 +122,7 @@ def hierarchical_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.Pro
         ValueError: bad arguments, or ranks that disagree (with ``check``).
     """
     op = _op_name(op)
-    _validate(tensor)
+    validate_host_tensor(tensor)
     if across not in ALGORITHMS:
         raise ValueError(f"across must be one of {sorted(ALGORITHMS)}, got {across!r}.")
     if group is None and not dist.is_initialized():

@@ -74,16 +74,40 @@ def checkpoint_rows(model: nn.Sequential, inputs: torch.Tensor, labels: torch.Te
             for segments in range(1, len(model) + 1)]
 
 
+#: A column of a per-rank table: title, width, the method's key in a rank's results, the value's key, format.
+Column = tuple[str, int, str, str, str]
+
+
+def _rank_table(results: list[dict[str, dict[str, float]]], columns: list[Column]) -> str:
+    """One line per rank: ``result[method][key]`` for each column, under the columns' titles."""
+    lines = [f"{'rank':<5}" + "".join(f"{title:>{width}}" for title, width, *_ in columns)]
+    for rank, result in enumerate(results):
+        lines.append(f"{rank:<5}" + "".join(f"{result[method][key]:>{width}{form}}"
+                                            for _, width, method, key, form in columns))
+    return "\n".join(lines)
+
+
 def format_sharding(results: list[dict[str, dict[str, float]]]) -> str:
     """Per rank: ZeRO-1 optimizer state and FSDP parameter shard, measured beside the estimate, and max |Δ| vs DDP."""
-    lines = [f"{'rank':<5}{'ZeRO-1 opt. state: measured':>28}{'owned est.':>12}{'Ψ/N est.':>10}{'|Δ| vs DDP':>12}"
-             f"{'FSDP params: measured':>23}{'chunk est.':>12}{'Ψ/N est.':>10}{'|Δ| vs DDP':>12}"]
-    for rank, result in enumerate(results):
-        z, f = result["zero1"], result["fsdp"]
-        lines.append(f"{rank:<5}{z['optimizer_state']:>28,.0f}{z['owned_optimizer_state']:>12,.0f}"
-                     f"{z['ideal_optimizer_state']:>10,.0f}{z['max_diff']:>12.1e}{f['parameters']:>23,.0f}"
-                     f"{f['chunk_parameters']:>12,.0f}{f['ideal_parameters']:>10,.0f}{f['max_diff']:>12.1e}")
-    return "\n".join(lines)
+    return _rank_table(results, [
+        ("ZeRO-1 opt. state: measured", 28, "zero1", "optimizer_state", ",.0f"),
+        ("owned est.", 12, "zero1", "owned_optimizer_state", ",.0f"),
+        ("Ψ/N est.", 10, "zero1", "ideal_optimizer_state", ",.0f"), ("|Δ| vs DDP", 12, "zero1", "max_diff", ".1e"),
+        ("FSDP params: measured", 23, "fsdp", "parameters", ",.0f"),
+        ("chunk est.", 12, "fsdp", "chunk_parameters", ",.0f"),
+        ("Ψ/N est.", 10, "fsdp", "ideal_parameters", ",.0f"), ("|Δ| vs DDP", 12, "fsdp", "max_diff", ".1e")])
+
+
+def format_zero2(results: list[dict[str, dict[str, float]]]) -> str:
+    """Per rank: ZeRO-2 (FSDP2 without resharding after forward) measured beside the stage-2 estimate: parameters
+    held between forward and backward (whole), gradients and optimizer state (sharded); ZeRO-3's parameters
+    at the same moment for contrast, and max |Δ| vs DDP."""
+    return _rank_table(results, [
+        ("ZeRO-2 params after fwd", 24, "zero2", "parameters_after_forward", ",.0f"),
+        ("est.", 8, "zero2", "ideal_parameters", ",.0f"), ("grads", 8, "zero2", "gradients", ",.0f"),
+        ("Ψ/N est.", 10, "zero2", "ideal_gradients", ",.0f"), ("opt. state", 12, "zero2", "optimizer_state", ",.0f"),
+        ("Ψ/N est.", 10, "zero2", "ideal_optimizer_state", ",.0f"), ("|Δ| vs DDP", 12, "zero2", "max_diff", ".1e"),
+        ("ZeRO-3 params after fwd", 25, "fsdp", "parameters_after_forward", ",.0f")])
 
 
 def plot_budgets(budgets: dict[str, mb.Budget], memory_bytes: float, title: str) -> Figure:

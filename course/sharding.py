@@ -1,11 +1,13 @@
-"""ZeRO for real: shard optimizer state (ZeRO-1) or everything (FSDP, ZeRO-3) on N ranks, and check it against DDP.
+"""ZeRO for real: shard optimizer state (ZeRO-1), gradients too (ZeRO-2) or everything (FSDP, ZeRO-3) on N ranks,
+and check each against DDP.
 
 Rank functions for :func:`course.launch.launch`. Each trains a seeded model with DDP and a copy with the sharded
 method side by side for ``steps`` steps on the same per-rank batches, and returns how far apart the parameters
 ended and the bytes this rank holds, measured (``numel x element_size`` of the local tensors) beside the
 estimate of :func:`course.memory_budget.model_states`. ZeRO-1 is ``torch.distributed.optim.ZeroRedundancyOptimizer``
 (whole parameters are assigned to ranks, so shards are only roughly Ψ/N); FSDP is FSDP2's ``fully_shard``
-(every parameter split into N row chunks, so shards are Ψ/N up to rounding). Rajbhandari et al. 2020,
+(every parameter split into N row chunks, so shards are Ψ/N up to rounding); ZeRO-2 is the same with
+``reshard_after_forward=False`` (parameters stay whole from forward through backward). Rajbhandari et al. 2020,
 https://arxiv.org/abs/1910.02054. Taught in ``notebooks/07_memory.ipynb``.
 """
 
@@ -94,8 +96,27 @@ def fsdp_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, se
     Every linear layer and the root are sharded, so each parameter lives as one row chunk per rank (a DTensor).
     Returns ``max_diff`` (largest |DDP - FSDP| of the full parameters), measured local ``parameters``,
     ``gradients`` and ``optimizer_state`` bytes, ``chunk_parameters``: the estimate for this rank's row chunks
-    (``torch.chunk`` of every parameter's first dimension, x 4 bytes), and the even-split ``ideal_*``.
+    (``torch.chunk`` of every parameter's first dimension, x 4 bytes), ``parameters_after_forward``: the
+    parameter bytes held between one more forward and its backward (ZeRO-3 frees each layer's gathered
+    parameters after its forward: the shards only), and the even-split ``ideal_*``.
     """
+    return _fully_sharded_vs_ddp(optimizer, steps, batch_size, seed, reshard_after_forward=True)
+
+
+def zero2_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, seed: int = 0) -> dict[str, float]:
+    """Rank function: ZeRO-2 as FSDP2 runs it, ``fully_shard(..., reshard_after_forward=False)``, against DDP.
+
+    Gradients are reduce-scattered and the optimizer state is sharded, as in ZeRO-2; the parameters, gathered
+    before forward, stay whole until backward is done (no second gather in backward, ZeRO-2's communication),
+    and only then go back to the shard. So ``parameters_after_forward`` is the whole model (ZeRO-2's replicated
+    parameters, at the step's peak), while ``parameters`` measured between steps is the shard: FSDP2 keeps less
+    at rest than the ZeRO paper's stage 2. Returns the keys of :func:`fsdp_vs_ddp`, ``ideal_*`` for stage 2.
+    """
+    return _fully_sharded_vs_ddp(optimizer, steps, batch_size, seed, reshard_after_forward=False)
+
+
+def _fully_sharded_vs_ddp(optimizer: str, steps: int, batch_size: int, seed: int, reshard_after_forward: bool
+                          ) -> dict[str, float]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -103,19 +124,30 @@ def fsdp_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, se
     reference = _ddp_reference(seed, optimizer, steps, batch_size, me)
     model = _model(seed)
     chunks = sum(_chunk_numel(p.shape, me.world_size, me.rank) for p in model.parameters())
-    ideal = _estimate(optimizer, 3, me, model)
+    ideal = _estimate(optimizer, 3 if reshard_after_forward else 2, me, model)
     mesh = init_device_mesh(me.device.type, (me.world_size,))
     for layer in model.modules():
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fsdp_optimizer = memory_measure.make_optimizer(optimizer, model.parameters(), LR)
     _train(model, fsdp_optimizer, steps, batch_size, me)
     full = [p.full_tensor() for p in model.parameters()]
     measured = memory_measure.measure(model, fsdp_optimizer)
     return {"max_diff": _max_diff(reference, full), "parameters": measured.parameters,
             "gradients": measured.gradients, "optimizer_state": measured.optimizer_state,
-            "chunk_parameters": 4 * chunks, **ideal}
+            "chunk_parameters": 4 * chunks, "parameters_after_forward": _parameters_after_forward(model, me),
+            **ideal}
+
+
+def _parameters_after_forward(model: nn.Module, me: world.Rank) -> int:
+    """Parameter bytes this rank holds between a forward and its backward (the backward then runs, no step)."""
+    images, labels = _batch(0, 1, me)
+    loss = nn.functional.cross_entropy(model(images), labels)
+    held = memory_measure.tensor_bytes(model.parameters())
+    loss.backward()
+    model.zero_grad()
+    return held
 
 
 def _chunk_numel(shape: torch.Size, world_size: int, rank: int) -> int:
@@ -126,8 +158,10 @@ def _chunk_numel(shape: torch.Size, world_size: int, rank: int) -> int:
 
 
 def both(optimizer: str = "adam", steps: int = 3) -> dict[str, dict[str, float]]:
-    """Rank function: :func:`zero1_vs_ddp` and :func:`fsdp_vs_ddp` in one launch (starting ranks is slow)."""
-    results = {"zero1": zero1_vs_ddp(optimizer, steps), "fsdp": fsdp_vs_ddp(optimizer, steps)}
+    """Rank function: :func:`zero1_vs_ddp`, :func:`zero2_vs_ddp` and :func:`fsdp_vs_ddp` in one launch
+    (starting ranks is slow)."""
+    results = {"zero1": zero1_vs_ddp(optimizer, steps), "zero2": zero2_vs_ddp(optimizer, steps),
+               "fsdp": fsdp_vs_ddp(optimizer, steps)}
     dist.barrier()
     return results
 

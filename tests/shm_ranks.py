@@ -7,6 +7,7 @@ Every subset size k = 1..world_size is a process group of ranks 0..k-1, as in ``
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,10 +17,11 @@ from allreduce_ranks import DTYPES, TOLERANCE, _data, _groups
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-import course.shm_allreduce as shm
+import course.shm_group as shm
 from course import world
 from course.hierarchical import hierarchical_allreduce, node_groups
-from course.shm_allreduce import SHM_DIR, shm_allreduce
+from course.shm_allreduce import shm_allreduce
+from course.shm_group import SHM_DIR
 
 
 @st.composite
@@ -130,15 +132,15 @@ def different_hosts() -> str:
     """A new group whose ranks claim different hosts: the error this rank raised."""
     rank = world.current().rank
     group = dist.new_group(list(range(world.current().world_size)))
-    real = shm._host
-    shm._host = lambda: f"host{rank % 2}"
+    real = shm.host
+    shm.host = lambda: f"host{rank % 2}"
     try:
         shm_allreduce(torch.ones(3), group=group)
         return "no error"
     except ValueError as error:
         return str(error)
     finally:
-        shm._host = real
+        shm.host = real
 
 
 def growing(sizes: tuple[int, ...] = (10, 100_000, 5, 3_000_000, 100_000)) -> list[bool]:
@@ -148,6 +150,25 @@ def growing(sizes: tuple[int, ...] = (10, 100_000, 5, 3_000_000, 100_000)) -> li
     for numel in sizes:
         tensor = torch.full((numel,), float(me.rank + 1))
         results.append(bool(torch.all(shm_allreduce(tensor) == me.world_size * (me.world_size + 1) / 2)))
+    return results
+
+
+def late_rank(late: int) -> dict[str, bool]:
+    """Rank ``late`` starts its call 0.2 s after the others, who wait at the barrier sleeping on a futex, then
+    again with futexes switched off (they poll): is each sum exact?"""
+    me = world.current()
+    results = {}
+    for mode in ("futex", "polling"):
+        saved = shm._libc
+        if mode == "polling":
+            shm._libc = None
+        try:
+            if me.rank == late:
+                time.sleep(0.2)
+            tensor = torch.full((1000,), float(me.rank + 1))
+            results[mode] = bool(torch.all(shm_allreduce(tensor) == me.world_size * (me.world_size + 1) / 2))
+        finally:
+            shm._libc = saved
     return results
 
 
@@ -189,4 +210,5 @@ def everything(max_examples: int, bad_rank: int) -> dict[str, Any]:
     """All of the above in one launch."""
     groups = _groups(world.current().world_size)
     return {"hypothesis": hypothesis_cases(shm_allreduce, max_examples, groups), "mismatches": mismatches(bad_rank),
-            "growing": growing(), "different_hosts": different_hosts(), "files": our_files()}
+            "growing": growing(), "late_rank": late_rank(bad_rank), "different_hosts": different_hosts(),
+            "files": our_files()}

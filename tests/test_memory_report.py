@@ -27,3 +27,10 @@ def test_format_sharding_shows_each_rank():
             "parameters": 456, "chunk_parameters": 456, "ideal_parameters": 450}
     text = memory_report.format_sharding([{"zero1": rank, "fsdp": rank}] * 2)
     assert len(text.splitlines()) == 3 and "123" in text and "456" in text
+
+
+def test_format_zero2_shows_each_rank():
+    rank = {"parameters_after_forward": 4000, "ideal_parameters": 4000, "gradients": 1001, "ideal_gradients": 1000,
+            "optimizer_state": 2002, "ideal_optimizer_state": 2000, "max_diff": 0.0}
+    text = memory_report.format_zero2([{"zero2": rank, "fsdp": {**rank, "parameters_after_forward": 1002}}] * 2)
+    assert len(text.splitlines()) == 3 and "4,000" in text and "1,001" in text and "1,002" in text

@@ -1,7 +1,5 @@
 """course.nodes: two torchrun "nodes" meeting through c10d rendezvous, in shaped network namespaces (as root)
-or on loopback; the namespaces are made, shaped and always deleted."""
-
-import subprocess
+or on loopback (the namespaces themselves: tests/test_netns.py)."""
 
 import pytest
 
@@ -11,51 +9,6 @@ pytestmark = pytest.mark.unit5
 
 UNAVAILABLE = nodes.namespaces_unavailable()
 needs_namespaces = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"network namespaces: {UNAVAILABLE}")
-
-
-def _namespaces() -> str:
-    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-
-
-def _links() -> str:
-    return subprocess.run(["ip", "link"], capture_output=True, text=True, timeout=10).stdout
-
-
-@needs_namespaces
-@pytest.mark.timeout(60)
-def test_namespaces_are_made_shaped_and_deleted():
-    with nodes.two_node_network(nodes.SlowLink(rate_mbit=50)) as network:
-        assert all(name in _namespaces() for name in network.namespaces)
-        for shown in nodes.shaping(network):
-            assert "tbf" in shown and "rate 50Mbit" in shown, shown
-        for namespace, interface, address in zip(network.namespaces, network.interfaces, network.addresses,
-                                                 strict=True):
-            shown = subprocess.run(["ip", "-n", namespace, "addr", "show", interface], capture_output=True,
-                                   text=True, timeout=10).stdout
-            assert f"inet {address}/30" in shown and "UP" in shown, shown
-    assert not any(name in _namespaces() for name in network.namespaces)
-    assert not any(name in _links() for name in network.interfaces)
-
-
-@needs_namespaces
-@pytest.mark.timeout(60)
-def test_a_delay_is_shaped_with_netem_or_said_to_be_missing():
-    with nodes.two_node_network(nodes.SlowLink(rate_mbit=100, delay_ms=5)) as network:
-        shown = nodes.shaping(network)
-        if any("netem" in line for line in shown):
-            assert all("delay 5ms" in line and "tbf" in line for line in shown), shown
-            assert network.notes == []
-        else:
-            assert network.notes and "no netem" in network.notes[0]
-            assert all("tbf" in line and "rate 100Mbit" in line for line in shown), shown
-
-
-@needs_namespaces
-@pytest.mark.timeout(60)
-def test_namespaces_are_deleted_when_the_body_raises():
-    with pytest.raises(KeyError), nodes.two_node_network() as network:
-        raise KeyError("boom")
-    assert not any(name in _namespaces() for name in network.namespaces)
 
 
 @needs_namespaces
@@ -78,16 +31,6 @@ def test_without_a_slow_link_two_nodes_meet_on_loopback_and_say_why():
     assert result["mode"] == "loopback" and result["why"]
     assert result["nodes"] == [[0, 1], [2, 3]]
     assert result["max_diff"] < 1e-12
-
-
-def test_namespaces_unavailable_says_why(monkeypatch):
-    monkeypatch.setattr(nodes.os, "geteuid", lambda: 1000)
-    assert "root" in nodes.namespaces_unavailable()
-    monkeypatch.setattr(nodes.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(nodes.shutil, "which", lambda tool: None)
-    assert "iproute2" in nodes.namespaces_unavailable()
-    with pytest.raises(RuntimeError, match="cannot make network namespaces"), nodes.two_node_network():
-        pass
 
 
 @pytest.mark.timeout(60)

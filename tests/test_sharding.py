@@ -20,7 +20,7 @@ def results():
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("method", ["zero1", "fsdp"])
+@pytest.mark.parametrize("method", ["zero1", "zero2", "fsdp"])
 def test_same_parameters_as_ddp_after_3_steps(results, method, optimizer):
     for rank in results:
         assert rank[optimizer][method]["max_diff"] <= 1e-6  # float32 sums in another order: ulps of 1e-2 weights
@@ -48,3 +48,18 @@ def test_fsdp_shards_parameters_gradients_and_state(results, optimizer):
         assert rank["optimizer_state"] == expected
         assert rank["parameters"] == pytest.approx(rank["ideal_parameters"], rel=0.05)  # rounding to whole rows
     assert sum(rank["parameters"] for rank in fsdp) == pytest.approx(WORLD_SIZE * fsdp[0]["ideal_parameters"])
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_zero2_shards_gradients_and_state_and_keeps_parameters_whole_through_backward(results, optimizer):
+    zero2 = [rank[optimizer]["zero2"] for rank in results]
+    for rank in zero2:
+        assert rank["parameters_after_forward"] == rank["ideal_parameters"]  # whole, as ZeRO-2 replicates them
+        assert rank["gradients"] == rank["chunk_parameters"]  # reduce-scattered: this rank's row chunks
+        expected = mb.STATE_TENSORS[optimizer] * rank["gradients"] + mb.STEP_COUNTER_BYTES[optimizer] * TENSORS
+        assert rank["optimizer_state"] == expected
+        assert rank["gradients"] == pytest.approx(rank["ideal_gradients"], rel=0.05)  # rounding to whole rows
+    assert sum(rank["gradients"] for rank in zero2) == pytest.approx(WORLD_SIZE * zero2[0]["ideal_gradients"])
+    # ZeRO-3 at the same moment (between forward and backward) holds only its shards
+    assert all(rank[optimizer]["fsdp"]["parameters_after_forward"] == rank[optimizer]["fsdp"]["chunk_parameters"]
+               for rank in results)

@@ -48,6 +48,12 @@ def test_tensors_that_outgrow_the_mapping_are_summed_exactly(report):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_late_rank_is_waited_for_sleeping_on_a_futex_or_polling(report):
+    assert all(rank["late_rank"] == {"futex": True, "polling": True} for rank in report)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_ranks_on_different_hosts_are_refused_on_every_rank(report):
     for rank in report:
         assert "needs every rank of the group on one host" in rank["different_hosts"]

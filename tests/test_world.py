@@ -159,7 +159,7 @@ def test_a_torchrun_script_joins_the_group_and_prints_once(tmp_path):
 
 def test_shutdown_frees_the_groups_a_module_cached(monkeypatch):
     """A group a cache keeps past shutdown would keep gloo's threads alive into interpreter exit (world.shutdown)."""
-    from course import shm_allreduce
+    from course import shm_allreduce, shm_group
     from course.ports import free_port
 
     monkeypatch.setenv(world.EMULATE_ENV, "1")
@@ -170,8 +170,8 @@ def test_shutdown_frees_the_groups_a_module_cached(monkeypatch):
     try:
         world.init_from_env(timeout_s=30)
         assert shm_allreduce.shm_allreduce(torch.ones(5)).tolist() == [1.0] * 5
-        assert shm_allreduce._groups, "the shared-memory allreduce keeps its group's mapping between calls"
+        assert shm_group._groups, "the shared-memory allreduce keeps its group's mapping between calls"
     finally:
         world.shutdown()
         torch.set_num_threads(threads)
-    assert not shm_allreduce._groups
+    assert not shm_group._groups
