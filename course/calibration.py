@@ -157,7 +157,8 @@ def verdict(predictions: list[Prediction], target: float = 0.2) -> str:
     """One sentence on held-out ``predictions``: within ``target``, or outside it and which way, and what that
     way suggests (slower than predicted: load from elsewhere on the many-rank steps; faster: on the fit's)."""
     worst = max(predictions, key=lambda p: abs(p.error))
-    text = f"largest held-out error {worst.error:+.0%} ({worst.world_size} ranks, batch {worst.batch_size})"
+    ranks = f"{worst.world_size} rank{'s' if worst.world_size > 1 else ''}"
+    text = f"largest held-out error {worst.error:+.0%} ({ranks}, batch {worst.batch_size}/rank)"
     if abs(worst.error) <= target:
         return f"{text}: within the {target:.0%} we aim for."
     if worst.error < 0:
