@@ -1,17 +1,21 @@
 """Calibration: predict the step time of n emulated ranks on this machine from 1 and 2 ranks, then check it.
 
-A DDP step of DigitsCNN on ``n`` single-threaded CPU processes (per-rank batch ``B``, ``c`` usable cores) is
-CPU work and nothing else, forward, backward and the allreduce alike, so all of it shares the cores::
+A DDP step of DigitsCNN on ``n`` single-threaded CPU processes (per-rank batch ``B``) is CPU work and nothing
+else, forward, backward and the allreduce alike, so all of it shares the cores the ranks get, ``c``::
 
     step(n, B)   = (compute(B) + allreduce(n)) * max(1, n / c)
     compute(B)   = fixed + per_sample * B               one rank's step, fitted on 1 rank at >= 2 batch sizes
     allreduce(n) = 2(n-1) α + 2(n-1)/n N β              gloo's ring on the N gradient bytes (one DDP bucket),
                                                         α and β fitted on 2 ranks from dist.all_reduce timings
+    c            = 2 / share(2), between 1 and the usable cores (all of them if share(2) <= 1), where share(2)
+                   is how much longer the 2-rank steps at the fitted batch sizes took than compute(B) +
+                   allreduce(2) on a core each
 
 With n ranks on c < n cores the ranks take turns: the slowest finishes its backward after n / c times its own
-work, and every step of the ring (a send, a receive, an addition on each rank) waits for its turn alike. The
-gradients (360 KB) fit in one 25 MiB bucket, so nothing of the allreduce overlaps backward. Other programs on the
-machine take cores too, which no fit on 1 and 2 ranks can foresee: the prediction is for a quiet machine.
+work, and every step of the ring (a send, a receive, an addition on each rank) waits for its turn alike. On a
+quiet machine c is the usable cores (:func:`course.timing.usable_cores`); programs elsewhere take some of them,
+and the 2-rank steps show how many were left (if the load holds steady until the 4-rank steps run). The gradients
+(360 KB) fit in one 25 MiB bucket, so nothing of the allreduce overlaps backward.
 
 :func:`measure` times every configuration in one launch, in turns (round after round), so load that drifts
 from elsewhere falls on all of them alike; :func:`fit` uses only the 1-rank steps at two batch sizes and the
@@ -44,15 +48,15 @@ class Calibration:
         fixed_s, per_sample_s: one rank's step, ``fixed_s + per_sample_s * B`` seconds.
         link: α and β of gloo's allreduce (ring), from 2 ranks.
         gradient_bytes: N, the bytes DDP allreduces per step.
-        cores: usable cores the ranks share.
-        fitted_batches: the per-rank batch sizes whose 1-rank steps the fit used.
+        cores: the cores the ranks get (at most the usable cores; fewer while other programs take some).
+        fitted_batches: the per-rank batch sizes whose 1- and 2-rank steps the fit used.
     """
 
     fixed_s: float
     per_sample_s: float
     link: cost_model.AlphaBeta
     gradient_bytes: int
-    cores: int
+    cores: float
     fitted_batches: tuple[int, ...] = ()
 
     def share(self, world_size: int) -> float:
@@ -92,7 +96,11 @@ class Measurements:
 def fit(steps: dict[tuple[int, int], Estimate], allreduce: dict[tuple[int, int], Estimate], gradient_bytes: int,
         cores: int, batch_sizes: tuple[int, ...] | None = None) -> Calibration:
     """Fit :class:`Calibration` from the medians of 1-rank steps at two or more batch sizes (``batch_sizes``;
-    default all measured) and of 2-rank allreduces at two or more sizes; every other entry is held out.
+    default all measured), of 2-rank allreduces at two or more sizes and of 2-rank steps at those batch sizes
+    (without them the ranks are taken to get all ``cores``); every other entry is held out.
+
+    Args:
+        cores: the usable cores (:func:`course.timing.usable_cores`), the most the ranks can get.
 
     Raises:
         ValueError: fewer than two 1-rank batch sizes or two 2-rank allreduce sizes, or ``cores`` below 1.
@@ -106,9 +114,28 @@ def fit(steps: dict[tuple[int, int], Estimate], allreduce: dict[tuple[int, int],
     if cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}.")
     per_sample, fixed = np.polyfit([b for b, _ in ones], [t for _, t in ones], 1)
-    share = max(1.0, 2 / cores)  # on one core the 2-rank times hold twice the work of a core per rank
-    link = cost_model.fit_allreduce("ring", 2, [s for s, _ in twos], [t / share for _, t in twos])
-    return Calibration(float(fixed), float(per_sample), link, gradient_bytes, cores, tuple(b for b, _ in ones))
+    fitted = tuple(b for b, _ in ones)
+    shared = cost_model.fit_allreduce("ring", 2, [s for s, _ in twos], [t for _, t in twos])  # as 2 ranks got it
+    got = _cores_got(steps, fitted, fixed, per_sample, float(cost_model.predict("ring", gradient_bytes, 2, shared)),
+                     cores)
+    share = max(1.0, 2 / got)
+    link = cost_model.AlphaBeta(shared.alpha_s / share, shared.beta_s_per_byte / share)  # with a core per rank
+    return Calibration(float(fixed), float(per_sample), link, gradient_bytes, got, fitted)
+
+
+def _cores_got(steps: dict[tuple[int, int], Estimate], batches: tuple[int, ...], fixed: float, per_sample: float,
+               allreduce_2_s: float, cores: int) -> float:
+    """``2 / share(2)``, between 1 and ``cores`` (``cores`` if share(2) <= 1): the 2-rank steps are
+    ``compute(B) * share(2) + allreduce(2)`` (the allreduce as the 2 ranks got it), so share(2) is their
+    least-squares ratio to compute(B)."""
+    pairs = [(fixed + per_sample * b, steps[2, b].median - allreduce_2_s) for b in batches if (2, b) in steps]
+    if not pairs:
+        return float(cores)
+    compute, rest = np.array(pairs).T
+    share = float(compute @ rest / (compute @ compute))
+    if share <= 1 + 1e-9:  # 2 ranks ran as fast as one: they had 2 cores or more, and only `cores` says how many
+        return float(cores)
+    return float(min(cores, max(1.0, 2 / share)))
 
 
 @dataclass(frozen=True)
@@ -133,10 +160,10 @@ class Prediction:
 
 
 def held_out(calibration: Calibration, steps: dict[tuple[int, int], Estimate]) -> list[Prediction]:
-    """Predictions for every step configuration the fit did not use (more than 1 rank, or a batch size it did
+    """Predictions for every step configuration the fit did not use (more than 2 ranks, or a batch size it did
     not fit), sorted by ranks then batch."""
     return [Prediction(n, b, calibration.predict(n, b), t) for (n, b), t in sorted(steps.items())
-            if n > 1 or b not in calibration.fitted_batches]
+            if n > 2 or b not in calibration.fitted_batches]
 
 
 def held_out_allreduce(calibration: Calibration, allreduce: dict[tuple[int, int], Estimate]) -> list[Prediction]:
@@ -162,11 +189,11 @@ def verdict(predictions: list[Prediction], target: float = 0.2) -> str:
     if abs(worst.error) <= target:
         return f"{text}: within the {target:.0%} we aim for."
     if worst.error < 0:
-        return (f"{text}: outside the {target:.0%} we aim for, measured slower than predicted, which is what "
-                "other programs sharing the cores do to steps of several ranks (the model assumes a quiet machine; "
-                "benchmarks/calibration.py repeats the measurement and prints the spread).")
+        return (f"{text}: outside the {target:.0%} we aim for, measured slower than predicted, as it is when "
+                "load from elsewhere grows during the measurement (the cores the 2-rank steps got are "
+                "assumed to hold; benchmarks/calibration.py repeats the measurement and prints the spread).")
     return (f"{text}: outside the {target:.0%} we aim for, measured faster than predicted: the timings the fit "
-            "rests on (1-rank steps, 2-rank allreduces) were slowed while they ran, e.g. by other programs.")
+            "rests on (1- and 2-rank steps, 2-rank allreduces) were slowed while they ran, e.g. by other programs.")
 
 
 def summarize_all(measured: Measurements) -> tuple[dict[tuple[int, int], Estimate], dict[tuple[int, int], Estimate]]:

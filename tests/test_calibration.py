@@ -51,14 +51,34 @@ def test_fit_recovers_the_model_it_was_fitted_on(fixed, per_sample, alpha, beta,
                                                                                                       rel=1e-6)
     assert fitted.link.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert fitted.link.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
-    assert fitted.fitted_batches == (16, 64)
+    assert fitted.fitted_batches == (16, 64) and fitted.cores == pytest.approx(cores, rel=1e-6)
     assert all(abs(p.error) < 1e-6 for p in calibration.held_out(fitted, steps))
 
 
-def test_fit_uses_only_one_rank_steps_and_two_rank_allreduces():
+@given(cores_got=st.floats(1.0, 2.0))
+def test_fit_reads_the_cores_the_ranks_got_from_the_two_rank_steps(cores_got):
+    truth = _model(cores=cores_got)  # on 2 usable cores, other programs left the ranks `cores_got`
+    steps, allreduce = _measurements_of(truth)
+    fitted = calibration.fit(steps, allreduce, truth.gradient_bytes, 2, batch_sizes=(16, 64))
+    assert fitted.cores == pytest.approx(cores_got, rel=1e-6)
+    assert fitted.predict(4, 32) == pytest.approx(truth.predict(4, 32), rel=1e-6)
+
+
+def test_cores_got_stay_between_one_and_the_usable_cores():
+    model = _model()
+    for scale, expected in ((0.5, 2.0), (10.0, 1.0)):  # 2-rank steps faster than one rank's; far slower
+        steps = {(n, b): timing.summarize([model.predict(n, b) * (scale if n == 2 else 1)]) for n in (1, 2)
+                 for b in (16, 64)}
+        allreduce = {(2, s): timing.summarize([model.allreduce_s(2, s)]) for s in (1000, 100_000)}
+        assert calibration.fit(steps, allreduce, model.gradient_bytes, 2).cores == expected
+    steps = {k: v for k, v in steps.items() if k[0] == 1}  # no 2-rank steps: all the usable cores
+    assert calibration.fit(steps, allreduce, model.gradient_bytes, 2).cores == 2
+
+
+def test_fit_uses_only_fitted_one_and_two_rank_steps_and_two_rank_allreduces():
     truth = _model()
     steps, allreduce = _measurements_of(truth)
-    noisy_steps = {k: (timing.summarize([9.0]) if k[0] > 1 or k[1] == 32 else t) for k, t in steps.items()}
+    noisy_steps = {k: (timing.summarize([9.0]) if k[0] > 2 or k[1] == 32 else t) for k, t in steps.items()}
     noisy_allreduce = {k: (timing.summarize([9.0]) if k[0] != 2 else t) for k, t in allreduce.items()}
     fitted = calibration.fit(noisy_steps, noisy_allreduce, truth.gradient_bytes, 2, batch_sizes=(16, 64))
     assert fitted.predict(4, 32) == pytest.approx(truth.predict(4, 32), rel=1e-6)
@@ -68,8 +88,7 @@ def test_held_out_are_every_configuration_but_the_fitted_ones_with_their_errors(
     model = _model()
     steps = {(n, b): timing.summarize([model.predict(n, b) * 1.25]) for n in (1, 2, 4) for b in (16, 32, 64)}
     predictions = calibration.held_out(model, steps)
-    assert [(p.world_size, p.batch_size) for p in predictions] == [(1, 32), (2, 16), (2, 32), (2, 64), (4, 16),
-                                                                    (4, 32), (4, 64)]
+    assert [(p.world_size, p.batch_size) for p in predictions] == [(1, 32), (2, 32), (4, 16), (4, 32), (4, 64)]
     assert all(p.error == pytest.approx(1 / 1.25 - 1) for p in predictions)  # -20%: predicted 20% too fast
     assert calibration.worst_error(predictions) == pytest.approx(0.2)
     assert "outside the interval" in str(predictions[0])
