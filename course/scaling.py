@@ -1,10 +1,10 @@
 """Scaling: step time measured on 1, 2, 4 emulated ranks here, honestly, and modelled for real GPUs.
 
-**Measured** (``notebooks/05_ddp.ipynb``): :func:`measure_step_samples` times every step of DDP training on
+**Measured** (``notebooks/05_ddp.ipynb``): :func:`course.calibration.measure` times every step of DDP training on
 sub-groups of 1, 2 and 4 ranks; :func:`course.timing.summarize` keeps the median with a 95% bootstrap interval, and
 :func:`speedup_verdict` flags a speedup above what this machine's cores allow as noise, not a result (4 ranks
-on 2 cores can at best run 2x). :func:`fit_calibration` fits a two-term model of these ranks from the 1- and
-2-rank timings and predicts the held-out ones, with its error.
+on 2 cores can at best run 2x). :mod:`course.calibration` fits a model of these ranks from 1 and 2 ranks and
+predicts the held-out ones, with its error; :func:`plot_measured` draws both.
 
 **Modelled** for real GPUs: :mod:`course.perf_model` (validated against published figures in
 :mod:`course.perf_validation`); :func:`plot_modelled_scaling` and :func:`plot_modelled_timeline` draw it.
@@ -12,74 +12,12 @@ on 2 cores can at best run 2x). :func:`fit_calibration` fits a two-term model of
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import numpy as np
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from course import data, timing, world
-from course.models import DigitsCNN
+from course import timing
+from course.calibration import Calibration
 from course.perf_model import KINDS, StepTime
 from course.timing import Estimate
-
-
-def measure_step_samples(world_sizes: tuple[int, ...] = (1, 2, 4), batch_sizes: tuple[int, ...] = (32,),
-                         rounds: int = 5, steps_per_round: int = 2, warmup_steps: int = 2
-                         ) -> dict[tuple[int, int], list[float]]:
-    """Rank function: seconds of every timed DDP training step on the first n ranks, per (n, per-rank batch).
-
-    Launch it on ``max(world_sizes)`` ranks: the first n ranks form a subgroup and train DigitsCNN with DDP
-    (weak scaling: the per-rank batch is fixed) while the others wait, so one launch measures every size.
-    The configurations take turns, ``steps_per_round`` steps each per round, so a burst of load from elsewhere
-    falls on several of them rather than on whichever ran then (a 1-rank baseline timed alone, first, can come
-    out several times too slow and inflate every speedup).
-
-    Returns:
-        ``{(n, batch_size): [seconds per step, ...]}`` (``rounds x steps_per_round`` each) on rank 0; ``{}`` on
-        the other ranks.
-    """
-    me = world.current()
-    if max(world_sizes) > me.world_size:
-        raise ValueError(f"launch on at least {max(world_sizes)} ranks to measure {world_sizes}; got {me.world_size}.")
-    images, labels = data.load().train.tensors
-    batches = {b: (images[:b].to(me.device), labels[:b].to(me.device)) for b in batch_sizes}
-    groups = {n: dist.new_group(list(range(n))) for n in world_sizes}  # every rank must call new_group
-    trainers = {n: _trainer(groups[n]) for n in world_sizes if me.rank < n}
-    samples: dict[tuple[int, int], list[float]] = {(n, b): [] for n in world_sizes for b in batch_sizes}
-    for round_ in range(rounds + 1):  # round 0 warms every configuration up, untimed
-        for n in world_sizes:
-            for b in batch_sizes:
-                if me.rank < n:
-                    times = _time_steps(*trainers[n], *batches[b], steps_per_round if round_ else warmup_steps)
-                    samples[n, b] += times if round_ else []
-                dist.barrier()
-    return samples if me.is_main else {}
-
-
-def _trainer(group: dist.ProcessGroup) -> tuple[nn.Module, torch.optim.Optimizer]:
-    me = world.current()
-    torch.manual_seed(0)
-    device_ids = [me.device.index] if me.device.type == "cuda" else None
-    model = DistributedDataParallel(DigitsCNN().to(me.device), device_ids=device_ids, process_group=group)
-    return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-
-def _time_steps(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor,
-                steps: int) -> list[float]:
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(images), labels).backward()
-        optimizer.step()
-        if images.device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def speedup_verdict(one: Estimate, many: Estimate, world_size: int, cores: int) -> tuple[float, str]:
@@ -91,42 +29,9 @@ def speedup_verdict(one: Estimate, many: Estimate, world_size: int, cores: int) 
     return speedup.median, timing.speedup_verdict(speedup, world_size, cores)
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """Step time of n emulated ranks with per-rank batch B on c cores, fitted on this machine:
-
-    ``(fixed_s + per_sample_s * B) * max(1, n / c) + per_peer_s * (n - 1)``: compute shares the cores, and the
-    allreduce adds a cost per extra rank (gloo's ring is latency-bound at DigitsCNN's 360 KB of gradients).
-    """
-
-    fixed_s: float
-    per_sample_s: float
-    per_peer_s: float
-    cores: int
-
-    def predict(self, world_size: int, batch_size: int) -> float:
-        share = max(1.0, world_size / self.cores)
-        return (self.fixed_s + self.per_sample_s * batch_size) * share + self.per_peer_s * (world_size - 1)
-
-
-def fit_calibration(timings: dict[tuple[int, int], Estimate], cores: int) -> Calibration:
-    """Fit :class:`Calibration` from 1-rank timings at two or more batch sizes and 2-rank timings.
-
-    Raises:
-        ValueError: fewer than two 1-rank batch sizes, or no 2-rank timing.
-    """
-    ones = sorted((b, t.median) for (n, b), t in timings.items() if n == 1)
-    twos = [(b, t.median) for (n, b), t in timings.items() if n == 2]
-    if len(ones) < 2 or not twos:
-        raise ValueError(f"need 1-rank timings at >= 2 batch sizes and a 2-rank timing; got {sorted(timings)}.")
-    per_sample, fixed = np.polyfit([b for b, _ in ones], [t for _, t in ones], 1)
-    partial = Calibration(float(fixed), float(per_sample), 0.0, cores)
-    per_peer = float(np.mean([t - partial.predict(2, b) for b, t in twos]))
-    return Calibration(float(fixed), float(per_sample), max(0.0, per_peer), cores)
-
-
 def plot_measured(timings: dict[tuple[int, int], Estimate], calibration: Calibration | None = None) -> object:
-    """Measured ms per step (median, 95% interval) against ranks, one line per batch size; dashed: calibration."""
+    """Measured ms per step (median, 95% interval) against ranks, one line per batch size; dashed: the
+    calibration's prediction (:mod:`course.calibration`)."""
     import matplotlib.pyplot as plt
 
     figure, ax = plt.subplots(figsize=(5.5, 3.4))
