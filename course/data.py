@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from course.validation import check_count
+
 DATASETS = ("digits", "fashion-mnist", "cifar10")
 
 
@@ -211,7 +213,6 @@ def loader(dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 
     Raises:
         ValueError: ``batch_size`` is not a positive integer.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    batch_size = check_count("batch_size", batch_size, unit="number of samples")
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, **kwargs)

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course.timing import PhaseClock
-from course.validation import check_choice
+from course.validation import check_choice, check_count
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor, num_replicas: int
@@ -160,8 +160,7 @@ def global_batches(dataset: torch.utils.data.Dataset, batch_size: int, steps: in
     """
     from course.data import loader
 
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}.")
+    steps = check_count("steps", steps, unit="number of batches")
     batches: list[tuple[torch.Tensor, torch.Tensor]] = []
     epoch = 0
     while len(batches) < steps:

@@ -55,8 +55,8 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     Raises:
         ValueError: negative ``step`` or ``warmup_steps``.
     """
-    if step < 0 or warmup_steps < 0:
-        raise ValueError(f"step and warmup_steps must be >= 0, got step={step}, warmup_steps={warmup_steps}.")
+    step = check_count("step", step, minimum=0)
+    warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
     return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
 
 
@@ -69,8 +69,7 @@ def lr_at(step: int, base_lr: float, base_batch_size: int, batch_size: int, rule
 def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A scheduler that multiplies each group's rate by :func:`warmup_factor`; call ``.step()`` after each
     ``optimizer.step()``."""
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+    warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_factor(step, warmup_steps))
 
 

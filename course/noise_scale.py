@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ from torch.nn import functional as F
 
 from course import exercise
 from course.large_batch import check_batch, check_lr, gradients, sgd_update, split_batch
-from course.validation import check_model_fits_data
+from course.validation import check_count, check_model_fits_data
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -131,9 +130,8 @@ def two_batch_estimate(small_norm_sq: float, big_norm_sq: float, small_batch_siz
         ValueError: batch sizes not positive integers with ``small_batch_size < big_batch_size``, or a
             negative squared norm.
     """
-    for name, size in (("small_batch_size", small_batch_size), ("big_batch_size", big_batch_size)):
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}.")
+    small_batch_size = check_count("small_batch_size", small_batch_size, unit="number of samples")
+    big_batch_size = check_count("big_batch_size", big_batch_size, unit="number of samples")
     if small_batch_size >= big_batch_size:
         raise ValueError(f"small_batch_size ({small_batch_size}) must be smaller than big_batch_size "
                          f"({big_batch_size}); with equal sizes the two equations are the same one.")
@@ -185,9 +183,7 @@ def linear_regression_data(n: int, true_weight: torch.Tensor, noise_std: float,
                            input_cov: torch.Tensor | None = None,
                            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` samples ``(x, y)`` of the model in :func:`linear_regression_noise_scale`: ``(n, D)`` and ``(n,)``."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}.")
-    n = int(n)
+    n = check_count("n", n, unit="number of samples")
     dim = len(true_weight)
     x = torch.randn(n, dim, dtype=torch.float64, generator=generator)
     if input_cov is not None:
@@ -259,9 +255,9 @@ def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch
     """
     n = check_batch(inputs, targets)
     lr = check_lr(lr)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or not 1 <= batch_size <= n:
-        raise ValueError(f"batch_size must be an integer in 1..{n} (the number of samples), got {batch_size!r}.")
-    batch_size = int(batch_size)
+    batch_size = check_count("batch_size", batch_size, unit="number of samples")
+    if batch_size > n:
+        raise ValueError(f"batch_size must be in 1..{n} (the number of samples it is drawn from), got {batch_size}.")
     check_model_fits_data(model, loss_fn, inputs, targets)
     if not 1 <= every <= steps:
         raise ValueError(f"every must be in 1..steps={steps}, got {every}.")

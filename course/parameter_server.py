@@ -32,6 +32,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course import cost_model, world
 from course.data_parallel import global_batches, split_batch, train_on_ranks
+from course.validation import check_count
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -52,8 +53,7 @@ class Config:
 
 def server_bytes_per_step(gradient_bytes: int, parameter_bytes: int, num_workers: int) -> tuple[int, int]:
     """Bytes ``(into, out of)`` the server in one synchronous step: ``W·G`` pushed in, ``W·P`` pulled out."""
-    if num_workers < 1:
-        raise ValueError(f"a parameter server needs at least one worker, got num_workers={num_workers}.")
+    num_workers = check_count("num_workers", num_workers, unit="number of workers (a parameter server needs one)")
     return num_workers * gradient_bytes, num_workers * parameter_bytes
 
 
@@ -260,8 +260,7 @@ def train_with_staleness(model: nn.Module, batches: Sequence[tuple[torch.Tensor,
     Raises:
         ValueError: negative staleness.
     """
-    if staleness < 0:
-        raise ValueError(f"staleness must be >= 0 updates, got {staleness}.")
+    staleness = check_count("staleness", staleness, minimum=0, unit="number of updates")
     reader = copy.deepcopy(model)  # holds the stale parameters the gradient is computed on
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     history = collections.deque([parameters_to_vector(model.parameters()).detach().clone()], maxlen=staleness + 1)

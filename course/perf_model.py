@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from course import cost_model
 from course.hardware import Gpu, Link
+from course.validation import check_choice, check_count
 from course.workloads import Layer, Workload
 
 SCHEMES = ("ring", "tree", "hierarchical", "naive", "parameter_server")
@@ -166,9 +167,9 @@ def step_time(workload: Workload, batch_size: int, world_size: int, cluster: Clu
     Raises:
         ValueError: unknown scheme, or a batch size or world size below 1.
     """
-    if scheme not in SCHEMES or batch_size < 1 or world_size < 1:
-        raise ValueError(f"need scheme in {SCHEMES}, batch_size >= 1 and world_size >= 1; got {scheme!r}, "
-                         f"{batch_size} and {world_size}.")
+    check_choice("scheme", scheme, SCHEMES)
+    batch_size = check_count("batch_size", batch_size, unit="number of samples per rank")
+    world_size = check_count("world_size", world_size, unit="number of GPUs")
     forward = [layer_seconds(layer, batch_size, cluster.gpu, a) for layer in workload.layers]
     backward = [layer_seconds(layer, batch_size, cluster.gpu, a, 2.0) for layer in reversed(workload.layers)]
     data_s = batch_size / a.samples_per_s

@@ -86,7 +86,7 @@ def test_replicate_and_train_step_reject_bad_arguments():
         replicas = dp.replicate(MLP(), ["cpu"] * 2)
         dp.train_step(replicas, [torch.optim.SGD(replicas[0].parameters(), lr=0.1)], torch.zeros(4, 1, 8, 8),
                       torch.zeros(4, dtype=torch.int64))
-    with pytest.raises(ValueError, match="steps must be at least 1"):
+    with pytest.raises(ValueError, match="steps must be a positive integer number of batches, got 0"):
         dp.global_batches(load("digits").train, 8, 0)
 
 
