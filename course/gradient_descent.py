@@ -83,7 +83,8 @@ def check_problem(x: torch.Tensor, y: torch.Tensor, lr: float, epochs: int,
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
         raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
     check_count("epochs", epochs)
-    if batch_size is not None and check_count("batch_size", batch_size, unit=f"number of samples (at most {len(x)})") > len(x):
+    at_most = f"number of samples (at most {len(x)})"
+    if batch_size is not None and check_count("batch_size", batch_size, unit=at_most) > len(x):
         raise ValueError(
             f"batch_size must be an integer from 1 to the number of samples ({len(x)}), got {batch_size!r}. "
             f"Use batch_size={len(x)} (or gradient_descent) for full batch."
