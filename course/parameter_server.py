@@ -45,7 +45,7 @@ class Config:
     """One parameter-server experiment on the digits (every rank builds the same model and batches)."""
 
     steps: int = 12          # synchronous steps (the async run applies steps x workers gradients)
-    batch_size: int = 48     # global batch size per synchronous step, split over the workers
+    global_batch_size: int = 48  # samples per synchronous step, split over the workers
     lr: float = 0.1          # SGD learning rate for the averaged gradient
     width: int = 8           # DigitsCNN width: small, so the demo is about communication
     seed: int = 0            # model initialisation and data order
@@ -209,7 +209,7 @@ def batches(config: Config = Config()) -> list[tuple[torch.Tensor, torch.Tensor]
     """The experiment's global batches of digits (load them once, before launching, and pass them in)."""
     from course.data import load
 
-    return global_batches(load("digits").train, config.batch_size, config.steps, config.seed)
+    return global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
 
 
 def compare_on_ranks(config: Config = Config(), data: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,

@@ -173,7 +173,7 @@ def test_allreduce_on_ranks_equals_one_process_and_ranks_stay_identical():
     torch.manual_seed(config.seed)
     model = DigitsCNN(width=config.width)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    batches = dp.global_batches(load("digits").train, config.batch_size, config.steps, config.seed)
+    batches = dp.global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
     losses = [dp.train_step([model], [optimizer], x, y).loss for x, y in batches]
     expected = parameters_to_vector(model.parameters()).detach()
     for rank in report:
