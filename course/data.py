@@ -56,8 +56,10 @@ class Splits:
 def _split(images: torch.Tensor, labels: torch.Tensor, n_val: int, n_test: int, seed: int
            ) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
     for what, size in (("n_val", n_val), ("n_test", n_test)):
-        if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
-            raise DatasetError(f"{what} must be a whole number of samples, 0 or more, got {size!r}.")
+        try:
+            check_count(what, size, minimum=0)
+        except ValueError as error:
+            raise DatasetError(str(error)) from None
     if n_val + n_test >= len(labels):
         raise DatasetError(
             f"only {len(labels)} samples, but {n_val} are asked for validation and {n_test} for test; "
