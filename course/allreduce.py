@@ -9,7 +9,8 @@ exactly what ``dist.all_reduce(tensor)`` does. The three algorithms share one si
     return _finish(tensor, op, comm)                                 # divide by world_size for "avg"
 
 so a student can diff them. Taught in ``notebooks/04_allreduce.ipynb``; ``course.allreduce_sim`` replays the
-same steps in one process and draws them; ``course.cost_model`` says what each one costs.
+same steps in one process and draws them; ``course.cost_model`` says what each one costs. How ranks address
+each other and agree on the call (``agreement``) is :mod:`course.allreduce_protocol`.
 
 - **naive** (the parameter-server pattern): everyone sends its tensor to rank 0, rank 0 adds them up and
   sends the result back. Rank 0's link carries 2(n-1) full tensors: it does not scale.
@@ -24,20 +25,16 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from course import world
+from course.allreduce_protocol import ALGORITHM_NAMES, DTYPES, OPS, Agreement, Comm, call_metadata
 
-OPS = ("sum", "avg")
 #: ``op`` may also be torch's own constant, as in ``dist.all_reduce(tensor, op=dist.ReduceOp.SUM)``.
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
 Op = str | dist.ReduceOp | dist.ReduceOp.RedOpType
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-#: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
-_CHECKED_DIMS = 6
 #: The ring cuts each chunk into pieces of about this many bytes and passes a piece on as soon as it is
 #: reduced, while the next piece is still arriving (pipelining: the sends of piece k overlap the adding of
 #: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more. On emulated GPUs, where every
@@ -54,42 +51,6 @@ MAX_RING_PIECES = 16
 #: There the ring sends and receives each step as one batch, and the agreement check is one batch.
 TAGGED_BACKENDS = ("gloo",)
 _scratch = threading.local()  # per-thread receive buffers, reused across calls (a fresh 16 MB costs page faults)
-
-
-@dataclass(frozen=True)
-class _Comm:
-    """Who I am in ``group``, and point-to-point calls addressed by group rank.
-
-    They call the process group's own ``send``/``recv`` (what ``dist.isend``/``dist.irecv`` end in), skipping
-    the checks ``dist`` repeats on every message: 20-30 us of Python each, which on 2 shared cores is time
-    taken from another rank's copying and adding."""
-
-    rank: int
-    world_size: int
-    group: dist.ProcessGroup | None  # None only in a world of one, which sends nothing
-    batched: bool = False  # send and receive in batches: not gloo on CPU (see TAGGED_BACKENDS)
-
-    def send(self, tensor: torch.Tensor, peer: int) -> None:
-        self.isend(tensor, peer).wait()
-
-    def recv(self, tensor: torch.Tensor, peer: int) -> None:
-        self.irecv(tensor, peer).wait()
-
-    def isend(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
-        return self.group.send([tensor], peer, tag)
-
-    def irecv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> dist.Work:
-        return self.group.recv([tensor], peer, tag)
-
-    def exchange(self, sends: list[tuple[torch.Tensor, int]], receives: list[tuple[torch.Tensor, int]]) -> None:
-        """Send each ``(tensor, peer)`` of ``sends`` while receiving each of ``receives``, as one batch, and wait
-        for all of them (an empty tensor is skipped: its peer skips it too)."""
-        ops = [dist.P2POp(dist.isend, tensor, group=self.group, group_peer=peer) for tensor, peer in sends
-               if tensor.numel()]
-        ops += [dist.P2POp(dist.irecv, tensor, group=self.group, group_peer=peer) for tensor, peer in receives
-                if tensor.numel()]
-        for work in dist.batch_isend_irecv(ops) if ops else []:
-            work.wait()
 
 
 def chunk_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -125,7 +86,7 @@ def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGro
             rank disagrees. Naive and tree wait for every rank's before their first message: a wait for the
             slowest rank to arrive, ~3 ms on emulated GPUs. The ring does so only for a call that differs
             from the last one the group verified; repeating it, it tells its right neighbour only, its data moves
-            at once and the check costs next to nothing (see ``_Agreement``). After a mismatch ``tensor`` is
+            at once and the check costs next to nothing (see ``Agreement``). After a mismatch ``tensor`` is
             as it was, except on the ranks of a repeated ring call, where it holds NaN. Must be the same on
             every rank.
             ``check=False`` means *you promise* that every rank passes the same shape,
@@ -177,11 +138,11 @@ def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
     return _finish(tensor, op, comm)
 
 
-def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: bool = True,
+def _ring(flat: torch.Tensor, comm: Comm, hear_left: bool = True, talk_right: bool = True,
           before_waiting: Callable[[], None] = lambda: None) -> None:
     """The ring's messages (see :func:`ring_allreduce`): all receives posted up front, each piece passed on
     as soon as it is reduced; ``before_waiting`` runs once the first sends are out. A stand-in for a rank
-    that is not running this ring (see :class:`_Agreement`) turns off the links to neighbours that are not
+    that is not running this ring (see :class:`Agreement`) turns off the links to neighbours that are not
     running it either."""
     n, rank = comm.world_size, comm.rank
     if n == 1 or flat.numel() == 0:
@@ -214,7 +175,7 @@ def _ring(flat: torch.Tensor, comm: _Comm, hear_left: bool = True, talk_right: b
         work.wait()
 
 
-def _ring_in_lock_step(chunks: list[torch.Tensor], comm: _Comm) -> None:
+def _ring_in_lock_step(chunks: list[torch.Tensor], comm: Comm) -> None:
     """The ring's steps one at a time, exactly as :func:`ring_allreduce` states them, each step's send and
     receive in one batch: on NCCL, receives posted ahead of the sends would deadlock (``TAGGED_BACKENDS``)."""
     n, rank = comm.world_size, comm.rank
@@ -265,11 +226,9 @@ def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
     return _finish(tensor, op, comm)
 
 
-ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = {
-    "naive": naive_allreduce,
-    "ring": ring_allreduce,
-    "tree": tree_allreduce,
-}
+#: In the order of ``allreduce_protocol.ALGORITHM_NAMES``, by which a call names its algorithm to the others.
+ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = dict(
+    zip(ALGORITHM_NAMES, (naive_allreduce, ring_allreduce, tree_allreduce), strict=True))
 
 
 def _landings(like: torch.Tensor, count: int) -> list[torch.Tensor]:
@@ -304,40 +263,30 @@ def _pieces(chunk: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | None, check: bool
-           ) -> tuple[torch.Tensor, _Comm, _Agreement]:
+           ) -> tuple[torch.Tensor, Comm, Agreement]:
     """Validate the arguments, find this rank in ``group``, start the agreement check (also on which
     ``algorithm`` every rank runs: their messages differ), and view the tensor as 1-D."""
     op = _op_name(op)
-    validate_tensor(tensor)
-    if group is None and not dist.is_initialized():
-        comm = _Comm(0, 1, None)  # no process group: a world of one, like course.world.current()
-    else:
-        group = group if group is not None else dist.group.WORLD
-        comm = _Comm(dist.get_rank(group), dist.get_world_size(group), group,
-                     batched=tensor.device.type != "cpu" or dist.get_backend(group) not in TAGGED_BACKENDS)
-    if check and comm.world_size > 1:
-        agreement = _Agreement.post(_metadata(tensor, op, algorithm), tensor.device, comm)
-    else:
-        agreement = _Agreement([], comm, fast=True)  # nothing to check: agrees with everyone
-    return tensor.view(-1), comm, agreement
-
-
-def validate_tensor(tensor: torch.Tensor, caller: str = "allreduce") -> None:
-    """Raise unless ``tensor`` is one an in-place allreduce can take: a contiguous torch.Tensor of a dtype in
-    ``DTYPES``. ``caller`` names the function in the message (``course.shm_allreduce`` shares this check).
-
-    Raises:
-        TypeError: not a tensor. ValueError: another dtype, or not contiguous (each message says the fix).
-    """
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{caller} needs a torch.Tensor, got {type(tensor).__name__}.")
+        raise TypeError(f"allreduce needs a torch.Tensor, got {type(tensor).__name__}.")
     if tensor.dtype not in DTYPES:
-        raise ValueError(f"{caller} supports dtypes {[str(d) for d in DTYPES]}, got {tensor.dtype}. "
+        raise ValueError(f"allreduce supports dtypes {[str(d) for d in DTYPES]}, got {tensor.dtype}. "
                          "Convert with tensor.float() (and copy back) first.")
     if not tensor.is_contiguous():
-        raise ValueError(f"{caller} works in place on a contiguous tensor, got one with strides "
+        raise ValueError(f"allreduce works in place on a contiguous tensor, got one with strides "
                          f"{tensor.stride()} for shape {tuple(tensor.shape)}. Reduce t = x.contiguous(), "
                          "then x.copy_(t).")
+    if group is None and not dist.is_initialized():
+        comm = Comm(0, 1, None)  # no process group: a world of one, like course.world.current()
+    else:
+        group = group if group is not None else dist.group.WORLD
+        comm = Comm(dist.get_rank(group), dist.get_world_size(group), group,
+                     batched=tensor.device.type != "cpu" or dist.get_backend(group) not in TAGGED_BACKENDS)
+    if check and comm.world_size > 1:
+        agreement = Agreement.post(call_metadata(tensor, op, algorithm), tensor.device, comm, _ring)
+    else:
+        agreement = Agreement([], comm, fast=True)  # nothing to check: agrees with everyone
+    return tensor.view(-1), comm, agreement
 
 
 def _op_name(op: Op) -> str:
@@ -352,159 +301,7 @@ def _op_name(op: Op) -> str:
                      "(max, min and product are not taught here: use dist.all_reduce for them.)")
 
 
-def _finish(tensor: torch.Tensor, op: Op, comm: _Comm) -> torch.Tensor:
+def _finish(tensor: torch.Tensor, op: Op, comm: Comm) -> torch.Tensor:
     if _op_name(op) == "avg" and comm.world_size > 1:
         tensor.div_(comm.world_size)
     return tensor
-
-
-def _metadata(tensor: torch.Tensor, op: str, algorithm: str) -> list[int]:
-    shape = list(tensor.shape[:_CHECKED_DIMS]) + [0] * max(0, _CHECKED_DIMS - tensor.dim())
-    if tensor.dim() > _CHECKED_DIMS:
-        shape[-1] = math.prod(tensor.shape[_CHECKED_DIMS - 1:])
-    return [tensor.numel(), DTYPES.index(tensor.dtype), OPS.index(op), list(ALGORITHMS).index(algorithm),
-            tensor.dim(), *shape]
-
-
-def _describe(metadata: list[int]) -> str:
-    numel, dtype, op, algorithm, dim, *shape = metadata
-    return (f"numel {numel}, shape {tuple(shape[:dim])}, {DTYPES[dtype]}, op {OPS[op]!r}, "
-            f"{list(ALGORITHMS)[algorithm]} allreduce")
-
-
-_CALL_TAG, _ANSWER_TAG, _EVERYONE_TAG = 1, 2, 3  # the data goes on tag 0
-#: Per process group, the last call every rank was verified to agree on (ring calls only).
-_verified: dict[dist.ProcessGroup, list[int]] = {}
-world.forget_on_shutdown(_verified.clear)
-
-
-@dataclass
-class _Agreement:
-    """Whether every rank makes this call: same numel, dtype, op, algorithm and shape.
-
-    Without it, a rank with a shorter tensor would wait forever for bytes nobody sends, or gloo would abort
-    a process that receives more than it has room for: this turns both into an error on every rank that
-    names the rank that differs. Each rank tells *everyone* its call (one hop of n-1 tiny messages;
-    ``dist.all_gather`` would take n-1 hops and a hand-off to gloo's worker thread), and waits for all of
-    theirs before its data moves: a wait for the slowest rank to arrive (~3 ms on emulated GPUs).
-
-    A ring call that repeats the group's last verified call is *fast*: it tells only its right neighbour,
-    on the link that carries its data anyway (so it costs next to nothing), and its data moves at once. A
-    rank that changed its call is *slow*: it tells its right neighbour and everyone. Every rank reads its
-    left neighbour's call before waiting for data from it, and answers with its own if that neighbour is
-    slow. So a slow rank learns both neighbours' calls, and next to a fast one it stands in for the ring
-    towards its fast neighbours (:func:`_ring` on NaN of their shape), so they finish, with NaN everywhere:
-    every chunk passes through a stand-in on its way round. A fast rank whose result does not start with
-    NaN therefore knows every rank made its call; one whose result does (a mismatch, or a NaN in the data)
-    tells everyone too, and every rank compares all the calls and raises if any differs. Naive and tree are
-    always slow, and so is every batched call (``TAGGED_BACKENDS``), which tells everyone in one batch.
-    Unposted (``check=False`` or a world of one) it verifies nothing.
-    """
-
-    mine: list[int]
-    comm: _Comm
-    fast: bool
-    device: torch.device = torch.device("cpu")
-    left: torch.Tensor | None = None  # my left neighbour's call, as it sent it
-    right: torch.Tensor | None = None  # my right neighbour's answer (slow calls only)
-    everyone: dict[int, torch.Tensor] = field(default_factory=dict)  # every other rank's call, as it sent it
-    hearing_left: list[dist.Work] = field(default_factory=list)  # each list waited once: a second wait()
-    hearing_right: list[dist.Work] = field(default_factory=list)  # on a finished gloo recv hangs forever
-    hearing_everyone: list[dist.Work] = field(default_factory=list)
-    sending: list[dist.Work] = field(default_factory=list)
-    done: bool = False
-
-    @classmethod
-    def post(cls, metadata: list[int], device: torch.device, comm: _Comm) -> _Agreement:
-        fast = not comm.batched and metadata[0] > 0 and metadata == _verified.get(comm.group)
-        agreement = cls(metadata, comm, fast, device=device)
-        if not comm.batched:
-            agreement._tell_right()
-        if not fast:
-            agreement._tell_everyone()
-        return agreement
-
-    def answer_left(self) -> None:
-        """Read my left neighbour's call and, if it is slow, answer with mine (it waits for that to learn
-        whether I run the ring). A fast call does this before it first waits for data: a slow left
-        neighbour sends none until answered."""
-        if self.left is None or not self.hearing_left:
-            return
-        _wait(self.hearing_left)
-        if not self.left[-1].item():
-            left = (self.comm.rank - 1) % self.comm.world_size
-            self.sending.append(self.comm.isend(self._message(), left, _ANSWER_TAG))
-
-    def verify(self, result: torch.Tensor | None = None) -> None:
-        """Raise ValueError on every rank, naming the ranks whose call differs from rank 0's, if any do. A slow
-        call verifies before its data moves; a fast one after, from its ``result``. Later calls return at once."""
-        if self.done or not (self.left is not None or self.everyone) or (self.fast and result is None):
-            return
-        self.done = True
-        self.answer_left()
-        if self.fast:
-            if not math.isnan(result[0].item()):
-                _wait(self.sending)
-                return  # no rank stood in (it would have sent NaN): every rank made this very call
-            self._tell_everyone()  # a stand-in's NaN, or the data's own: compare everyone's call
-        elif self.right is not None:
-            _wait(self.hearing_right)
-            left, right = bool(self.left[-1].item()), bool(self.right[-1].item())
-            if left or right:  # a fast neighbour is running the ring: the calls differ
-                self._stand_in((self.left if left else self.right).tolist()[:-1], left, right)
-        _wait(self.hearing_everyone)
-        _wait(self.sending)
-        calls = [self.everyone[peer].tolist()[:-1] if peer in self.everyone else self.mine
-                 for peer in range(self.comm.world_size)]
-        odd = [r for r, call in enumerate(calls) if call != calls[0]]
-        if not odd:
-            if list(ALGORITHMS)[self.mine[3]] == "ring":  # the only one that has a fast path
-                _verified[self.comm.group] = self.mine
-            return
-        _verified.pop(self.comm.group, None)
-        raise ValueError(
-            f"allreduce needs the same tensor shape, dtype, op and algorithm on every rank, but rank {odd[0]} "
-            f"has {_describe(calls[odd[0]])} while rank 0 has {_describe(calls[0])} (ranks that differ "
-            f"from rank 0: {odd}; I am rank {self.comm.rank}). Call the same allreduce with the same-shaped "
-            "tensor on every rank."
-        )
-
-    def _message(self) -> torch.Tensor:
-        return torch.tensor([*self.mine, self.fast], dtype=torch.int64, device=self.device)
-
-    def _tell_right(self) -> None:
-        """Send my call to my right neighbour and post a receive for my left one's (and, slow, for my right
-        one's answer), on tags of their own: these never meet the data, whichever is sent first."""
-        comm, sent = self.comm, self._message()
-        left, right = (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size
-        self.left = torch.empty_like(sent)
-        self.hearing_left = [comm.irecv(self.left, left, _CALL_TAG)]
-        self.sending = [comm.isend(sent, right, _CALL_TAG)]
-        if not self.fast:
-            self.right = torch.empty_like(sent)
-            self.hearing_right = [comm.irecv(self.right, right, _ANSWER_TAG)]
-
-    def _tell_everyone(self) -> None:
-        """Send my call to every other rank and post receives for theirs."""
-        comm, sent = self.comm, self._message()
-        peers = [peer for peer in range(comm.world_size) if peer != comm.rank]
-        self.everyone = {peer: torch.empty_like(sent) for peer in peers}
-        if not comm.batched:
-            self.hearing_everyone = [comm.irecv(self.everyone[peer], peer, _EVERYONE_TAG) for peer in peers]
-            self.sending += [comm.isend(sent, peer, _EVERYONE_TAG) for peer in peers]
-            return
-        # NCCL has no tags, and sends and receives must go in one batch (see TAGGED_BACKENDS): wait for it now
-        comm.exchange([(sent, peer) for peer in peers], [(self.everyone[peer], peer) for peer in peers])
-
-    def _stand_in(self, fast_call: list[int], hear_left: bool, talk_right: bool) -> None:
-        """Exchange with my fast neighbours what a ring rank with their call would, all NaN, so they finish."""
-        numel, dtype = fast_call[0], DTYPES[fast_call[1]]
-        poison = torch.full((numel,), math.nan, dtype=dtype, device=self.device)
-        _ring(poison, self.comm, hear_left=hear_left, talk_right=talk_right)
-
-
-def _wait(works: list[dist.Work]) -> None:
-    """Wait for each of ``works``, then forget them: gloo hangs on a second wait() for a finished receive."""
-    for work in works:
-        work.wait()
-    works.clear()

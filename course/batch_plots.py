@@ -28,7 +28,7 @@ def noise_scale_during_training(points: Sequence[TrackPoint]) -> Figure:
 
 def _by_batch(results: Sequence[RunResult], rule: str, warmup_steps: int) -> list[RunResult]:
     return sorted((r for r in results if r.rule == rule and r.warmup_steps == warmup_steps),
-                  key=lambda r: r.batch_size)
+                  key=lambda r: r.global_batch_size)
 
 
 def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: float) -> Figure:
@@ -46,11 +46,11 @@ def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: fl
         for warmup in sorted({r.warmup_steps for r in results}):
             runs = [r for r in _by_batch(results, rule, warmup) if r.steps_to_target is not None]
             style = dict(marker="o", linestyle="-" if warmup else "--", label=f"{rule}, warmup {warmup} steps")
-            steps_ax.plot([r.batch_size for r in runs], [r.steps_to_target for r in runs], **style)
-            epochs_ax.plot([r.batch_size for r in runs], [r.epochs_to_target for r in runs], **style)
-    reference = min((r for r in results if r.steps_to_target), key=lambda r: (r.batch_size, r.steps_to_target))
-    sizes = sorted({r.batch_size for r in results})
-    steps_ax.plot(sizes, [reference.steps_to_target * reference.batch_size / b for b in sizes], "k:",
+            steps_ax.plot([r.global_batch_size for r in runs], [r.steps_to_target for r in runs], **style)
+            epochs_ax.plot([r.global_batch_size for r in runs], [r.epochs_to_target for r in runs], **style)
+    reference = min((r for r in results if r.steps_to_target), key=lambda r: (r.global_batch_size, r.steps_to_target))
+    sizes = sorted({r.global_batch_size for r in results})
+    steps_ax.plot(sizes, [reference.steps_to_target * reference.global_batch_size / b for b in sizes], "k:",
                   label="perfect scaling")
     for ax, label in ((steps_ax, "steps"), (epochs_ax, "epochs")):
         ax.set(xscale="log", yscale="log", xlabel="global batch size",
@@ -68,7 +68,7 @@ def warmup_losses(cold: RunResult, warm: RunResult, steps: int = 30) -> Figure:
         ax.plot(range(1, len(run.losses[:steps]) + 1), run.losses[:steps], marker=".",
                 label=f"warmup {run.warmup_steps} steps")
     ax.set(yscale="log", xlabel="step", ylabel="training loss (batch)",
-           title=f"global batch {cold.batch_size}, lr {cold.lr:g} ({cold.rule} rule)")
+           title=f"global batch {cold.global_batch_size}, lr {cold.lr:g} ({cold.rule} rule)")
     ax.legend()
     fig.tight_layout()
     return fig
@@ -77,7 +77,7 @@ def warmup_losses(cold: RunResult, warm: RunResult, steps: int = 30) -> Figure:
 def accuracy_against_batch_size(runs: Sequence[RunResult], title: str) -> Figure:
     """Final training and validation accuracy against global batch size; ``title`` says how long each trained."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    sizes = [r.batch_size for r in runs]
+    sizes = [r.global_batch_size for r in runs]
     ax.plot(sizes, [r.train_accuracy for r in runs], marker="o", label="training")
     ax.plot(sizes, [r.val_accuracy for r in runs], marker="s", label="validation")
     ax.set(xscale="log", xlabel="global batch size", ylabel="accuracy", title=title)

@@ -1,8 +1,8 @@
 """``course``: the students' command line.
 
-    course info              what hardware was found, what will be emulated, library versions
-    course hello -n 4        the 4-rank hello world of notebook 00, from a terminal
-    course lab               JupyterLab on the course's notebooks/
+    course info                   what hardware was found, what will be emulated, library versions
+    course hello --world-size 4   the 4-rank hello world of notebook 00, from a terminal
+    course lab                    JupyterLab on the course's notebooks/
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 from course import world
 from course.allreduce import ALGORITHMS
+from course.validation import check_count
 
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
     from matplotlib.figure import Figure
@@ -86,9 +87,7 @@ def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
     Raises:
         ValueError: unknown algorithm or world size below 1.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}.")
-    n = world_size
+    n = check_count("world_size", world_size, unit="number of ranks")
     depth = math.ceil(math.log2(n)) if n > 1 else 0
     table = {"naive": (2 * (n - 1), 2 * (n - 1)), "ring": (2 * (n - 1), 2 * (n - 1) / n),
              "tree": (2 * depth, 2 * depth), "shm": (2, 3) if n > 1 else (0, 0)}
@@ -117,9 +116,8 @@ def hierarchical_coefficients(ranks_per_node: int, nodes: int, across: str = "ri
     Raises:
         ValueError: fewer than 1 rank per node or node, or an unknown ``across`` algorithm.
     """
-    if ranks_per_node < 1 or nodes < 1:
-        raise ValueError(f"need at least 1 rank per node and 1 node, got ranks_per_node={ranks_per_node}, "
-                         f"nodes={nodes}.")
+    ranks_per_node = check_count("ranks_per_node", ranks_per_node, unit="number of ranks")
+    nodes = check_count("nodes", nodes, unit="number of nodes")
     inside = INTRA_NODE if ranks_per_node > 1 else (0.0, 0.0)
     return inside, coefficients(across, nodes)
 

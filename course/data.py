@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from course.validation import check_count
+
 DATASETS = ("digits", "fashion-mnist", "cifar10")
 
 
@@ -54,8 +56,10 @@ class Splits:
 def _split(images: torch.Tensor, labels: torch.Tensor, n_val: int, n_test: int, seed: int
            ) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
     for what, size in (("n_val", n_val), ("n_test", n_test)):
-        if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
-            raise DatasetError(f"{what} must be a whole number of samples, 0 or more, got {size!r}.")
+        try:
+            check_count(what, size, minimum=0)
+        except ValueError as error:
+            raise DatasetError(str(error)) from None
     if n_val + n_test >= len(labels):
         raise DatasetError(
             f"only {len(labels)} samples, but {n_val} are asked for validation and {n_test} for test; "
@@ -211,7 +215,6 @@ def loader(dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 
     Raises:
         ValueError: ``batch_size`` is not a positive integer.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    batch_size = check_count("batch_size", batch_size, unit="number of samples")
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, **kwargs)

@@ -9,14 +9,19 @@ steps, each a small function:
     for optimizer in optimizers: optimizer.step()             # identical updates keep replicas identical
 
 :func:`train_step` composes them; it equals one process training on the whole batch (to float rounding),
-which is notebook 02's "k ranks x batch b == one process with batch k*b". On ranks, :func:`allreduce_gradients`
-is the same average with ``dist.all_reduce``. Taught in ``notebooks/03_naive_multi_gpu.ipynb``.
+which is notebook 02's "k ranks x batch b == one process with batch k*b". On ranks, :func:`rank_step` is the same
+step, its average :func:`allreduce_gradients` with ``dist.all_reduce``. These two are the course's data-parallel
+step: notebook 02's equivalence and noise scale stand on them too. Taught in ``notebooks/03_naive_multi_gpu.ipynb``.
+
+Over 300 lines, for a reason: both settings of the one step (replicas in one process, ranks) and the primitives
+they share (split, replicate, average) sit side by side, so that a reader diffs them in one file.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,45 +29,96 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course.timing import PhaseClock
-from course.validation import check_choice
+from course.validation import LossFn, check_choice, check_count
 
 
-def split_batch(inputs: torch.Tensor, targets: torch.Tensor, num_replicas: int
-                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Split a batch into ``num_replicas`` contiguous shards whose sizes differ by at most one.
+def split_batch(inputs: torch.Tensor, targets: torch.Tensor | None, world_size: int, *, equal: bool = False
+                ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Split a global batch into ``world_size`` contiguous shards, one per rank (or replica), in rank order.
+
+    The one split of the course: notebook 02's ranks, this module's replicas, the parameter server's workers, the
+    pipeline's micro-batches and ``torch.nn.DataParallel``'s scatter (:mod:`course.naive_data_parallel`) all cut
+    their batch here.
 
     Args:
-        inputs: ``(B, ...)``; targets: ``(B, ...)``, same ``B``.
-        num_replicas: number of shards, 1 <= num_replicas <= B.
+        inputs: ``(B, ...)``, the global batch. targets: ``(B, ...)``, same ``B``; or None to split the inputs
+            alone (DataParallel computes the loss on one device, against all the targets).
+        world_size: number of shards, 1 <= world_size <= B.
+        equal: require equal shards of ``B / world_size`` samples (per-rank batch size). Ranks that average
+            their gradients with equal weights (``all_reduce``, then divide by the world size) need it: unequal
+            shards would weight samples unequally. Without it the shards' sizes differ by at most one.
 
     Returns:
-        ``[(inputs_0, targets_0), ...]``, views into the inputs; the first ``B % num_replicas`` shards are
-        one sample larger.
+        ``[(inputs_0, targets_0), ...]``, views into the batch; the first ``B % world_size`` shards are one sample
+        larger (none without a remainder). Shard ``r`` is rank ``r``'s.
 
     Raises:
-        ValueError: mismatched batch dimensions, or fewer samples than replicas (a replica would get nothing).
+        ValueError: mismatched batch dimensions, a ``world_size`` that is not a positive integer, fewer samples
+            than shards (one would get nothing), or with ``equal`` a ``B`` not divisible by ``world_size``.
     """
-    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}.")
-    if inputs.ndim == 0 or targets.ndim == 0 or len(inputs) != len(targets):
+    world_size = check_count("world_size", world_size, unit="number of ranks")
+    if inputs.ndim == 0 or (targets is not None and (targets.ndim == 0 or len(inputs) != len(targets))):
+        got = "None" if targets is None else tuple(targets.shape)
         raise ValueError(f"inputs and targets need the same batch dimension, got shapes {tuple(inputs.shape)} "
-                         f"and {tuple(targets.shape)}.")
-    if len(inputs) < num_replicas:
-        raise ValueError(f"a batch of {len(inputs)} samples cannot feed {num_replicas} replicas: every replica "
-                         f"needs at least one sample. Use a global batch size of at least {num_replicas}.")
-    return list(zip(torch.tensor_split(inputs, num_replicas), torch.tensor_split(targets, num_replicas),
+                         f"and {got}.")
+    batch = len(inputs)
+    if batch < world_size:
+        raise ValueError(f"a batch of {batch} samples cannot feed {world_size} ranks or replicas: each needs at least "
+                         f"one sample. Use a global batch size of at least {world_size}, or fewer ranks.")
+    if equal and batch % world_size:
+        raise ValueError(
+            f"a global batch of {batch} samples does not split evenly over {world_size} ranks; use a global "
+            f"batch size divisible by {world_size}, e.g. {batch - batch % world_size}."
+        )
+    shards = torch.tensor_split(inputs, world_size)
+    return list(zip(shards, [None] * world_size if targets is None else torch.tensor_split(targets, world_size),
                     strict=True))
 
 
-def replicate(model: nn.Module, devices: Sequence[torch.device | str]) -> list[nn.Module]:
-    """One independent copy of ``model`` on each device (same initial parameters everywhere).
+def replicate(model: nn.Module, devices: Sequence[torch.device | str], *, differentiable: bool = False
+              ) -> list[nn.Module]:
+    """One copy of ``model`` on each device, with the same parameters everywhere.
+
+    Args:
+        devices: one per copy, e.g. :func:`replica_devices`.
+        differentiable: False (default): independent copies, each trained by an optimizer of its own; identical
+            updates keep them identical (d2l's by-hand data parallelism, :func:`train_step`). True: each copy's
+            parameters and buffers are made from ``model``'s inside autograd (``to`` onto another device,
+            ``clone`` onto the same one), so a backward through a copy sums its gradient into ``model``'s own
+            parameters, as ``torch.nn.DataParallel``'s ``Broadcast`` does every forward
+            (:mod:`course.naive_data_parallel`). Such copies are for one forward: replicate again after a step.
 
     Raises:
         ValueError: no devices.
     """
     if len(devices) == 0:
         raise ValueError("replicate() needs at least one device, got none.")
-    return [copy.deepcopy(model).to(device) for device in devices]
+    if not differentiable:
+        return [copy.deepcopy(model).to(device) for device in devices]
+    return [_differentiable_copy(model, torch.device(device)) for device in devices]
+
+
+def _differentiable_copy(model: nn.Module, device: torch.device) -> nn.Module:
+    replica = copy.deepcopy(model)  # the structure; every tensor in it is replaced below
+    for name, module in replica.named_modules():
+        source = model.get_submodule(name)
+        for key, tensor in source._parameters.items():
+            if tensor is not None:  # a copy made by autograd is no leaf, so no Parameter: a plain attribute
+                del module._parameters[key]
+                setattr(module, key, tensor.to(device) if tensor.device != device else tensor.clone())
+        for key, tensor in source._buffers.items():
+            if tensor is not None:
+                module._buffers[key] = tensor.to(device) if tensor.device != device else tensor.clone()
+    return replica
+
+
+def squared_norm(tensors: Iterable[torch.Tensor]) -> float:
+    """``sum |t|^2`` over ``tensors`` (e.g. a model's gradients), in float64: |g|^2 of the noise scale."""
+    return float(sum(t.double().pow(2).sum() for t in tensors))
+
+
+def _gradients(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad for p in model.parameters() if p.grad is not None]
 
 
 def average_gradients(replicas: Sequence[nn.Module], weights: Sequence[float] | None = None) -> None:
@@ -90,32 +146,61 @@ def average_gradients(replicas: Sequence[nn.Module], weights: Sequence[float] | 
             p.grad.copy_(total)
 
 
+@dataclass(frozen=True)
+class StepStats:
+    """What one data-parallel step measured.
+
+    Attributes:
+        loss: mean loss over the global batch.
+        local_grad_norm_sq: |g|^2 of a shard's own gradient, before averaging (a per-rank-batch gradient): on a
+            rank, this rank's; in one process, the mean over the replicas.
+        global_grad_norm_sq: |g|^2 of the averaged gradient (the global-batch gradient).
+    """
+
+    loss: float
+    local_grad_norm_sq: float
+    global_grad_norm_sq: float
+
+
+def forward_backward(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+                     targets: torch.Tensor, loss_fn: LossFn = nn.functional.cross_entropy) -> torch.Tensor:
+    """Zero the gradients, then the loss of ``model`` on a batch (moved to the model's device) and its backward.
+
+    Returns:
+        The loss, detached.
+    """
+    device = next(model.parameters()).device
+    optimizer.zero_grad(set_to_none=True)
+    loss = loss_fn(model(inputs.to(device)), targets.to(device))
+    loss.backward()
+    return loss.detach()
+
+
 def train_step(replicas: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer],
-               inputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """One data-parallel step on a global batch: split, forward/backward per replica, average, step.
+               inputs: torch.Tensor, targets: torch.Tensor,
+               loss_fn: LossFn = nn.functional.cross_entropy) -> StepStats:
+    """One data-parallel step on a global batch, in one process: split, forward/backward per replica, average, step.
 
     Args:
         replicas: from :func:`replicate`; optimizers: one per replica, same settings.
-        inputs: ``(B, ...)`` global batch (any device); targets: ``(B,)`` class indices.
+        inputs: ``(B, ...)`` global batch (any device); targets: ``(B,)`` class indices (for the default loss).
+        loss_fn: a mean-reduced loss.
 
     Returns:
-        The cross-entropy loss of the whole global batch (mean over its samples).
+        The step's :class:`StepStats`: the loss of the whole global batch and the gradients' squared norms.
     """
     if len(optimizers) != len(replicas):
         raise ValueError(f"expected one optimizer per replica ({len(replicas)}), got {len(optimizers)}.")
     shards = split_batch(inputs, targets, len(replicas))
     weights = [len(y) / len(targets) for _, y in shards]  # shards may differ by one sample
-    loss = 0.0
-    for replica, optimizer, (x, y), weight in zip(replicas, optimizers, shards, weights, strict=True):
-        device = next(replica.parameters()).device
-        optimizer.zero_grad(set_to_none=True)
-        shard_loss = nn.functional.cross_entropy(replica(x.to(device)), y.to(device))
-        shard_loss.backward()
-        loss += weight * shard_loss.item()
+    losses = [forward_backward(replica, optimizer, x, y, loss_fn)
+              for replica, optimizer, (x, y) in zip(replicas, optimizers, shards, strict=True)]
+    local_norm_sq = sum(squared_norm(_gradients(replica)) for replica in replicas) / len(replicas)
     average_gradients(replicas, weights)
     for optimizer in optimizers:
         optimizer.step()
-    return loss
+    loss = sum(weight * shard_loss.item() for weight, shard_loss in zip(weights, losses, strict=True))
+    return StepStats(loss, local_norm_sq, squared_norm(_gradients(replicas[0])))
 
 
 def max_replica_difference(replicas: Sequence[nn.Module]) -> float:
@@ -151,21 +236,20 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None
     return float(flat[-1]) if loss is not None else None
 
 
-def global_batches(dataset: torch.utils.data.Dataset, batch_size: int, steps: int, seed: int = 0
+def global_batches(dataset: torch.utils.data.Dataset, global_batch_size: int, steps: int, seed: int = 0
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``steps`` global batches of a seeded shuffled loader (cycling epochs): the same on every rank.
 
     Args:
-        batch_size: global batch size (all replicas together). steps: number of batches.
+        global_batch_size: samples per batch, all ranks (replicas) together. steps: number of batches.
     """
     from course.data import loader
 
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}.")
+    steps = check_count("steps", steps, unit="number of batches")
     batches: list[tuple[torch.Tensor, torch.Tensor]] = []
     epoch = 0
     while len(batches) < steps:
-        batches += list(loader(dataset, batch_size, shuffle=True, seed=seed + epoch, drop_last=True))
+        batches += list(loader(dataset, global_batch_size, shuffle=True, seed=seed + epoch, drop_last=True))
         epoch += 1
     return batches[:steps]
 
@@ -180,43 +264,56 @@ def make_optimizer(name: str, parameters: Iterable[nn.Parameter], lr: float) -> 
     return choices[check_choice("optimizer", name, choices)](parameters, lr=lr)
 
 
-def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
-                   optimizer: str = "sgd", clock: PhaseClock | None = None) -> list[float]:
-    """Run inside a launched rank: data-parallel training with ``dist.all_reduce``; returns the global-batch losses.
-
-    Every rank starts from the same ``model`` and sees the same global ``batches``; rank ``r`` trains on shard
-    ``r`` of each (:func:`split_batch`), so the ranks stay identical and equal one process on the whole batch.
-    Shards must be of equal size (global batch size divisible by the world size) for the plain average to be
-    the full-batch gradient.
+def rank_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
+              loss_fn: LossFn = nn.functional.cross_entropy, clock: PhaseClock | None = None) -> StepStats:
+    """Run inside a launched rank: one data-parallel step with ``dist.all_reduce``, what :func:`train_step` does in
+    one process. This rank takes its shard of the global batch (:func:`split_batch`, equal shards), computes its
+    gradient, averages gradients over the ranks (:func:`allreduce_gradients`) and steps; every rank that starts
+    from the same model stays identical to the others and to one process on the whole batch.
 
     Args:
-        optimizer: ``"sgd"`` or ``"adam"`` (:func:`make_optimizer`). clock: if given, each step's seconds of
-            ``"compute"`` (forward, backward, update) and ``"communicate"`` (the allreduces, including waiting
-            for the other ranks) are recorded in it.
+        inputs, targets: the global batch, the same on every rank; its size divisible by the world size.
+        clock: if given, the step's seconds of ``"compute"`` (forward, backward, update) and ``"communicate"``
+            (the allreduce, including waiting for the other ranks) are recorded in it.
+
+    Returns:
+        The step's :class:`StepStats` (the loss averaged over the ranks: the global batch's).
 
     Raises:
         ValueError: a global batch size not divisible by the world size.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    device = next(model.parameters()).device
+    x, y = split_batch(inputs, targets, dist.get_world_size(), equal=True)[dist.get_rank()]
+    clock = PhaseClock() if clock is None else clock
+    clock.new_step()
+    with clock.phase("compute"):
+        loss = forward_backward(model, optimizer, x, y, loss_fn)
+    local_norm_sq = squared_norm(_gradients(model))
+    with clock.phase("communicate"):
+        loss = allreduce_gradients(model, loss=loss)
+    with clock.phase("compute"):
+        optimizer.step()
+    return StepStats(loss, local_norm_sq, squared_norm(_gradients(model)))
+
+
+def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
+                   optimizer: str = "sgd", clock: PhaseClock | None = None) -> list[float]:
+    """Run inside a launched rank: data-parallel training, one :func:`rank_step` per global batch.
+
+    Every rank starts from the same ``model`` and sees the same global ``batches``; rank ``r`` trains on shard
+    ``r`` of each, so the ranks stay identical and equal one process on the whole batch.
+
+    Args:
+        optimizer: ``"sgd"`` or ``"adam"`` (:func:`make_optimizer`). clock: as in :func:`rank_step`.
+
+    Returns:
+        The global-batch losses.
+
+    Raises:
+        ValueError: a global batch size not divisible by the world size.
+    """
     optimizer_ = make_optimizer(optimizer, model.parameters(), lr)
     clock = PhaseClock() if clock is None else clock
-    losses = []
-    for inputs, targets in batches:
-        if len(targets) % world_size:
-            raise ValueError(f"global batch size {len(targets)} is not divisible by world_size {world_size}: "
-                             "shards would differ and a plain average would weight samples unequally.")
-        x, y = split_batch(inputs, targets, world_size)[rank]
-        clock.new_step()
-        with clock.phase("compute"):
-            optimizer_.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-            loss.backward()
-        with clock.phase("communicate"):
-            losses.append(allreduce_gradients(model, loss=loss))
-        with clock.phase("compute"):
-            optimizer_.step()
-    return losses
+    return [rank_step(model, optimizer_, inputs, targets, clock=clock).loss for inputs, targets in batches]
 
 
 def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
@@ -256,9 +353,9 @@ def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
     return losses
 
 
-def replica_devices(num_replicas: int) -> list[torch.device]:
+def replica_devices(world_size: int) -> list[torch.device]:
     """One device per replica: the GPUs in turn when there are some (``cuda:0, cuda:1, ...``), else the CPU."""
     from course import world
 
     gpus = world.detect_hardware().gpu_count
-    return [world.device_for(i % gpus) if gpus else torch.device("cpu") for i in range(num_replicas)]
+    return [world.device_for(i % gpus) if gpus else torch.device("cpu") for i in range(world_size)]

@@ -14,7 +14,6 @@ Taught in ``notebooks/01_gd_vs_sgd.ipynb``.
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -84,8 +83,8 @@ def check_problem(x: torch.Tensor, y: torch.Tensor, lr: float, epochs: int,
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
         raise ValueError(f"lr must be a positive finite number, got {lr!r}.")
     check_count("epochs", epochs)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)
-                                   or not 1 <= batch_size <= len(x)):
+    at_most = f"number of samples (at most {len(x)})"
+    if batch_size is not None and check_count("batch_size", batch_size, unit=at_most) > len(x):
         raise ValueError(
             f"batch_size must be an integer from 1 to the number of samples ({len(x)}), got {batch_size!r}. "
             f"Use batch_size={len(x)} (or gradient_descent) for full batch."

@@ -27,6 +27,7 @@ from course import world
 from course.allreduce import ALGORITHMS, Op, _op_name
 from course.shm_allreduce import shm_broadcast, shm_reduce, validate_host_tensor
 from course.shm_group import host
+from course.validation import check_count
 
 #: torchrun sets it to the node's index (its place in the rendezvous), the same for every rank of a node.
 NODE_ENV = "GROUP_RANK"
@@ -88,7 +89,8 @@ def node_groups(ranks_per_node: int | None = None, ranks: Sequence[int] | None =
         members = tuple(tuple(r for r, w in zip(ranks, places, strict=True) if w == place)
                         for place in dict.fromkeys(places))
     else:
-        if not isinstance(ranks_per_node, int) or ranks_per_node < 1 or len(ranks) % ranks_per_node:
+        ranks_per_node = check_count("ranks_per_node", ranks_per_node, unit="number of ranks")
+        if len(ranks) % ranks_per_node:
             raise ValueError(f"ranks_per_node must be a positive divisor of the {len(ranks)} ranks, got "
                              f"{ranks_per_node!r}.")
         members = tuple(ranks[i:i + ranks_per_node] for i in range(0, len(ranks), ranks_per_node))

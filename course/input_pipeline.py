@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from course.validation import check_count
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -98,8 +100,7 @@ def measure(dataset: Dataset, model: nn.Module, batch_size: int, num_workers: in
     Raises:
         ValueError: fewer than ``(steps + 1) x batch_size`` samples, or negative ``num_workers``.
     """
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}.")
+    num_workers = check_count("num_workers", num_workers, minimum=0, unit="number of loader processes")
     if len(dataset) < (steps + 1) * batch_size:
         raise ValueError(f"{steps} timed steps (+1 warm-up) of batch size {batch_size} need "
                          f"{(steps + 1) * batch_size} samples, the dataset has {len(dataset)}: use fewer steps.")

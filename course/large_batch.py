@@ -14,20 +14,17 @@ per-batch statistics: BatchNorm normalises per rank and breaks it.) Taught in ``
 from __future__ import annotations
 
 import copy
-import numbers
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
 from course import launch, world
-from course.validation import check_model_fits_data
+from course.data_parallel import rank_step, replicate, split_batch, train_step
+from course.validation import LossFn, check_model_fits_data
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Parameters = dict[str, torch.Tensor]
 
 
@@ -55,51 +52,6 @@ def check_lr(lr: float) -> float:
     return float(lr)
 
 
-def split_batch(inputs: torch.Tensor, targets: torch.Tensor, world_size: int) -> list[tuple[torch.Tensor, ...]]:
-    """Cut a global batch into ``world_size`` equal per-rank batches, in rank order.
-
-    Args:
-        inputs: ``(B, ...)``, the global batch; ``B`` must be divisible by ``world_size``.
-        targets: ``(B, ...)``.
-        world_size: number of ranks k; each gets ``B // k`` samples.
-
-    Returns:
-        ``[(inputs_0, targets_0), ..., (inputs_{k-1}, targets_{k-1})]``; rank r gets samples ``r*b .. (r+1)*b - 1``.
-
-    Raises:
-        ValueError: empty or mismatched batch, bad ``world_size``, or ``B`` not divisible by ``world_size``
-            (unequal shards would weight samples unequally and break the equivalence).
-    """
-    batch_size = check_batch(inputs, targets)
-    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}.")
-    world_size = int(world_size)
-    if batch_size % world_size:
-        raise ValueError(
-            f"a global batch of {batch_size} samples does not split evenly over {world_size} ranks; use a global "
-            f"batch size divisible by {world_size}, e.g. {batch_size - batch_size % world_size or world_size}."
-        )
-    return list(zip(inputs.chunk(world_size), targets.chunk(world_size), strict=True))
-
-
-def gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-              loss_fn: LossFn = F.cross_entropy) -> list[torch.Tensor]:
-    """Gradient of the mean loss over the batch, one tensor per parameter (``model`` is left untouched)."""
-    check_batch(inputs, targets)
-    params = [p for p in model.parameters() if p.requires_grad]
-    return list(torch.autograd.grad(loss_fn(model(inputs), targets), params))
-
-
-def sgd_update(model: nn.Module, grads: list[torch.Tensor], lr: float) -> None:
-    """Plain SGD in place: ``p <- p - lr * g`` for each trainable parameter and its gradient."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if len(params) != len(grads):
-        raise ValueError(f"{len(grads)} gradients for {len(params)} trainable parameters.")
-    with torch.no_grad():
-        for param, grad in zip(params, grads, strict=True):
-            param.sub_(lr * grad)
-
-
 def parameters(model: nn.Module) -> Parameters:
     """A detached CPU copy of the model's parameters, by name."""
     return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
@@ -109,39 +61,35 @@ def single_process_step(model: nn.Module, inputs: torch.Tensor, targets: torch.T
                         loss_fn: LossFn = F.cross_entropy) -> Parameters:
     """One SGD step on the whole global batch in one process; returns the new parameters (``model`` untouched).
 
+    It is the data-parallel step (:func:`course.data_parallel.train_step`) with one replica: world size 1.
+
     Raises:
         ValueError: empty or mismatched batch, a model that does not fit it (sample shape, labels beyond its
             outputs), or a negative ``lr``.
     """
-    lr = check_lr(lr)
-    check_batch(inputs, targets)
-    check_model_fits_data(model, loss_fn, inputs, targets)
-    model = copy.deepcopy(model)
-    sgd_update(model, gradients(model, inputs, targets, loss_fn), lr)
-    return parameters(model)
+    return simulated_data_parallel_step(model, inputs, targets, lr, 1, loss_fn)[0]
 
 
 def simulated_data_parallel_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, lr: float,
                                  world_size: int, loss_fn: LossFn = F.cross_entropy) -> list[Parameters]:
-    """What ``world_size`` ranks do in one synchronous step, simulated in one process.
+    """What ``world_size`` ranks do in one synchronous SGD step, simulated in one process.
 
     Every rank holds a replica, computes the gradient on its shard, receives the average of all ranks'
-    gradients (what ``all_reduce(SUM) / world_size`` delivers) and applies the same SGD update.
+    gradients (what ``all_reduce(SUM) / world_size`` delivers) and applies the same SGD update: the
+    data-parallel step of :func:`course.data_parallel.train_step`, with equal shards. ``model`` is untouched.
 
     Returns:
         The parameters of each replica after the step, in rank order (they are identical).
 
     Raises:
-        ValueError: see :func:`split_batch` and :func:`check_lr`.
+        ValueError: see :func:`course.data_parallel.split_batch` (``equal=True``) and :func:`check_lr`.
     """
     lr = check_lr(lr)
-    shards = split_batch(inputs, targets, world_size)
+    check_batch(inputs, targets)
+    split_batch(inputs, targets, world_size, equal=True)
     check_model_fits_data(model, loss_fn, inputs, targets)
-    replicas = [copy.deepcopy(model) for _ in range(world_size)]
-    per_rank = [gradients(replica, x, y, loss_fn) for replica, (x, y) in zip(replicas, shards, strict=True)]
-    averaged = [torch.stack(grads).mean(dim=0) for grads in zip(*per_rank, strict=True)]
-    for replica in replicas:
-        sgd_update(replica, averaged, lr)
+    replicas = replicate(model, [next(model.parameters()).device] * world_size)
+    train_step(replicas, [torch.optim.SGD(r.parameters(), lr=lr) for r in replicas], inputs, targets, loss_fn)
     return [parameters(replica) for replica in replicas]
 
 
@@ -154,7 +102,7 @@ class StepResult:
         parameters: the rank's parameters after the step, as NumPy arrays: a tensor returned from a rank
             travels as a handle to the rank's shared memory, which is gone once the rank exits; arrays are
             copied by value.
-        per_rank_batch_size: b, samples in this rank's shard.
+        batch_size: b, samples in this rank's shard (per-rank batch size).
         global_batch_size: k*b, samples over all ranks.
         local_grad_norm_sq: |g|^2 of this rank's own gradient, before the all-reduce (a batch-b gradient).
         global_grad_norm_sq: |g|^2 of the all-reduced, averaged gradient (a batch-k*b gradient).
@@ -162,14 +110,10 @@ class StepResult:
 
     rank: int
     parameters: dict[str, np.ndarray]
-    per_rank_batch_size: int
+    batch_size: int
     global_batch_size: int
     local_grad_norm_sq: float
     global_grad_norm_sq: float
-
-
-def _norm_sq(grads: list[torch.Tensor]) -> float:
-    return float(sum(g.double().pow(2).sum() for g in grads))
 
 
 def data_parallel_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, lr: float,
@@ -177,7 +121,8 @@ def data_parallel_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
     """One synchronous data-parallel SGD step; a rank function for ``launch(data_parallel_step, k, ...)``.
 
     Every rank receives the same model and global batch, keeps only its shard (per-rank batch = global / k),
-    computes its gradient, averages gradients over ranks with ``dist.all_reduce`` and steps.
+    computes its gradient, averages gradients over ranks with ``dist.all_reduce`` and steps: the data-parallel
+    step of :func:`course.data_parallel.rank_step`, with plain SGD.
 
     Args:
         model: the same initial model on every rank (it is copied to this rank's device).
@@ -190,16 +135,11 @@ def data_parallel_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Te
     """
     me = world.current()
     lr = check_lr(lr)
-    x, y = split_batch(inputs, targets, me.world_size)[me.rank]
     model = copy.deepcopy(model).to(me.device)
-    grads = gradients(model, x.to(me.device), y.to(me.device), loss_fn)
-    local_norm_sq = _norm_sq(grads)
-    for grad in grads:
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
-        grad /= me.world_size
-    sgd_update(model, grads, lr)
+    stats = rank_step(model, torch.optim.SGD(model.parameters(), lr=lr), inputs, targets, loss_fn)
     arrays = {name: p.numpy() for name, p in parameters(model).items()}
-    return StepResult(me.rank, arrays, len(y), len(targets), local_norm_sq, _norm_sq(grads))
+    return StepResult(me.rank, arrays, len(targets) // me.world_size, len(targets), stats.local_grad_norm_sq,
+                      stats.global_grad_norm_sq)
 
 
 def max_difference(a: Parameters | dict[str, np.ndarray], b: Parameters | dict[str, np.ndarray]) -> float:
@@ -245,7 +185,7 @@ def compare_with_single_process(model: nn.Module, inputs: torch.Tensor, targets:
     Raises:
         ValueError: bad batch, ``lr`` or ``world_size`` (checked here, before any process starts).
     """
-    split_batch(inputs, targets, world_size)
+    split_batch(inputs, targets, world_size, equal=True)
     single = single_process_step(model, inputs, targets, lr, loss_fn)
     ranks = launch.launch(data_parallel_step, world_size, model, inputs, targets, lr, loss_fn, timeout_s=timeout_s)
     first = ranks[0].parameters

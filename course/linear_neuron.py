@@ -11,7 +11,6 @@ watched update by update. Taught in ``notebooks/01_gd_vs_sgd.ipynb``.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from course.gradient_descent import Trajectory
+from course.validation import check_count
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -36,9 +36,7 @@ def noisy_line(n: int = 64, w: float = 2.0, b: float = -1.0, noise: float = 0.5,
     Raises:
         ValueError: ``n < 2`` (a line needs two points) or ``noise < 0``.
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 2:
-        raise ValueError(f"n must be an integer >= 2 (a line needs two points), got {n!r}.")
-    n = int(n)
+    n = check_count("n", n, minimum=2, unit="(a line needs two points)")
     if not noise >= 0:
         raise ValueError(f"noise must be a standard deviation >= 0, got {noise!r}.")
     generator = torch.Generator().manual_seed(seed)

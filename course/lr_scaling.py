@@ -28,18 +28,18 @@ from course.validation import check_count, check_model_fits_data
 RULES = ("none", "linear", "sqrt")
 
 
-def scaled_lr(base_lr: float, base_batch_size: int, batch_size: int, rule: str = "linear") -> float:
-    """The learning rate for global ``batch_size``, given one that works at ``base_batch_size``.
+def scaled_lr(base_lr: float, base_batch_size: int, global_batch_size: int, rule: str = "linear") -> float:
+    """The learning rate for ``global_batch_size``, given one that works at ``base_batch_size``.
 
     ``none``: ``base_lr``; ``linear``: ``base_lr * k``; ``sqrt``: ``base_lr * sqrt(k)``, with
-    ``k = batch_size / base_batch_size``.
+    ``k = global_batch_size / base_batch_size``.
 
     Raises:
         ValueError: negative ``base_lr``, a batch size that is not a positive integer, or an unknown rule.
     """
     base_lr = check_lr(base_lr)
-    batch_size = check_count("batch_size", batch_size, unit="number of samples")
-    k = batch_size / check_count("base_batch_size", base_batch_size, unit="number of samples")
+    global_batch_size = check_count("global_batch_size", global_batch_size, unit="number of samples")
+    k = global_batch_size / check_count("base_batch_size", base_batch_size, unit="number of samples")
     if rule == "none":
         return base_lr
     if rule == "linear":
@@ -55,22 +55,21 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     Raises:
         ValueError: negative ``step`` or ``warmup_steps``.
     """
-    if step < 0 or warmup_steps < 0:
-        raise ValueError(f"step and warmup_steps must be >= 0, got step={step}, warmup_steps={warmup_steps}.")
+    step = check_count("step", step, minimum=0)
+    warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
     return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
 
 
-def lr_at(step: int, base_lr: float, base_batch_size: int, batch_size: int, rule: str = "linear",
+def lr_at(step: int, base_lr: float, base_batch_size: int, global_batch_size: int, rule: str = "linear",
           warmup_steps: int = 0) -> float:
     """The learning rate at ``step``: the scaled rate of :func:`scaled_lr`, ramped up linearly over ``warmup_steps``."""
-    return scaled_lr(base_lr, base_batch_size, batch_size, rule) * warmup_factor(step, warmup_steps)
+    return scaled_lr(base_lr, base_batch_size, global_batch_size, rule) * warmup_factor(step, warmup_steps)
 
 
 def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """A scheduler that multiplies each group's rate by :func:`warmup_factor`; call ``.step()`` after each
     ``optimizer.step()``."""
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+    warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_factor(step, warmup_steps))
 
 
@@ -80,7 +79,7 @@ class SweepConfig:
     with a small base rate and a target near the model's best accuracy, so that steps-to-target is long enough
     (hundreds of steps at the base batch) to halve a few times before the rate stops helping."""
 
-    batch_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
+    global_batch_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
     rules: tuple[str, ...] = RULES
     warmup_steps: tuple[int, ...] = (0, 10)  # each rule is run with each of these warmups
     base_lr: float = 0.01  # a rate tuned at base_batch_size
@@ -100,10 +99,10 @@ class SweepConfig:
         if self.target_split not in ("val", "train"):
             raise ValueError(f"target_split must be 'val' or 'train', got {self.target_split!r}.")
         check_count("max_steps", self.max_steps)
-        if not self.batch_sizes:
-            raise ValueError("batch_sizes is empty: give at least one global batch size, e.g. (16, 32, 64).")
-        for batch_size in (*self.batch_sizes, self.base_batch_size):
-            check_count("batch sizes", batch_size, unit="number of samples")
+        if not self.global_batch_sizes:
+            raise ValueError("global_batch_sizes is empty: give at least one global batch size, e.g. (16, 32, 64).")
+        for global_batch_size in (*self.global_batch_sizes, self.base_batch_size):
+            check_count("each batch size", global_batch_size, unit="number of samples")
         for warmup in self.warmup_steps:
             check_count("warmup_steps", warmup, minimum=0)
         unknown = [rule for rule in self.rules if rule not in RULES]
@@ -116,15 +115,15 @@ class RunResult:
     """One training run of the sweep.
 
     Attributes:
-        batch_size: global batch size. rule, warmup_steps, lr: the rule, warmup and the peak rate it gave.
-        steps_to_target, epochs_to_target: first step (and epoch, = steps * batch_size / N) at which the
+        global_batch_size: global batch size. rule, warmup_steps, lr: the rule, warmup and the peak rate it gave.
+        steps_to_target, epochs_to_target: first step (and epoch, = steps * global_batch_size / N) at which the
             accuracy on ``config.target_split`` (validation by default) reached the target; None if it never did.
         diverged: the training loss blew up; training stopped there.
         train_accuracy, val_accuracy, train_loss, val_loss: at the end of training.
         losses: the training loss (on each step's batch) at every step.
     """
 
-    batch_size: int
+    global_batch_size: int
     rule: str
     warmup_steps: int
     lr: float
@@ -162,40 +161,39 @@ def _optimizer(model: nn.Module, lr: float, config: SweepConfig) -> torch.optim.
     raise ValueError(f"unknown optimizer {config.optimizer!r}; choose 'sgd' or 'lars'.")
 
 
-def _batches(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def _batches(n: int, global_batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     """Indices of ``steps`` full batches: each epoch a fresh shuffle, the remainder dropped."""
-    per_epoch = n // batch_size
+    per_epoch = n // global_batch_size
     for step in range(steps):
         if step % per_epoch == 0:
             order = torch.randperm(n, generator=generator)
-        yield order[(step % per_epoch) * batch_size:(step % per_epoch + 1) * batch_size]
+        yield order[(step % per_epoch) * global_batch_size:(step % per_epoch + 1) * global_batch_size]
 
 
-def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor], batch_size: int,
-              rule: str, warmup_steps: int, config: SweepConfig = SweepConfig()) -> RunResult:
-    """Train one model at global ``batch_size`` with a scaled rate and a linear warmup.
+def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
+              global_batch_size: int, rule: str, warmup_steps: int, config: SweepConfig = SweepConfig()) -> RunResult:
+    """Train one model at ``global_batch_size`` with a scaled rate and a linear warmup.
 
-    Each epoch is a fresh shuffle cut into ``N // batch_size`` full batches (the remainder is dropped, so
-    every step sees exactly ``batch_size`` samples). The accuracy on ``config.target_split`` (validation by
+    Each epoch is a fresh shuffle cut into ``N // global_batch_size`` full batches (the remainder is dropped, so
+    every step sees exactly ``global_batch_size`` samples). The accuracy on ``config.target_split`` (validation by
     default) is checked after every step until it reaches the target; training stops there
     (``config.stop_at_target``), at ``config.max_steps``, or when the loss blows up.
 
     Args:
         train, val: ``(inputs, targets)`` tensors, on the device to train on.
-        batch_size: global batch size, 1..N.
+        global_batch_size: global batch size, 1..N.
         warmup_steps: length of the linear warmup, in steps.
 
     Raises:
-        ValueError: ``batch_size`` 0 or larger than the training set, a negative warmup, a bad rule, rate or
+        ValueError: ``global_batch_size`` 0 or larger than the training set, a negative warmup, a bad rule, rate or
             optimizer, or data the model cannot take (sample shape, labels beyond its outputs).
     """
     n = check_batch(*train)
     check_batch(*val)
-    batch_size = check_count("batch_size", batch_size, unit="number of samples")
-    if batch_size > n:
-        raise ValueError(f"batch_size={batch_size} is larger than the {n} training samples; use at most {n}.")
+    global_batch_size = check_count("global_batch_size", global_batch_size, unit="number of training samples",
+                                    maximum=n)
     warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
-    lr = scaled_lr(config.base_lr, config.base_batch_size, batch_size, rule)
+    lr = scaled_lr(config.base_lr, config.base_batch_size, global_batch_size, rule)
     torch.manual_seed(config.seed)
     model = models.build(config.model, tuple(train[0].shape[1:])).to(train[0].device)
     if train[0].shape[1:] != val[0].shape[1:]:
@@ -208,7 +206,7 @@ def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor,
     losses: list[float] = []
     probe = {"val": val, "train": train}[config.target_split]
     steps_to_target, diverged = None, False
-    for batch in _batches(n, batch_size, config.max_steps, torch.Generator().manual_seed(config.seed)):
+    for batch in _batches(n, global_batch_size, config.max_steps, torch.Generator().manual_seed(config.seed)):
         batch = batch.to(train[0].device)
         loss = F.cross_entropy(model(train[0][batch]), train[1][batch])
         optimizer.zero_grad(set_to_none=True)
@@ -225,16 +223,17 @@ def train_run(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor,
                 break
     train_acc, train_loss = _accuracy_and_loss(model, *train)
     val_acc, val_loss = _accuracy_and_loss(model, *val)
-    epochs = None if steps_to_target is None else steps_to_target * batch_size / n
-    return RunResult(batch_size, rule, warmup_steps, lr, steps_to_target, epochs, diverged,
+    epochs = None if steps_to_target is None else steps_to_target * global_batch_size / n
+    return RunResult(global_batch_size, rule, warmup_steps, lr, steps_to_target, epochs, diverged,
                      train_acc, val_acc, train_loss, val_loss, losses)
 
 
 def sweep(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
           config: SweepConfig = SweepConfig()) -> list[RunResult]:
     """:func:`train_run` for every global batch size x rule x warmup in ``config``, in that nesting order."""
-    return [train_run(train, val, batch_size, rule, warmup, config)
-            for batch_size in config.batch_sizes for rule in config.rules for warmup in config.warmup_steps]
+    return [train_run(train, val, global_batch_size, rule, warmup, config)
+            for global_batch_size in config.global_batch_sizes for rule in config.rules
+            for warmup in config.warmup_steps]
 
 
 def tensors(dataset: torch.utils.data.TensorDataset, device: torch.device | None = None
@@ -246,7 +245,7 @@ def tensors(dataset: torch.utils.data.TensorDataset, device: torch.device | None
 
 
 def check_warmup_exercise(fn: Callable[[int, float, int, int, int], float]) -> bool:
-    """Check a student's ``fn(step, base_lr, base_batch_size, batch_size, warmup_steps)``: the linear scaling
+    """Check a student's ``fn(step, base_lr, base_batch_size, global_batch_size, warmup_steps)``: the linear scaling
     rule with linear warmup. Prints feedback on the first case that differs ("not attempted yet" for a stub that
     raises ``NotImplementedError``); returns True if all agree."""
     cases = [(step, base_lr, base_b, b, warm) for step in (0, 1, 4, 9, 10, 50) for base_lr in (0.1, 0.05)
@@ -259,20 +258,20 @@ def check_warmup_exercise(fn: Callable[[int, float, int, int, int], float]) -> b
             print(exercise.NOT_ATTEMPTED)
             return False
         except Exception as error:  # noqa: BLE001 - the student's error is the feedback
-            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, batch_size={b}, "
+            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, global_batch_size={b}, "
                   f"warmup_steps={warm}) raised {type(error).__name__}: {error}")
             return False
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12):
-            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, batch_size={b}, "
+            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, global_batch_size={b}, "
                   f"warmup_steps={warm}) returned {got!r}, expected {expected!r}. Hint: the full rate is "
-                  "base_lr * batch_size / base_batch_size, reached after warmup_steps steps.")
+                  "base_lr * global_batch_size / base_batch_size, reached after warmup_steps steps.")
             return False
     print(f"Correct on all {len(cases)} cases.")
     return True
 
 
 def same_epochs(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
-                batch_sizes: Iterable[int], epochs: int, rule: str = "sqrt", warmup_steps: int = 10,
+                global_batch_sizes: Iterable[int], epochs: int, rule: str = "sqrt", warmup_steps: int = 10,
                 config: SweepConfig = SweepConfig()) -> list[RunResult]:
     """Train at each global batch size for the same number of ``epochs`` (so a bigger batch takes fewer steps)
     and keep the final accuracies: the setting in which the large-batch generalization gap is measured.
@@ -282,19 +281,21 @@ def same_epochs(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tenso
     """
     epochs = check_count("epochs", epochs)
     n = check_batch(*train)
-    return [train_run(train, val, batch_size, rule, warmup_steps,
-                      replace(config, max_steps=epochs * max(1, n // batch_size), stop_at_target=False))
-            for batch_size in batch_sizes]
+    return [train_run(train, val, global_batch_size, rule, warmup_steps,
+                      replace(config, max_steps=epochs * max(1, n // global_batch_size), stop_at_target=False))
+            for global_batch_size in global_batch_sizes]
 
 
 def same_train_accuracy(train: tuple[torch.Tensor, torch.Tensor], val: tuple[torch.Tensor, torch.Tensor],
-                        batch_sizes: Iterable[int], train_accuracy: float, rule: str = "sqrt", warmup_steps: int = 10,
+                        global_batch_sizes: Iterable[int], train_accuracy: float, rule: str = "sqrt",
+                        warmup_steps: int = 10,
                         config: SweepConfig = SweepConfig()) -> list[RunResult]:
     """Train at each global batch size until the *training* accuracy reaches ``train_accuracy`` (at most
     ``config.max_steps`` steps), and keep the final accuracies: validation accuracies compared at equal fit, so
     a difference is a generalization gap and not underfitting. A run that missed has ``steps_to_target`` None."""
     config = replace(config, target_accuracy=train_accuracy, target_split="train", stop_at_target=True)
-    return [train_run(train, val, batch_size, rule, warmup_steps, config) for batch_size in batch_sizes]
+    return [train_run(train, val, global_batch_size, rule, warmup_steps, config)
+            for global_batch_size in global_batch_sizes]
 
 
 def scaling_efficiency(results: Iterable[RunResult], rule: str, warmup_steps: int) -> dict[int, float]:
@@ -305,11 +306,11 @@ def scaling_efficiency(results: Iterable[RunResult], rule: str, warmup_steps: in
     samples were wasted. Batch sizes that never reached the target are left out.
     """
     runs = sorted((r for r in results if r.rule == rule and r.warmup_steps == warmup_steps
-                   and r.steps_to_target is not None), key=lambda r: r.batch_size)
+                   and r.steps_to_target is not None), key=lambda r: r.global_batch_size)
     if not runs:
         return {}
-    samples = runs[0].steps_to_target * runs[0].batch_size
-    return {r.batch_size: samples / (r.steps_to_target * r.batch_size) for r in runs}
+    samples = runs[0].steps_to_target * runs[0].global_batch_size
+    return {r.global_batch_size: samples / (r.steps_to_target * r.global_batch_size) for r in runs}
 
 
 def describe_rule(results: Iterable[RunResult], rule: str, warmup_steps: int, max_steps: int) -> str:
@@ -319,12 +320,12 @@ def describe_rule(results: Iterable[RunResult], rule: str, warmup_steps: int, ma
     and whether the steps fell (by at least a quarter from the smallest batch to the best one).
     """
     runs = sorted((r for r in results if r.rule == rule and r.warmup_steps == warmup_steps),
-                  key=lambda r: r.batch_size)
+                  key=lambda r: r.global_batch_size)
     if not runs:
         raise ValueError(f"no runs with rule {rule!r} and warmup_steps {warmup_steps} among the results.")
     reached = [r for r in runs if r.steps_to_target is not None]
-    missed = [r.batch_size for r in runs if r.steps_to_target is None]
-    text = f"{rule} rule: " + (", ".join(f"batch {r.batch_size}: {r.steps_to_target} steps" for r in reached)
+    missed = [r.global_batch_size for r in runs if r.steps_to_target is None]
+    text = f"{rule} rule: " + (", ".join(f"batch {r.global_batch_size}: {r.steps_to_target} steps" for r in reached)
                                or "no batch size reached the target")
     if missed:
         text += f"; missed the target within {max_steps} steps at batch {', '.join(map(str, missed))}"

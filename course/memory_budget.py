@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from course.validation import check_count
+
 #: bytes of one element at each precision the budget knows
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: fp32 tensors the optimizer keeps per parameter (SGD: none; momentum: the velocity; Adam: first and second moment)
@@ -43,8 +45,7 @@ class Setup:
         _check("optimizer", self.optimizer, STATE_TENSORS)
         _check("precision", self.precision, PRECISION_BYTES)
         _check("zero_stage", self.zero_stage, ZERO_STAGES)
-        if not isinstance(self.world_size, int) or self.world_size < 1:
-            raise ValueError(f"world_size must be a positive int (the number of ranks), got {self.world_size!r}.")
+        check_count("world_size", self.world_size, unit="number of ranks")
 
     @property
     def mixed(self) -> bool:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course.pipeline_bubble import Event
+from course.validation import check_count
 
 
 def layers(model: nn.Module) -> list[nn.Module]:
@@ -133,9 +134,8 @@ def pipeline_step(stages: Sequence[nn.Module], inputs: torch.Tensor, targets: to
     if len(stages) != world_size:
         raise ValueError(f"a pipeline runs one stage per rank: got {len(stages)} stages on world_size={world_size}. "
                          f"Split the model at {world_size - 1} point(s), or launch {len(stages)} ranks.")
-    if not 1 <= num_micro_batches <= len(targets):
-        raise ValueError(f"num_micro_batches must be between 1 and the batch size ({len(targets)}), "
-                         f"got {num_micro_batches}.")
+    num_micro_batches = check_count("num_micro_batches", num_micro_batches, unit="number of micro-batches",
+                                    maximum=len(targets))
     stage = stages[rank]
     device = next(stage.parameters()).device
     micro = split_batch(inputs, targets, num_micro_batches)

@@ -4,13 +4,14 @@ Torch's and cunn's ``DataParallelTable``, Caffe2's ``data_parallel_model`` and `
 process that drives every GPU (``../shared/seeds/000``, ``002``). One step, in the five calls of
 ``torch.nn.DataParallel.forward``::
 
-    chunks = scatter(inputs, devices)              # split the batch: one chunk to each device, from device 0
-    replicas = replicate(module, devices)          # copy the parameters from device 0 to every device, every step
-    outputs = parallel_apply(replicas, chunks)     # one thread per device runs its replica on its chunk
-    output = gather(outputs, devices[0])           # every output back to device 0
-    loss(output).backward()                        # the loss on device 0; backward runs the copies in reverse:
-                                                   # every replica's gradient is summed into device 0's parameters
-    optimizer.step()                               # on device 0 only: the next replicate copies the result out
+    chunks = scatter(inputs, devices)               # split the batch: one chunk to each device, from device 0
+    replicas = replicate(module, devices,           # copy the parameters from device 0 to every device, every
+                         differentiable=True)       # step, inside autograd (course.data_parallel.replicate)
+    outputs = parallel_apply(replicas, chunks)      # one thread per device runs its replica on its chunk
+    output = gather(outputs, devices[0])            # every output back to device 0
+    loss(output).backward()                         # the loss on device 0; backward runs the copies in reverse:
+                                                    # every replica's gradient is summed into device 0's parameters
+    optimizer.step()                                # on device 0 only: the next replicate copies the result out
 
 The output device does extra work every step (it sends the batch and the parameters, receives the outputs and
 every gradient, computes the loss and steps the optimizer alone), and one Python process issues every device's
@@ -20,47 +21,32 @@ in ``notebooks/03_naive_multi_gpu.ipynb``.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
-Replica = tuple[nn.Module, dict[str, torch.Tensor]]  # the module, and its parameters and buffers on one device
+from course.data_parallel import replicate, split_batch
 
 
 def scatter(inputs: torch.Tensor, devices: Sequence[torch.device]) -> list[torch.Tensor]:
     """Split ``inputs`` ``(B, ...)`` along the batch into ``len(devices)`` chunks, chunk i moved to device i.
 
-    Chunk sizes differ by at most one sample, the first ``B % len(devices)`` chunks being the larger.
+    The course's one split (:func:`course.data_parallel.split_batch`) of the inputs alone: chunk sizes differ by at
+    most one sample, the first ``B % len(devices)`` chunks being the larger.
 
     Raises:
         ValueError: no devices, or fewer samples than devices (a device would get nothing).
     """
     if not devices:
         raise ValueError("scatter() needs at least one device, got none.")
-    if inputs.shape[0] < len(devices):
-        raise ValueError(f"a batch of {inputs.shape[0]} sample(s) cannot feed {len(devices)} devices: use a batch "
-                         f"of at least {len(devices)} or fewer devices.")
-    return [chunk.to(device) for chunk, device in zip(inputs.tensor_split(len(devices)), devices, strict=True)]
+    return [chunk.to(device) for (chunk, _), device in zip(split_batch(inputs, None, len(devices)), devices,
+                                                            strict=True)]
 
 
-def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[Replica]:
-    """One replica per device: ``module`` with a copy of its parameters and buffers on that device.
-
-    The copies are made inside autograd (``to`` onto another device, ``clone`` onto the same one), so backward
-    through a replica sums its gradient into ``module``'s own parameters, as DataParallel's ``Broadcast`` does.
-    Each replica has a module object of its own: the threads of :func:`parallel_apply` run them at once.
-    """
-    state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-    return [(copy.deepcopy(module), {name: tensor.to(device) if tensor.device != torch.device(device)
-                                     else tensor.clone() for name, tensor in state.items()}) for device in devices]
-
-
-def parallel_apply(replicas: Sequence[Replica], chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def parallel_apply(replicas: Sequence[nn.Module], chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run replica i on chunk i, one thread each (the one process drives every device); outputs in device order.
 
     Raises:
@@ -70,9 +56,8 @@ def parallel_apply(replicas: Sequence[Replica], chunks: Sequence[torch.Tensor]) 
     errors: list[BaseException | None] = [None] * len(replicas)
 
     def run(i: int) -> None:
-        module, state = replicas[i]
         try:
-            outputs[i] = functional_call(module, state, (chunks[i],))
+            outputs[i] = replicas[i](chunks[i])
         except BaseException as error:  # noqa: B036 - handed to the caller's thread below
             errors[i] = error
 
@@ -95,7 +80,7 @@ def gather(outputs: Sequence[torch.Tensor], device: torch.device) -> torch.Tenso
 def forward(module: nn.Module, inputs: torch.Tensor, devices: Sequence[torch.device]) -> torch.Tensor:
     """``torch.nn.DataParallel.forward``: scatter, replicate, parallel_apply, gather."""
     chunks = scatter(inputs, devices)
-    replicas = replicate(module, devices)
+    replicas = replicate(module, devices, differentiable=True)  # made inside autograd: backward reaches module
     outputs = parallel_apply(replicas, chunks)
     return gather(outputs, devices[0])
 

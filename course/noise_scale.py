@@ -18,9 +18,7 @@ For linear regression with Gaussian inputs and noise both tr(Sigma) and G are kn
 
 from __future__ import annotations
 
-import copy
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,10 +28,9 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
 from course import exercise
-from course.large_batch import check_batch, check_lr, gradients, sgd_update, split_batch
-from course.validation import check_model_fits_data
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from course.data_parallel import StepStats, replicate, split_batch, train_step
+from course.large_batch import check_batch, check_lr
+from course.validation import LossFn, check_count, check_model_fits_data
 
 
 @dataclass(frozen=True)
@@ -131,9 +128,8 @@ def two_batch_estimate(small_norm_sq: float, big_norm_sq: float, small_batch_siz
         ValueError: batch sizes not positive integers with ``small_batch_size < big_batch_size``, or a
             negative squared norm.
     """
-    for name, size in (("small_batch_size", small_batch_size), ("big_batch_size", big_batch_size)):
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
-            raise ValueError(f"{name} must be a positive integer, got {size!r}.")
+    small_batch_size = check_count("small_batch_size", small_batch_size, unit="number of samples")
+    big_batch_size = check_count("big_batch_size", big_batch_size, unit="number of samples")
     if small_batch_size >= big_batch_size:
         raise ValueError(f"small_batch_size ({small_batch_size}) must be smaller than big_batch_size "
                          f"({big_batch_size}); with equal sizes the two equations are the same one.")
@@ -143,10 +139,6 @@ def two_batch_estimate(small_norm_sq: float, big_norm_sq: float, small_batch_siz
     grad_norm_sq = (b_big * big_norm_sq - b_small * small_norm_sq) / (b_big - b_small)
     trace_sigma = (small_norm_sq - big_norm_sq) / (1 / b_small - 1 / b_big)
     return NoiseScale(trace_sigma, grad_norm_sq)
-
-
-def _norm_sq(grads: list[torch.Tensor]) -> float:
-    return float(sum(g.double().pow(2).sum() for g in grads))
 
 
 def linear_regression_noise_scale(weight: torch.Tensor, true_weight: torch.Tensor, noise_std: float,
@@ -185,9 +177,7 @@ def linear_regression_data(n: int, true_weight: torch.Tensor, noise_std: float,
                            input_cov: torch.Tensor | None = None,
                            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` samples ``(x, y)`` of the model in :func:`linear_regression_noise_scale`: ``(n, D)`` and ``(n,)``."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}.")
-    n = int(n)
+    n = check_count("n", n, unit="number of samples")
     dim = len(true_weight)
     x = torch.randn(n, dim, dtype=torch.float64, generator=generator)
     if input_cov is not None:
@@ -197,24 +187,21 @@ def linear_regression_data(n: int, true_weight: torch.Tensor, noise_std: float,
 
 
 
-def data_parallel_sgd_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, lr: float,
-                           world_size: int, loss_fn: LossFn = F.cross_entropy) -> NoiseScale:
-    """One data-parallel SGD step simulated in one process; returns the two-batch estimate it got for free.
+def from_step(stats: StepStats, world_size: int, global_batch_size: int) -> NoiseScale:
+    """The two-batch estimate a data-parallel step gets for free (:func:`two_batch_estimate`): each rank's
+    gradient is a small batch of ``global_batch_size / world_size`` samples, the averaged one the big batch.
 
-    Each of the ``world_size`` shards of the global batch is one rank's small batch; their average is the
-    all-reduced big-batch gradient, with which ``model`` is updated in place.
+    Args:
+        stats: from :func:`course.data_parallel.train_step` (in one process: its local norm is already the mean
+            over the replicas) or :func:`course.data_parallel.rank_step`.
 
     Raises:
-        ValueError: see :func:`course.large_batch.split_batch`; ``world_size`` must be at least 2.
+        ValueError: ``world_size`` 1 (there is no small batch to compare with), or see :func:`two_batch_estimate`.
     """
-    if world_size == 1:
+    if check_count("world_size", world_size, unit="number of ranks") == 1:
         raise ValueError("with world_size=1 there is no small batch to compare with: use world_size >= 2.")
-    shards = split_batch(inputs, targets, world_size)
-    per_rank = [gradients(model, x, y, loss_fn) for x, y in shards]
-    small_norm_sq = sum(_norm_sq(g) for g in per_rank) / world_size
-    big = [torch.stack(g).mean(dim=0) for g in zip(*per_rank, strict=True)]
-    sgd_update(model, big, lr)
-    return two_batch_estimate(small_norm_sq, _norm_sq(big), len(targets) // world_size, len(targets))
+    return two_batch_estimate(stats.local_grad_norm_sq, stats.global_grad_norm_sq, global_batch_size // world_size,
+                              global_batch_size)
 
 
 @dataclass(frozen=True)
@@ -236,46 +223,49 @@ class TrackPoint:
     two_batch: NoiseScale
 
 
-def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
+def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, global_batch_size: int,
                           lr: float, steps: int, every: int = 25, world_size: int = 4,
                           loss_fn: LossFn = F.cross_entropy, seed: int = 0) -> list[TrackPoint]:
     """Train a copy of ``model`` with simulated ``world_size``-rank SGD and measure the noise scale as it learns.
 
-    Every step draws a global batch of ``batch_size`` samples (with replacement) and takes a
-    :func:`data_parallel_sgd_step`; every ``every`` steps the per-sample estimate is measured on all of
+    Every step draws a global batch of ``global_batch_size`` samples (with replacement) and takes the
+    data-parallel step (:func:`course.data_parallel.train_step`, plain SGD), whose gradient norms give a
+    two-batch estimate (:func:`from_step`); every ``every`` steps the per-sample estimate is measured on all of
     ``inputs``, next to the average of the two-batch estimates of the steps in between.
 
     Args:
         inputs, targets: the training set ``(N, ...)``; also the probe for the per-sample estimate.
-        batch_size: global batch size, divisible by ``world_size`` and at most N.
+        global_batch_size: samples per step over all ranks, divisible by ``world_size`` and at most N.
         steps: number of SGD steps.
+        world_size: simulated ranks, at least 2.
 
     Returns:
         One :class:`TrackPoint` after every ``every`` steps.
 
     Raises:
-        ValueError: bad batch, ``batch_size`` 0, larger than the data or not divisible by ``world_size``,
-            negative ``lr``, or ``every`` not in 1..steps.
+        ValueError: bad batch, ``global_batch_size`` 0, larger than the data or not divisible by ``world_size``,
+            ``world_size`` below 2, negative ``lr``, or ``every`` not in 1..steps.
     """
     n = check_batch(inputs, targets)
     lr = check_lr(lr)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or not 1 <= batch_size <= n:
-        raise ValueError(f"batch_size must be an integer in 1..{n} (the number of samples), got {batch_size!r}.")
-    batch_size = int(batch_size)
+    global_batch_size = check_count("global_batch_size", global_batch_size, unit="number of samples", maximum=n)
+    split_batch(inputs[:global_batch_size], targets[:global_batch_size], world_size, equal=True)
     check_model_fits_data(model, loss_fn, inputs, targets)
     if not 1 <= every <= steps:
         raise ValueError(f"every must be in 1..steps={steps}, got {every}.")
-    model = copy.deepcopy(model).to(inputs.device)
+    replicas = replicate(model, [inputs.device] * world_size)
+    optimizers = [torch.optim.SGD(replica.parameters(), lr=lr) for replica in replicas]
     generator = torch.Generator().manual_seed(seed)
     points: list[TrackPoint] = []
     window: list[NoiseScale] = []
     for step in range(1, steps + 1):
-        batch = torch.randint(n, (batch_size,), generator=generator).to(inputs.device)
-        window.append(data_parallel_sgd_step(model, inputs[batch], targets[batch], lr, world_size, loss_fn))
+        batch = torch.randint(n, (global_batch_size,), generator=generator).to(inputs.device)
+        stats = train_step(replicas, optimizers, inputs[batch], targets[batch], loss_fn)
+        window.append(from_step(stats, world_size, global_batch_size))
         if step % every == 0:
             with torch.no_grad():
-                loss = float(loss_fn(model(inputs), targets))
-            per_sample = from_per_sample(per_sample_gradients(model, inputs, targets, loss_fn),
+                loss = float(loss_fn(replicas[0](inputs), targets))
+            per_sample = from_per_sample(per_sample_gradients(replicas[0], inputs, targets, loss_fn),
                                          whole_dataset=True)
             two_batch = NoiseScale(sum(e.trace_sigma for e in window) / len(window),
                                    sum(e.grad_norm_sq for e in window) / len(window))

@@ -32,6 +32,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course import cost_model, world
 from course.data_parallel import global_batches, split_batch, train_on_ranks
+from course.validation import check_count
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,7 +45,7 @@ class Config:
     """One parameter-server experiment on the digits (every rank builds the same model and batches)."""
 
     steps: int = 12          # synchronous steps (the async run applies steps x workers gradients)
-    batch_size: int = 48     # global batch size per synchronous step, split over the workers
+    global_batch_size: int = 48  # samples per synchronous step, split over the workers
     lr: float = 0.1          # SGD learning rate for the averaged gradient
     width: int = 8           # DigitsCNN width: small, so the demo is about communication
     seed: int = 0            # model initialisation and data order
@@ -52,8 +53,7 @@ class Config:
 
 def server_bytes_per_step(gradient_bytes: int, parameter_bytes: int, num_workers: int) -> tuple[int, int]:
     """Bytes ``(into, out of)`` the server in one synchronous step: ``W·G`` pushed in, ``W·P`` pulled out."""
-    if num_workers < 1:
-        raise ValueError(f"a parameter server needs at least one worker, got num_workers={num_workers}.")
+    num_workers = check_count("num_workers", num_workers, unit="number of workers (a parameter server needs one)")
     return num_workers * gradient_bytes, num_workers * parameter_bytes
 
 
@@ -209,7 +209,7 @@ def batches(config: Config = Config()) -> list[tuple[torch.Tensor, torch.Tensor]
     """The experiment's global batches of digits (load them once, before launching, and pass them in)."""
     from course.data import load
 
-    return global_batches(load("digits").train, config.batch_size, config.steps, config.seed)
+    return global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
 
 
 def compare_on_ranks(config: Config = Config(), data: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
@@ -260,8 +260,7 @@ def train_with_staleness(model: nn.Module, batches: Sequence[tuple[torch.Tensor,
     Raises:
         ValueError: negative staleness.
     """
-    if staleness < 0:
-        raise ValueError(f"staleness must be >= 0 updates, got {staleness}.")
+    staleness = check_count("staleness", staleness, minimum=0, unit="number of updates")
     reader = copy.deepcopy(model)  # holds the stale parameters the gradient is computed on
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     history = collections.deque([parameters_to_vector(model.parameters()).detach().clone()], maxlen=staleness + 1)

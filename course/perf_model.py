@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from course import cost_model
 from course.hardware import Gpu, Link
+from course.validation import check_choice, check_count
 from course.workloads import Layer, Workload
 
 SCHEMES = ("ring", "tree", "hierarchical", "naive", "parameter_server")
@@ -166,9 +167,9 @@ def step_time(workload: Workload, batch_size: int, world_size: int, cluster: Clu
     Raises:
         ValueError: unknown scheme, or a batch size or world size below 1.
     """
-    if scheme not in SCHEMES or batch_size < 1 or world_size < 1:
-        raise ValueError(f"need scheme in {SCHEMES}, batch_size >= 1 and world_size >= 1; got {scheme!r}, "
-                         f"{batch_size} and {world_size}.")
+    check_choice("scheme", scheme, SCHEMES)
+    batch_size = check_count("batch_size", batch_size, unit="number of samples per rank")
+    world_size = check_count("world_size", world_size, unit="number of GPUs")
     forward = [layer_seconds(layer, batch_size, cluster.gpu, a) for layer in workload.layers]
     backward = [layer_seconds(layer, batch_size, cluster.gpu, a, 2.0) for layer in reversed(workload.layers)]
     data_s = batch_size / a.samples_per_s
@@ -259,25 +260,32 @@ def _fill_idle(segments: list[Segment], end_s: float) -> list[Segment]:
     return filled + ([Segment(t, end_s, "idle")] if end_s > t + 1e-15 else [])
 
 
-def scaling_curve(workload: Workload, batch_size: int, world_sizes: tuple[int, ...], cluster: Cluster,
-                  scheme: str = "ring", a: Assumptions = Assumptions(), strong: bool = False) -> dict[int, dict]:
+def scaling_curve(workload: Workload, batch_size: int | None, world_sizes: tuple[int, ...], cluster: Cluster,
+                  scheme: str = "ring", a: Assumptions = Assumptions(), *,
+                  global_batch_size: int | None = None) -> dict[int, dict]:
     """Speedup and scaling efficiency over 1 GPU, for each world size.
 
     Args:
-        batch_size: per-rank batch (weak scaling), or the global batch split over the ranks if ``strong``.
+        batch_size: per-rank batch size at every world size (weak scaling), or None with ``global_batch_size``: one
+            global batch split over the ranks at every world size (strong scaling). Give one of the two.
 
     Returns:
-        ``{n: {"step": StepTime, "speedup": x, "efficiency": speedup / n}}``.
+        ``{world_size: {"step": StepTime, "speedup": x, "efficiency": speedup / world_size}}``.
     """
-    def per_rank(n: int) -> int:
-        return max(1, batch_size // n) if strong else batch_size
+    if (batch_size is None) == (global_batch_size is None):
+        raise ValueError(f"give either batch_size (per rank, weak scaling) or global_batch_size (strong scaling), got "
+                         f"batch_size={batch_size!r} and global_batch_size={global_batch_size!r}.")
+    strong = global_batch_size is not None
+
+    def per_rank(world_size: int) -> int:
+        return max(1, global_batch_size // world_size) if strong else batch_size
 
     one = step_time(workload, per_rank(1), 1, cluster, scheme, a).step_s
     curve = {}
-    for n in world_sizes:
-        step = step_time(workload, per_rank(n), n, cluster, scheme, a)
-        speedup = (one if strong else n * one) / step.step_s
-        curve[n] = {"step": step, "speedup": speedup, "efficiency": speedup / n}
+    for world_size in world_sizes:
+        step = step_time(workload, per_rank(world_size), world_size, cluster, scheme, a)
+        speedup = (one if strong else world_size * one) / step.step_s
+        curve[world_size] = {"step": step, "speedup": speedup, "efficiency": speedup / world_size}
     return curve
 
 

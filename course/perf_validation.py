@@ -64,7 +64,7 @@ def validation_table(a: pm.Assumptions | None = None) -> list[Row]:
     nbytes = 2**30
     return [
         Row("WRN on CIFAR-10, 4 GPUs vs 1, Torch DataParallelTable (speedup)", "seeds/000 (Rescale, Torch)", 3.33,
-            pm.scaling_curve(wrn, 128, (1, 4), k40, "naive", a, strong=True)[4]["speedup"], "x",
+            pm.scaling_curve(wrn, None, (1, 4), k40, "naive", a, global_batch_size=128)[4]["speedup"], "x",
             "WRN-28-10, global batch 128 (the repository's default), Kepler K40-class GPUs on PCIe 3 (unnamed)"),
         Row("ResNet-50, 8 M40 vs 1, Caffe2 data_parallel_model (speedup)", "seeds/002 (Caffe2 docs)", 7.0,
             pm.scaling_curve(r50, 32, (1, 8), m40, "ring", after_backward)[8]["speedup"], "x",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from course import exercise
+from course.validation import check_count
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -37,8 +38,8 @@ def bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
     Raises:
         ValueError: fewer than one stage or micro-batch.
     """
-    if num_stages < 1 or num_micro_batches < 1:
-        raise ValueError(f"need at least one stage and one micro-batch, got p={num_stages}, m={num_micro_batches}.")
+    num_stages = check_count("num_stages", num_stages, unit="number of stages (p)")
+    num_micro_batches = check_count("num_micro_batches", num_micro_batches, unit="number of micro-batches (m)")
     return (num_stages - 1) / (num_micro_batches + num_stages - 1)
 
 

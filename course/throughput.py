@@ -57,9 +57,9 @@ class Sweep:
 
 def _check_batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     sizes = list(batch_sizes)
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
-        raise ValueError(f"batch_sizes must be a non-empty sequence of positive integers, got {batch_sizes!r}.")
-    return sorted(int(b) for b in sizes)
+    if not sizes:
+        raise ValueError("batch_sizes is empty: give at least one batch size, e.g. (8, 32, 128).")
+    return sorted(check_count("each of batch_sizes", b, unit="number of samples") for b in sizes)
 
 
 def _check_input_shape(input_shape: Sequence[int]) -> tuple[int, ...]:

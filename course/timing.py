@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from course.validation import check_count
+
 #: Bootstrap resamples per interval: enough for a stable 95% interval, cheap (a few ms).
 RESAMPLES = 2000
 
@@ -129,8 +131,8 @@ def time_repeats(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) ->
     Raises:
         ValueError: ``repeats`` below 1 or ``warmup`` below 0.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats!r}, warmup={warmup!r}.")
+    repeats = check_count("repeats", repeats, unit="number of timed calls")
+    warmup = check_count("warmup", warmup, minimum=0, unit="number of untimed calls")
     for _ in range(warmup):
         fn()
     seconds = []
@@ -151,9 +153,7 @@ def usable_cores() -> int:
 def max_speedup(workers: int, cores: int | None = None) -> int:
     """The most ``workers`` processes can speed up CPU-bound work on ``cores`` cores: ``min(workers, cores)``."""
     cores = usable_cores() if cores is None else cores
-    if workers < 1 or cores < 1:
-        raise ValueError(f"workers and cores must be at least 1, got workers={workers!r}, cores={cores!r}.")
-    return min(workers, cores)
+    return min(check_count("workers", workers), check_count("cores", cores))
 
 
 def speedup_verdict(speedup: Estimate, workers: int, cores: int | None = None) -> str:

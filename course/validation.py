@@ -19,8 +19,9 @@ from torch import nn
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def check_count(name: str, value: object, minimum: int = 1, unit: str = "") -> int:
-    """``value`` as a Python int if it is an integer (any ``numbers.Integral`` but bool) >= ``minimum``.
+def check_count(name: str, value: object, minimum: int = 1, unit: str = "", maximum: int | None = None) -> int:
+    """``value`` as a Python int if it is an integer (any ``numbers.Integral`` but bool) >= ``minimum`` (and
+    <= ``maximum``, if given).
 
     ``unit`` says what is counted, for the message: ``check_count("batch_size", 0, unit="number of samples")``
     raises "batch_size must be a positive integer number of samples, got 0 (int).".
@@ -28,9 +29,13 @@ def check_count(name: str, value: object, minimum: int = 1, unit: str = "") -> i
     Raises:
         ValueError: anything else, saying what was expected and what was given.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        wanted += f" {unit}" if unit else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum \
+            or (maximum is not None and value > maximum):
+        unit = f" {unit}" if unit else ""
+        if maximum is not None:
+            wanted = f"an integer{unit} from {minimum} to {maximum}"
+        else:
+            wanted = ("a positive integer" if minimum == 1 else f"an integer >= {minimum}") + unit
         raise ValueError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__}).")
     return int(value)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import gc
 import importlib.metadata
-import operator
 import os
 import platform
 from collections.abc import Callable
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from course.validation import check_count
 
 #: Each emulated GPU is a whole process; past this many, a 2-core laptop only thrashes.
 MAX_EMULATED_WORLD_SIZE = 64
@@ -96,14 +97,7 @@ def check_world_size(world_size: object, hardware: Hardware | None = None) -> in
             processes than emulation can sensibly run.
     """
     hardware = hardware or detect_hardware()
-    try:
-        if isinstance(world_size, bool):  # True is an int to Python, but never a number of ranks
-            raise TypeError
-        world_size = operator.index(world_size)
-    except TypeError:
-        raise ValueError(f"world_size must be a positive whole number of ranks, got {world_size!r}.") from None
-    if world_size < 1:
-        raise ValueError(f"world_size must be a positive whole number of ranks, got {world_size!r}.")
+    world_size = check_count("world_size", world_size, unit="number of ranks")
     if not hardware.emulated and world_size > hardware.gpu_count:
         raise ValueError(
             f"world_size={world_size} but this machine has {hardware.gpu_count} GPU(s). Use "

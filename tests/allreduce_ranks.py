@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import course.allreduce
+import course.allreduce_protocol
 from course import world
 from course.allreduce import ALGORITHMS, compare_with_reference
 
@@ -189,7 +190,7 @@ def changed_calls(bad_rank: int) -> dict[str, tuple[str, bool, bool]]:
         for what, change in changes.items():
             for _ in range(2):  # the second is the verified call repeated
                 ring(torch.ones(6, 4))
-            fast = course.allreduce._verified.get(dist.group.WORLD) is not None  # the unchanged ranks' path
+            fast = course.allreduce_protocol.verified.get(dist.group.WORLD) is not None  # the unchanged ranks' path
             mine = {"shape": (6, 4), "dtype": torch.float32, "op": "sum", "name": "ring"}
             if me.rank in changed:
                 mine.update(change)
@@ -250,7 +251,7 @@ def nan_in_the_data() -> list[bool]:
 def who_a_repeated_ring_call_tells() -> dict[str, list[int]]:
     """The peers a ring call's check messages go to (anything not on the data's tag 0): for a new call, then for
     the same call repeated."""
-    Comm = course.allreduce._Comm
+    Comm = course.allreduce_protocol.Comm
     told: list[int] = []
     saved = Comm.isend
 
@@ -323,7 +324,7 @@ def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
 
     me = world.current()
     groups = _groups(me.world_size)
-    Comm = course.allreduce._Comm
+    Comm = course.allreduce_protocol.Comm
     recorded: list[tuple[int, int]] = []
     flat = torch.empty(0)
 

@@ -18,7 +18,7 @@ from course.launch import launch
 from course.models import DigitsCNN
 
 WORLD_SIZE = 4
-PS = parameter_server.Config(steps=4, batch_size=24, lr=0.2, width=4, seed=1)
+PS = parameter_server.Config(steps=4, global_batch_size=24, lr=0.2, width=4, seed=1)
 PIPE = model_parallel.Config(batch_size=12, micro_batches=(1, 3, 12), width=4, repeats=1, seed=2)
 
 

@@ -13,9 +13,9 @@ from course.noise_scale import NoiseScale, TrackPoint  # noqa: E402
 pytestmark = pytest.mark.unit2
 
 
-def run(batch_size, rule, warmup, steps):
-    epochs = None if steps is None else steps * batch_size / 1000
-    return RunResult(batch_size, rule, warmup, 0.1, steps, epochs, False, 0.9, 0.8, 0.3, 0.4, [2.3, 1.0, 0.5])
+def run(global_batch_size, rule, warmup, steps):
+    epochs = None if steps is None else steps * global_batch_size / 1000
+    return RunResult(global_batch_size, rule, warmup, 0.1, steps, epochs, False, 0.9, 0.8, 0.3, 0.4, [2.3, 1.0, 0.5])
 
 
 def test_steps_and_epochs_plot_one_line_per_rule_and_warmup_plus_perfect_scaling():

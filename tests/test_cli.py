@@ -58,7 +58,7 @@ def test_hello_runs_on_the_ranks_asked_for(capsys):
 
 def test_hello_with_a_bad_world_size_fails_cleanly(capsys):
     assert cli.main(["hello", "-n", "0"]) == 1
-    assert "world_size must be a positive whole number of ranks, got 0" in capsys.readouterr().err
+    assert "world_size must be a positive integer number of ranks, got 0" in capsys.readouterr().err
 
 
 def test_lab_command_roots_jupyterlab_at_the_notebooks():

@@ -150,7 +150,7 @@ def test_load_passes_split_sizes_to_the_digits():
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])
 def test_split_sizes_must_be_whole_numbers(bad):
-    with pytest.raises(data.DatasetError, match=f"n_val must be a whole number of samples, 0 or more, got {bad!r}"):
+    with pytest.raises(data.DatasetError, match=f"n_val must be an integer >= 0, got {bad!r}"):
         data.load(n_val=bad)
 
 

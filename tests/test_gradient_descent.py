@@ -116,7 +116,7 @@ def test_sgd_trains_the_cnn_on_digits_without_keeping_parameters(one_thread):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(batch_size=0), r"batch_size must be an integer from 1 to the number of samples \(10\), got 0"),
+    (dict(batch_size=0), r"batch_size must be a positive integer number of samples \(at most 10\), got 0"),
     (dict(batch_size=11), r"from 1 to the number of samples \(10\), got 11"),
     (dict(batch_size=2.0), r"got 2.0"),
     (dict(lr=0.0), r"lr must be a positive finite number, got 0.0"),

@@ -55,7 +55,7 @@ def test_measure_rejects_too_little_data_and_negative_workers():
     data = TensorDataset(torch.rand(8, 1, 8, 8), torch.randint(0, 10, (8,)))
     with pytest.raises(ValueError, match="need 12 samples, the dataset has 8"):
         ip.measure(data, LinearModel(), batch_size=4, num_workers=0, steps=2)
-    with pytest.raises(ValueError, match="num_workers must be >= 0"):
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 0"):
         ip.measure(data, LinearModel(), batch_size=4, num_workers=-1, steps=1)
 
 

@@ -65,7 +65,7 @@ def test_scheduler_follows_the_pure_function_exactly():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: ls.scaled_lr(-0.1, 32, 64), "lr must be a finite number >= 0"),
-    (lambda: ls.scaled_lr(0.1, 32, 0), "batch_size must be a positive integer"),
+    (lambda: ls.scaled_lr(0.1, 32, 0), "global_batch_size must be a positive integer"),
     (lambda: ls.scaled_lr(0.1, 0, 32), "base_batch_size must be a positive integer"),
     (lambda: ls.scaled_lr(0.1, 32, 64, "cubic"), "unknown rule 'cubic'"),
     (lambda: ls.warmup_factor(-1, 5), ">= 0"),
@@ -96,10 +96,10 @@ def test_train_run_reaches_the_target_and_reports_epochs():
 def test_sweep_covers_the_grid_in_order_and_warmup_tames_a_huge_rate():
     splits = data.load()
     train, val = ls.tensors(splits.train, torch.device("cpu")), ls.tensors(splits.val, torch.device("cpu"))
-    config = ls.SweepConfig(batch_sizes=(8, 512), rules=("none", "linear"), warmup_steps=(0, 10), base_lr=0.1,
+    config = ls.SweepConfig(global_batch_sizes=(8, 512), rules=("none", "linear"), warmup_steps=(0, 10), base_lr=0.1,
                             base_batch_size=8, max_steps=20, stop_at_target=False)
     results = ls.sweep(train, val, config)
-    assert [(r.batch_size, r.rule, r.warmup_steps) for r in results] == [
+    assert [(r.global_batch_size, r.rule, r.warmup_steps) for r in results] == [
         (b, rule, w) for b in (8, 512) for rule in ("none", "linear") for w in (0, 10)]
     cold, warm = results[6], results[7]  # batch 512, linear rule: lr 6.4, without and with warmup
     assert cold.lr == warm.lr == pytest.approx(6.4)
@@ -108,9 +108,10 @@ def test_sweep_covers_the_grid_in_order_and_warmup_tames_a_huge_rate():
 
 def test_train_run_rejects_a_batch_larger_than_the_data_or_zero():
     train, val = digits_like(64), digits_like(16)
-    with pytest.raises(ValueError, match="larger than the 64 training samples"):
+    expected = "global_batch_size must be an integer number of training samples from 1 to 64, got"
+    with pytest.raises(ValueError, match=expected + " 65"):
         ls.train_run(train, val, 65, "linear", 0)
-    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+    with pytest.raises(ValueError, match=expected + " 0"):
         ls.train_run(train, val, 0, "linear", 0)
 
 
@@ -121,8 +122,8 @@ def test_same_epochs_gives_bigger_batches_fewer_steps():
 
 
 def test_checker_accepts_the_answer_and_rejects_a_wrong_one(capsys):
-    def answer(step, base_lr, base_batch_size, batch_size, warmup_steps):
-        lr = base_lr * batch_size / base_batch_size
+    def answer(step, base_lr, base_batch_size, global_batch_size, warmup_steps):
+        lr = base_lr * global_batch_size / base_batch_size
         return lr if warmup_steps == 0 else lr * min(1.0, (step + 1) / warmup_steps)
 
     assert ls.check_warmup_exercise(answer)
@@ -132,7 +133,7 @@ def test_checker_accepts_the_answer_and_rejects_a_wrong_one(capsys):
 
 
 def test_warmup_checker_reports_the_notebook_stub_as_not_attempted(capsys):
-    def stub(step, base_lr, base_batch_size, batch_size, warmup_steps):
+    def stub(step, base_lr, base_batch_size, global_batch_size, warmup_steps):
         raise NotImplementedError("write linear_with_warmup")
 
     assert not ls.check_warmup_exercise(stub)
@@ -140,8 +141,8 @@ def test_warmup_checker_reports_the_notebook_stub_as_not_attempted(capsys):
 
 
 def test_scaling_efficiency_is_one_for_perfect_scaling_and_drops_after():
-    def run(batch_size, steps):
-        return ls.RunResult(batch_size, "linear", 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])
+    def run(global_batch_size, steps):
+        return ls.RunResult(global_batch_size, "linear", 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])
 
     results = [run(8, 100), run(16, 50), run(32, 50), run(64, None), run(128, 10)]
     assert ls.scaling_efficiency(results, "linear", 0) == pytest.approx({8: 1.0, 16: 1.0, 32: 0.5,
@@ -166,8 +167,8 @@ def test_without_warmup_the_largest_linear_rate_diverges_and_with_warmup_it_trai
 
 
 def test_describe_rule_follows_the_steps_to_target():
-    def run(batch_size, steps, rule="none"):
-        return ls.RunResult(batch_size, rule, 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])
+    def run(global_batch_size, steps, rule="none"):
+        return ls.RunResult(global_batch_size, rule, 0, 0.1, steps, None, False, 1.0, 1.0, 0.0, 0.0, [])
 
     flat = [run(8, 792), run(16, 802), run(32, None), run(64, None)]
     text = ls.describe_rule(flat, "none", 0, 1000)
@@ -186,7 +187,7 @@ def test_same_train_accuracy_stops_each_run_at_the_training_threshold():
                                   config=config)
     for run in runs:
         assert 1 < run.steps_to_target == len(run.losses) and run.train_accuracy >= 0.9
-        probe = ls.train_run(train, val, run.batch_size, "linear", 0,
+        probe = ls.train_run(train, val, run.global_batch_size, "linear", 0,
                              ls.SweepConfig(base_lr=0.5, base_batch_size=32, max_steps=run.steps_to_target - 1,
                                             stop_at_target=False))
         assert probe.train_accuracy < 0.9  # one step earlier the threshold was not reached yet
@@ -209,8 +210,8 @@ def test_default_sweep_scales_near_perfectly_for_three_doublings_then_loses_effi
 @pytest.mark.parametrize("kwargs, match", [
     (dict(max_steps=0), r"max_steps must be a positive integer, got 0"),
     (dict(max_steps=-5), r"max_steps must be a positive integer, got -5"),
-    (dict(batch_sizes=()), r"batch_sizes is empty"),
-    (dict(batch_sizes=(16, 0)), r"batch sizes must be a positive integer number of samples, got 0"),
+    (dict(global_batch_sizes=()), r"global_batch_sizes is empty"),
+    (dict(global_batch_sizes=(16, 0)), r"each batch size must be a positive integer number of samples, got 0"),
     (dict(warmup_steps=(-1,)), r"warmup_steps must be an integer >= 0, got -1"),
     (dict(rules=("linear", "cubic")), r"unknown rules \['cubic'\]"),
 ])
@@ -240,4 +241,4 @@ def test_numpy_integers_are_accepted_as_batch_sizes_and_warmup():
     train, val = digits_like(64), digits_like(16, seed=1)
     config = ls.SweepConfig(base_lr=0.5, base_batch_size=np.int64(16), max_steps=np.int64(3), stop_at_target=False)
     run = ls.train_run(train, val, np.int64(16), "linear", np.int64(2), config)
-    assert len(run.losses) == 3 and run.batch_size == 16 and type(run.batch_size) is int
+    assert len(run.losses) == 3 and run.global_batch_size == 16 and type(run.global_batch_size) is int

@@ -91,7 +91,8 @@ def test_checkpointing_keeps_segment_inputs_and_one_segment():
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("optimizer", "adamw", "optimizer must be one of"), ("precision", "fp8", "precision must be one of"),
-    ("zero_stage", 4, "zero_stage must be one of"), ("world_size", 0, "positive int")])
+    ("zero_stage", 4, "zero_stage must be one of"),
+    ("world_size", 0, "world_size must be a positive integer number of ranks, got 0")])
 def test_bad_setup_says_what_is_allowed(field, value, message):
     with pytest.raises(ValueError, match=message):
         mb.Setup(**{field: value})

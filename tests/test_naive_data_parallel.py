@@ -18,7 +18,7 @@ CPU = torch.device("cpu")
 def test_scatter_splits_the_batch_in_order_into_near_equal_chunks(batch, num_devices):
     inputs = torch.arange(batch * 3.0).reshape(batch, 3)
     if batch < num_devices:
-        with pytest.raises(ValueError, match=f"cannot feed {num_devices} devices"):
+        with pytest.raises(ValueError, match=f"cannot feed {num_devices} ranks or replicas"):
             ndp.scatter(inputs, [CPU] * num_devices)
         return
     chunks = ndp.scatter(inputs, [CPU] * num_devices)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from course import data_parallel as dp
 from course import models
 from course import noise_scale as ns
 
@@ -71,8 +72,9 @@ def test_two_batch_estimator_is_unbiased_over_data_parallel_steps():
     weight = torch.tensor([0.5, -1.0, 1.0, 0.3], dtype=torch.float64)
     exact = ns.linear_regression_noise_scale(weight, TRUE_WEIGHT, NOISE_STD)
     x, y = ns.linear_regression_data(600 * 32, TRUE_WEIGHT, NOISE_STD, generator=torch.Generator().manual_seed(2))
-    model = regression_model(weight)
-    estimates = [ns.data_parallel_sgd_step(model, xb, yb, lr=0.0, world_size=4, loss_fn=ns.half_squared_error)
+    replicas = dp.replicate(regression_model(weight), ["cpu"] * 4)
+    optimizers = [torch.optim.SGD(r.parameters(), lr=0.0) for r in replicas]
+    estimates = [ns.from_step(dp.train_step(replicas, optimizers, xb, yb, ns.half_squared_error), 4, 32)
                  for xb, yb in zip(x.split(32), y.split(32), strict=True)]
     assert sum(e.trace_sigma for e in estimates) / len(estimates) == pytest.approx(exact.trace_sigma, rel=0.1)
     assert sum(e.grad_norm_sq for e in estimates) / len(estimates) == pytest.approx(exact.grad_norm_sq, rel=0.1)
@@ -90,7 +92,7 @@ def test_noise_scale_grows_as_the_parameters_approach_the_optimum(scale, noise_s
 
 def test_tracking_during_training_sees_the_loss_fall_and_the_noise_scale_grow():
     x, y = ns.linear_regression_data(512, TRUE_WEIGHT, NOISE_STD, generator=torch.Generator().manual_seed(3))
-    points = ns.track_during_training(regression_model(torch.zeros(4, dtype=torch.float64)), x, y, batch_size=16,
+    points = ns.track_during_training(regression_model(torch.zeros(4, dtype=torch.float64)), x, y, global_batch_size=16,
                                       lr=0.05, steps=120, every=40, loss_fn=ns.half_squared_error)
     assert [p.step for p in points] == [40, 80, 120]
     assert points[-1].loss < points[0].loss
@@ -105,9 +107,10 @@ def test_tracking_during_training_sees_the_loss_fall_and_the_noise_scale_grow():
     (lambda: ns.two_batch_estimate(-1.0, 0.5, 8, 32), "cannot be negative"),
     (lambda: ns.linear_regression_noise_scale(torch.zeros(3), TRUE_WEIGHT, 1.0), "must both have shape"),
     (lambda: ns.per_sample_gradients(nn.Linear(2, 1), torch.ones(3, 2), torch.ones(2)), "3 samples but targets hold 2"),
-    (lambda: ns.data_parallel_sgd_step(nn.Linear(2, 1), torch.ones(6, 2), torch.ones(6), 0.1, 4), "split evenly"),
+    (lambda: ns.track_during_training(nn.Linear(2, 1), torch.ones(8, 2), torch.ones(8), 6, 0.1, 10), "split evenly"),
+    (lambda: ns.from_step(dp.StepStats(1.0, 2.0, 1.0), 1, 8), "no small batch"),
     (lambda: ns.track_during_training(nn.Linear(2, 1), torch.ones(8, 2), torch.ones(8), 0, 0.1, 10), "batch_size"),
-    (lambda: ns.track_during_training(nn.Linear(2, 1), torch.ones(8, 2), torch.ones(8), 16, 0.1, 10), "1..8"),
+    (lambda: ns.track_during_training(nn.Linear(2, 1), torch.ones(8, 2), torch.ones(8), 16, 0.1, 10), "1 to 8, got 16"),
     (lambda: ns.track_during_training(nn.Linear(2, 1), torch.ones(8, 2), torch.ones(8), 4, -1.0, 10), "lr"),
 ])
 def test_bad_input_raises_a_clear_error(call, message):

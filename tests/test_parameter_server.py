@@ -20,7 +20,7 @@ def test_server_traffic_grows_with_workers_and_allreduce_traffic_does_not():
     assert ps.server_bytes_per_step(100, 80, 3) == (300, 240)
     assert ps.allreduce_bytes_per_rank(100, 4) == pytest.approx(150.0)  # 2(n-1)/n = 1.5
     assert ps.allreduce_bytes_per_rank(100, 64) < 200 < ps.server_bytes_per_step(100, 100, 2)[0] + 1
-    with pytest.raises(ValueError, match="at least one worker"):
+    with pytest.raises(ValueError, match="num_workers must be a positive integer number of workers"):
         ps.server_bytes_per_step(100, 100, 0)
 
 
@@ -50,7 +50,7 @@ def test_staleness_changes_the_trajectory_and_is_validated(stale_setup):
     ps.train_with_staleness(fresh, batches, 0.2, 0, val)
     ps.train_with_staleness(stale, batches, 0.2, 3, val)
     assert not torch.allclose(parameters_to_vector(fresh.parameters()), parameters_to_vector(stale.parameters()))
-    with pytest.raises(ValueError, match="staleness must be >= 0"):
+    with pytest.raises(ValueError, match="staleness must be an integer >= 0 number of updates"):
         ps.train_with_staleness(copy.deepcopy(model), batches, 0.2, -1, val)
 
 

@@ -90,6 +90,15 @@ def test_errors_name_what_to_fix():
         pm.step_time(R50, 32, 1, ONE_NODE, a=replace(A, precision="fp8"))
 
 
+def test_strong_scaling_splits_one_global_batch_over_the_ranks():
+    strong = pm.scaling_curve(R50, None, (1, 4), TWO_LEVEL, global_batch_size=128)
+    assert strong[4]["step"].step_s == pytest.approx(pm.step_time(R50, 32, 4, TWO_LEVEL).step_s)
+    assert strong[4]["speedup"] == pytest.approx(pm.step_time(R50, 128, 1, TWO_LEVEL).step_s / strong[4]["step"].step_s)
+    for batch_size, global_batch_size in ((32, 128), (None, None)):
+        with pytest.raises(ValueError, match="give either batch_size"):
+            pm.scaling_curve(R50, batch_size, (1, 4), TWO_LEVEL, global_batch_size=global_batch_size)
+
+
 @settings(max_examples=40, deadline=None)
 @given(batch=st.integers(1, 256), n=st.integers(2, 64), scheme=st.sampled_from(pm.SCHEMES))
 def test_scaling_never_beats_ideal_and_overlap_never_hurts(batch, n, scheme):

@@ -23,7 +23,7 @@ def test_bubble_fraction_closed_form_and_errors():
     assert pb.bubble_fraction(1, 1) == 0.0
     assert pb.bubble_fraction(4, 1) == pytest.approx(0.75)
     assert pb.bubble_fraction(4, 13) == pytest.approx(3 / 16)
-    with pytest.raises(ValueError, match="at least one stage and one micro-batch"):
+    with pytest.raises(ValueError, match=r"num_micro_batches must be a positive integer number of micro-batches \(m\)"):
         pb.bubble_fraction(2, 0)
 
 

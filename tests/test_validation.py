@@ -57,6 +57,12 @@ def test_count_refuses_the_rest(value, minimum, match):
         check_count("epochs", value, minimum)
 
 
+def test_check_count_with_a_maximum_names_the_range():
+    assert check_count("batch_size", 8, maximum=8) == 8
+    with pytest.raises(ValueError, match=r"batch_size must be an integer number of samples from 1 to 8, got 9 \(int\)"):
+        check_count("batch_size", 9, unit="number of samples", maximum=8)
+
+
 def test_check_choice_returns_an_allowed_value_and_lists_them_otherwise():
     assert check_choice("op", "avg", ("avg", "sum")) == "avg"
     with pytest.raises(ValueError, match=r"op must be one of \['avg', 'sum'\], got 'max'"):

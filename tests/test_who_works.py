@@ -25,8 +25,8 @@ def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed(
     torch.manual_seed(config.seed)
     model = DigitsCNN(width=config.width)
     optimizer = make_optimizer("adam", model.parameters(), config.lr)
-    batches = global_batches(load("digits").train, config.batch_size, config.steps, config.seed)
-    losses = [train_step([model], [optimizer], x, y) for x, y in batches]
+    batches = global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
+    losses = [train_step([model], [optimizer], x, y).loss for x, y in batches]
     for rank, result in enumerate(report):
         for strategy in who_works.STRATEGIES:
             run = result["who"][strategy]

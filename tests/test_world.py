@@ -32,7 +32,7 @@ def test_course_emulate_hides_gpus(monkeypatch):
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "4", None, True])
 def test_bad_world_sizes_say_what_was_wrong(bad):
-    with pytest.raises(ValueError, match=r"positive whole number of ranks, got"):
+    with pytest.raises(ValueError, match=r"world_size must be a positive integer number of ranks, got"):
         world.check_world_size(bad, EMULATED)
 
 
@@ -44,7 +44,7 @@ def test_numpy_integers_are_world_sizes(good):
 
 @pytest.mark.parametrize("bad", [np.bool_(True), np.float64(3.0), np.int64(0)])
 def test_numpy_non_integers_and_zero_are_refused(bad):
-    with pytest.raises(ValueError, match=r"positive whole number of ranks, got"):
+    with pytest.raises(ValueError, match=r"world_size must be a positive integer number of ranks, got"):
         world.check_world_size(bad, EMULATED)
 
 

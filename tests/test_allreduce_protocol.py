@@ -1,0 +1,30 @@
+"""course.allreduce_protocol: how a call is described to the other ranks (the multi-rank agreement itself is
+exercised on 8 ranks by tests/test_allreduce.py)."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from course.allreduce import ALGORITHMS
+from course.allreduce_protocol import _CHECKED_DIMS, ALGORITHM_NAMES, DTYPES, OPS, call_metadata, describe
+
+pytestmark = pytest.mark.unit4
+
+
+def test_a_call_names_its_algorithm_by_its_place_in_allreduce_algorithms():
+    assert tuple(ALGORITHMS) == ALGORITHM_NAMES
+
+
+@given(shape=st.lists(st.integers(0, 3), max_size=_CHECKED_DIMS), dtype=st.sampled_from(DTYPES),
+       op=st.sampled_from(OPS), algorithm=st.sampled_from(ALGORITHM_NAMES))
+def test_call_metadata_describes_the_call_it_was_made_from(shape, dtype, op, algorithm):
+    tensor = torch.zeros(shape, dtype=dtype)
+    text = describe(call_metadata(tensor, op, algorithm))
+    assert text == (f"numel {tensor.numel()}, shape {tuple(shape)}, {dtype}, op {op!r}, {algorithm} allreduce")
+
+
+def test_dimensions_past_the_checked_ones_fold_into_the_last_slot():
+    deep, flat = torch.zeros(2, 1, 1, 1, 1, 3, 5), torch.zeros(2, 1, 1, 1, 1, 15)
+    assert call_metadata(deep, "sum", "ring")[5:] == call_metadata(flat, "sum", "ring")[5:]
+    assert call_metadata(deep, "sum", "ring")[4] == 7 and call_metadata(flat, "sum", "ring")[4] == 6
