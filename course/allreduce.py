@@ -267,15 +267,7 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGrou
     """Validate the arguments, find this rank in ``group``, start the agreement check (also on which
     ``algorithm`` every rank runs: their messages differ), and view the tensor as 1-D."""
     op = _op_name(op)
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"allreduce needs a torch.Tensor, got {type(tensor).__name__}.")
-    if tensor.dtype not in DTYPES:
-        raise ValueError(f"allreduce supports dtypes {[str(d) for d in DTYPES]}, got {tensor.dtype}. "
-                         "Convert with tensor.float() (and copy back) first.")
-    if not tensor.is_contiguous():
-        raise ValueError(f"allreduce works in place on a contiguous tensor, got one with strides "
-                         f"{tensor.stride()} for shape {tuple(tensor.shape)}. Reduce t = x.contiguous(), "
-                         "then x.copy_(t).")
+    validate_tensor(tensor)
     if group is None and not dist.is_initialized():
         comm = Comm(0, 1, None)  # no process group: a world of one, like course.world.current()
     else:
@@ -287,6 +279,24 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGrou
     else:
         agreement = Agreement([], comm, fast=True)  # nothing to check: agrees with everyone
     return tensor.view(-1), comm, agreement
+
+
+def validate_tensor(tensor: torch.Tensor, caller: str = "allreduce") -> None:
+    """Raise unless ``tensor`` is one an in-place allreduce can take: a contiguous torch.Tensor of a dtype in
+    ``DTYPES``. ``caller`` names the function in the message (``course.shm_allreduce`` shares this check).
+
+    Raises:
+        TypeError: not a tensor. ValueError: another dtype, or not contiguous (each message says the fix).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{caller} needs a torch.Tensor, got {type(tensor).__name__}.")
+    if tensor.dtype not in DTYPES:
+        raise ValueError(f"{caller} supports dtypes {[str(d) for d in DTYPES]}, got {tensor.dtype}. "
+                         "Convert with tensor.float() (and copy back) first.")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{caller} works in place on a contiguous tensor, got one with strides "
+                         f"{tensor.stride()} for shape {tuple(tensor.shape)}. Reduce t = x.contiguous(), "
+                         "then x.copy_(t).")
 
 
 def _op_name(op: Op) -> str:
