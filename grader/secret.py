@@ -1,6 +1,6 @@
 """The instructor's secret: what keeps the grader's evaluation seed unknowable to a student who has the grader.
 
-The evaluation seed (:func:`grader.runner.submission_seed`) is a hash of the submission and this secret: the
+The evaluation seed (:func:`submission_seed`) is a hash of the submission and this secret: the
 grader, the course package and the submission are all public to the student, the secret is not. It is
 made once, at random, and kept in the grader's configuration, in a file only its owner can read (mode 0600,
 in a 0700 folder)::
@@ -17,6 +17,7 @@ sandbox hides the file from them (:mod:`grader.sandbox`). Used by the grader of 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import stat
@@ -72,6 +73,17 @@ def load(create: bool = True) -> bytes:
         raise ValueError(f"the grader's secret file {path} is empty: delete it and run `python -m grader.secret` "
                          "to make a new one (grades of a class already graded would change).")
     return secret
+
+
+def submission_seed(script: Path) -> int:
+    """The evaluation seed: from the submission's content, so the student cannot pick it and regrading agrees.
+
+    Mixed with the instructor's secret (:func:`load`: made at random on first use and kept in
+    the grader's configuration), so that a student who has the grader cannot compute it.
+    """
+    secret = load()
+    digest = hashlib.sha256(b"multigpu-course grader\0" + secret + b"\0" + script.read_bytes()).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ import pytest
 
 from grader import reports, runner
 from grader.crashes import MAX_TRACEBACK_LINES, first_failure, trimmed_traceback
-from grader.evidence import Evidence
+from grader.evidence import RunRecords
+from grader.records import parse
 from grader.results import Results
 from grader.sandbox import SandboxResult
 
@@ -45,15 +46,14 @@ def exit_record(rank, returncode, exit_s, order, stderr=""):
             "exit_s": exit_s, "stdout": "", "stdout_bytes": 0, "stderr": stderr, "stderr_bytes": len(stderr)}
 
 
-def evidence(exits, ends=None, steps=None):
-    ev = Evidence(4, "gloo")
-    ev.exits = {r["rank"]: r for r in exits}
-    ev.ends = ends or {}
-    ev.steps = steps or {}
-    return ev
+def evidence(exits, ends=None) -> RunRecords:
+    """The records of a run: the launcher's ``exits``, the harness's ``ends`` by rank, as the grader parses them."""
+    return RunRecords(world_size=4, exits={r["rank"]: parse(r) for r in exits},
+                      ends={r: [parse({"rank": r, "digests": None, **e}) for e in es]
+                            for r, es in (ends or {}).items()})
 
 
-def rank_2_raises(rank_0_first: bool) -> Evidence:
+def rank_2_raises(rank_0_first: bool) -> RunRecords:
     """Rank 2 raises; its peers fail on the closed connection. The launcher saw rank 0 end in the same
     polling period as rank 2 (listed first) or, with ``rank_0_first``, even a millisecond earlier."""
     lost = {r: WARNING + LOST.format(how="reset" if r else "closed") for r in (0, 1, 3)}
@@ -66,7 +66,7 @@ def rank_2_raises(rank_0_first: bool) -> Evidence:
     return evidence(exits, ends)
 
 
-def graded(ev: Evidence) -> Results:
+def graded(ev: RunRecords) -> Results:
     status, detail = runner._status(ev, SandboxResult("error", 1, "", "", 2.0, "exited with code 1"), None)
     return Results("crash.py", status, detail, output=runner._output(ev, None))
 

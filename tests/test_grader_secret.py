@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from grader import secret
-from grader.runner import submission_seed
+from grader.secret import submission_seed
 
 pytestmark = pytest.mark.unit6
 
