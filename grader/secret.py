@@ -17,11 +17,13 @@ sandbox hides the file from them (:mod:`grader.sandbox`). Used by the grader of 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 SECRET_ENV, SECRET_FILE_ENV = "GRADER_SECRET", "GRADER_SECRET_FILE"
@@ -47,14 +49,19 @@ def ensure(path: Path | None = None) -> Path:
     """
     path = Path(path) if path is not None else secret_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        if stat.S_IMODE(path.stat().st_mode) & 0o077:
-            os.chmod(path, 0o600)
-        return path
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secrets.token_hex(SECRET_BYTES) + "\n")
+    if not path.exists():
+        # written whole under a private name, then linked into place: two graders starting at once (two
+        # threads of `grader grade -j 2`) never read a file the other has made but not yet written
+        fd, draft = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(SECRET_BYTES) + "\n")
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another: theirs is kept
+                os.link(draft, path)
+        finally:
+            os.unlink(draft)
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        os.chmod(path, 0o600)
     return path
 
 
