@@ -33,7 +33,7 @@ def apply(results: Results, evidence: Evidence | None, assignment: Assignment, v
             continue
         try:
             passed, message = check.test(evidence, assignment)
-        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
             passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
         results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
                                           check.points, check.visibility, passed, message,
