@@ -23,8 +23,8 @@ def integrity(ev: Evidence, a: Assignment) -> Outcome:
                        f"through {forged[0].via}); they were not believed.")
     if ev.malformed:
         return False, (f"{len(ev.malformed)} record(s) on the grader's record channel did not fit the record "
-                       f"format and were refused (the first: {ev.malformed[0]}); the grader's probes write only "
-                       "well-formed records.")
+                       f"format and were refused (the first: {ev.malformed[0].rstrip('.')}); the grader's probes "
+                       "write only well-formed records.")
     if ev.rejected_records or ev.misattributed:
         return False, (f"{ev.rejected_records + ev.misattributed} forged lines were written to the grader's "
                        "record channel; they were refused.")
