@@ -234,7 +234,7 @@ def parse(obj: Any) -> Record:
         raise MalformedRecord(f"a record must be a JSON object, got {type(obj).__name__}.")
     kind = obj.get("kind")
     where = f"{str(kind)[:30]!r} record" + (f" of rank {repr(obj['rank'])[:30]}" if "rank" in obj else "")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise MalformedRecord(f"{where}: unknown kind, expected one of {', '.join(KINDS)}.")
     version = obj.get("v", 1)
     if version != VERSION or isinstance(version, bool):
@@ -243,7 +243,7 @@ def parse(obj: Any) -> Record:
     hints = _hints(cls)
     unknown = sorted(set(obj) - set(hints) - {"kind", "v"})
     if unknown:
-        raise MalformedRecord(f"{where}: unexpected field(s) {', '.join(unknown)}.")
+        raise MalformedRecord(f"{where}: unexpected field(s) {', '.join(unknown)[:100]}.")
     values = {}
     for f in fields(cls):
         if f.name not in obj:

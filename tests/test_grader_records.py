@@ -65,6 +65,26 @@ def test_a_field_of_another_type_is_refused_naming_the_field(record, data):
         parse({**obj, name: wrong})
 
 
+@st.composite
+def any_object(draw) -> dict:
+    """A JSON object shaped like a record of some kind: some of its fields, any values, perhaps others."""
+    cls = draw(st.sampled_from(list(KINDS.values())))
+    names = [f.name for f in fields(cls)] + ["v", "kind", "extra"]
+    obj = draw(st.dictionaries(st.sampled_from(names), JSON_VALUE, max_size=len(names)))
+    return {"kind": cls.kind, **obj} if draw(st.booleans()) else obj
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_object())
+def test_any_json_object_is_a_record_of_its_kind_or_refused_never_an_error(obj):
+    try:
+        record = parse(obj)
+    except MalformedRecord as refused:
+        assert str(refused)
+    else:
+        assert record.kind == obj["kind"] and parse(record.to_dict()) == record
+
+
 def _fits(value, hint) -> bool:
     try:
         records._typed(value, hint)
@@ -95,6 +115,7 @@ def test_records_without_a_version_are_read_as_version_1():
     ("[1, 2]", "a record must be a JSON object, got list"),
     ('{"kind": "step"}', "'step' record: field 'rank' is missing"),
     ('{"kind": "launch", "rank": 0}', "'launch' record of rank 0: unknown kind, expected one of init, initial, step"),
+    ('{"kind": ["step"], "rank": 0}', "\"['step']\" record of rank 0: unknown kind"),
     ('{"kind": "shutdown", "rank": 0, "steps": 1, "v": "1"}', "format version '1', this grader reads version 1"),
     ('{"kind": "shutdown", "rank": true, "steps": 1}', "field 'rank' should be int, got bool true"),
     ('{"kind": "shutdown", "rank": 0, "steps": 1.5}', "field 'steps' should be int, got float 1.5"),
