@@ -34,7 +34,6 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 VERSION = 1
-ENVELOPE = ("seq", "signer")  # added by the channel, not by the record's writer
 
 
 class MalformedRecord(ValueError):
