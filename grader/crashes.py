@@ -20,7 +20,8 @@ from course.root_cause import PEER_LOST  # the final error of a rank that only l
 from grader.evidence import RunRecords
 
 # frames of the grader's own code between the student's script and the interpreter: not the student's concern
-_HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "<frozen runpy>")
+_HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "grader/probed_data.py",
+                  "grader/fingerprints.py", "grader/records.py", "<frozen runpy>")
 _TRACEBACK = "Traceback (most recent call last):"
 MAX_TRACEBACK_LINES, MAX_TRACEBACK_CHARS = 30, 2500
 

@@ -128,3 +128,17 @@ def test_a_long_traceback_keeps_its_end_and_the_students_frames():
 def test_output_without_a_traceback_keeps_its_last_lines():
     assert trimmed_traceback("\n".join(f"line {i}" for i in range(20))).splitlines() == [
         f"line {i}" for i in range(12, 20)]
+
+
+def test_the_probes_frames_around_the_students_data_loading_are_hidden():
+    """An error in the student's dataset surfaces through the probes' loader wrapper (grader/probed_data.py)."""
+    text = trimmed_traceback(HARNESS + """  File "/tmp/grade-x/run/train_4gpu.py", line 40, in main
+    for images, labels in train_loader:
+  File "/work/course/grader/probed_data.py", line 63, in record_batches
+    for item in original(loader):
+  File "/work/course/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 701, in __next__
+    data = self._next_data()
+IndexError: index 5000 is out of bounds for dimension 0 with size 1197
+""")
+    assert "probed_data" not in text and "record_batches" not in text and "for item in original" not in text
+    assert 'File "train_4gpu.py", line 40, in main' in text and text.endswith("with size 1197")
