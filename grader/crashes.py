@@ -17,10 +17,11 @@ import textwrap
 from dataclasses import dataclass
 
 from course.root_cause import PEER_LOST  # the final error of a rank that only lost a peer
-from grader.evidence import Evidence
+from grader.evidence import RunRecords
 
 # frames of the grader's own code between the student's script and the interpreter: not the student's concern
-_HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "<frozen runpy>")
+_HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "grader/probed_data.py",
+                  "grader/fingerprints.py", "grader/records.py", "<frozen runpy>")
 _TRACEBACK = "Traceback (most recent call last):"
 MAX_TRACEBACK_LINES, MAX_TRACEBACK_CHARS = 30, 2500
 
@@ -34,35 +35,35 @@ class Failure:
     rank: int
 
 
-def failed_ranks(ev: Evidence) -> list[int]:
+def failed_ranks(ev: RunRecords) -> list[int]:
     """Ranks that exited non-zero by themselves: not stopped by the launcher, not torn down after the script."""
-    failed = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")]
-    return [r for r in failed if not any(end["exit_code"] == 0 for end in ev.ends.get(r, []))]
+    failed = [r for r, e in sorted(ev.exits.items()) if e.returncode != 0 and not e.stopped]
+    return [r for r in failed if not any(end.exit_code == 0 for end in ev.ends.get(r, ()))]
 
 
-def exit_time(ev: Evidence, rank: int) -> tuple[float, int]:
+def exit_time(ev: RunRecords, rank: int) -> tuple[float, int]:
     """When ``rank`` exited, for sorting: the launcher's exit time, then its exit order (older records)."""
     exit_ = ev.exits[rank]
-    seconds = exit_.get("exit_s")
-    return (float("inf") if seconds is None else seconds, exit_.get("order", rank))
+    seconds = exit_.exit_s
+    return (float("inf") if seconds is None else seconds, rank if exit_.order is None else exit_.order)
 
 
-def error_text(ev: Evidence, rank: int) -> str:
+def error_text(ev: RunRecords, rank: int) -> str:
     """The rank's error: the traceback its ``end`` record carries (the script raised), else its stderr."""
-    for end in reversed(ev.ends.get(rank, [])):
-        if end.get("error"):
-            return end["error"]
-    return ev.exits[rank].get("stderr", "")
+    for end in reversed(ev.ends.get(rank, ())):
+        if end.error:
+            return end.error
+    return ev.exits[rank].stderr
 
 
-def is_secondary(ev: Evidence, rank: int) -> bool:
+def is_secondary(ev: RunRecords, rank: int) -> bool:
     """``rank`` failed only because a peer went away: its last error line names a lost connection."""
-    if ev.exits[rank]["returncode"] < 0:  # killed by a signal (segfault, the OOM killer): its own failure
+    if ev.exits[rank].returncode < 0:  # killed by a signal (segfault, the OOM killer): its own failure
         return False
     return any(marker in _last_error(error_text(ev, rank)) for marker in PEER_LOST)
 
 
-def first_failure(ev: Evidence, failed: list[int]) -> Failure:
+def first_failure(ev: RunRecords, failed: list[int]) -> Failure:
     """The failure to name among ``failed`` (non-empty, see :func:`failed_ranks`), with its trimmed error."""
     primary = [r for r in failed if not is_secondary(ev, r)]
     if primary:
@@ -71,7 +72,7 @@ def first_failure(ev: Evidence, failed: list[int]) -> Failure:
                        f"ranks could not go on without it.\n{_indented(ev, first)}", first)
     first = min(failed, key=lambda r: exit_time(ev, r))
     early = [r for r, e in sorted(ev.exits.items())
-             if e["returncode"] == 0 and not e.get("stopped") and exit_time(ev, r) <= exit_time(ev, first)]
+             if e.returncode == 0 and not e.stopped and exit_time(ev, r) <= exit_time(ev, first)]
     if early:
         return _early_exit(ev, early, failed, first)
     return Failure(f"crash on rank {first}", f"rank {first} lost its connection to another rank, and no rank "
@@ -79,9 +80,9 @@ def first_failure(ev: Evidence, failed: list[int]) -> Failure:
                    f"{_indented(ev, first)}", first)
 
 
-def _early_exit(ev: Evidence, early: list[int], failed: list[int], first: int) -> Failure:
+def _early_exit(ev: RunRecords, early: list[int], failed: list[int], first: int) -> Failure:
     names, waiting = _names(early), _names(failed)
-    steps = {r: len(ev.steps.get(r, [])) for r in (*early, *failed)}
+    steps = {r: len(ev.steps.get(r, ())) for r in (*early, *failed)}
     took = ("took no optimizer step" if not any(steps[r] for r in early)
             else "took " + ", ".join(f"{steps[r]} optimizer step(s) on rank {r}" for r in early))
     detail = (f"rank(s) {names} {took} and exited early (exit code 0) while rank(s) {waiting} still needed them "
@@ -91,7 +92,7 @@ def _early_exit(ev: Evidence, early: list[int], failed: list[int], first: int) -
     return Failure(f"early exit on rank {names}", detail, first)
 
 
-def _lost(ev: Evidence, rank: int) -> str:
+def _lost(ev: RunRecords, rank: int) -> str:
     error = _last_error(error_text(ev, rank))
     return next((marker for marker in PEER_LOST if marker in error), error[:200])
 
@@ -106,8 +107,8 @@ def _last_error(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _indented(ev: Evidence, rank: int) -> str:
-    code = ev.exits[rank]["returncode"]
+def _indented(ev: RunRecords, rank: int) -> str:
+    code = ev.exits[rank].returncode
     text = trimmed_traceback(error_text(ev, rank))
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)

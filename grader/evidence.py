@@ -1,71 +1,93 @@
 """What a graded run left behind, sorted by rank: the probes' records, the ranks' exits, the checkpoint's score.
 
-:func:`collect` turns the verified records of one run into an :class:`Evidence` the checks read. Nothing
-here comes from the student's printed output. Used by the grader of notebook 06.
+Built in two frozen stages, nothing changed afterwards:
+
+    records = collect(reader.result(), world_size=4, rejected_records=reader.rejected)   # RunRecords
+    status, detail = runner._status(records, ...)               # how the run ended, from the records
+    evidence = Evidence.of(records, expected_backend="gloo", status=status, train_size=1197,
+                           checkpoint=judge_checkpoint(records, verdict, "checkpoint.pt"),
+                           replay=replay_first_steps(records))
+
+The records are typed (:mod:`grader.records`, the one declaration of their format); the checks
+(:mod:`grader.checks`) read only an :class:`Evidence`. Nothing here comes from the student's printed output.
+Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from course import data
-from grader import channel, probes, replay
+from grader import channel, fingerprints, replay
+from grader.records import Collective as CollectiveRecord
+from grader.records import (
+    End,
+    Forgery,
+    Init,
+    Initial,
+    MalformedRecord,
+    RankExit,
+    Record,
+    Report,
+    Save,
+    Shutdown,
+    Step,
+    Tamper,
+    Write,
+    parse,
+)
+
+# RunRecords attribute -> the record kind it holds, per rank, in order
+_BY_KIND = {"steps": Step, "inits": Init, "ends": End, "reports": Report, "saves": Save, "writes": Write,
+            "collectives": CollectiveRecord, "tampers": Tamper, "shutdowns": Shutdown, "initials": Initial,
+            "forgeries": Forgery}
 
 
-@dataclass
-class Evidence:
-    """Everything the checks may look at, for one run of one submission.
+@dataclass(frozen=True, kw_only=True)
+class RunRecords:
+    """The verified records of one run, by kind and rank (frozen: mappings are read-only, lists are tuples).
 
     Attributes:
         world_size: ranks the grader started.
-        train_size: samples in the training split.
-        expected_backend: ``nccl`` on GPUs, ``gloo`` on emulated ones.
-        status: how the run ended (``ok``, ``timeout``, ``hang on rank 3``, ...), see :mod:`grader.runner`.
-        steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns, forgeries: the probes'
-            records per rank, in order (``forgeries``: calls into the probes from outside the grader).
+        steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns, initials, forgeries: the
+            probes' records per rank, in order (``forgeries``: calls into the probes from outside the grader).
         exits: the launcher's record of each rank's exit code, output size and output.
-        test_accuracy: the grader's own evaluation of the checkpoint (perturbed test split), or None.
-        checkpoint_val_accuracy: the checkpoint's accuracy on the whole validation split, by the grader.
-        checkpoint_fingerprint: the checkpoint's parameter fingerprint, computed by the grader as the probes do.
-        checkpoint_error: why the checkpoint could not be evaluated, or was not (see :func:`bind_checkpoint`).
-        checkpoint_step: the rank-0 optimizer step after which rank 0 held the checkpoint's parameters, or
-            None when no recorded step did (then ``test_accuracy`` is None).
-        comparisons: rank 0's first gradients against the single-process union-batch gradients.
-        replay_error: why the replay could not run, or None.
+        last_record: each rank's last record (of the kinds above).
         rejected_records: lines on the record channel refused (no valid signature, or out of sequence).
         misattributed: signed records claiming to come from someone other than their signer (ignored).
+        malformed: why each signed record that did not fit the format (:func:`grader.records.parse`) was refused.
     """
 
     world_size: int
-    expected_backend: str
-    train_size: int = 0
-    status: str = "ok"
-    steps: dict[int, list[dict]] = field(default_factory=dict)
-    inits: dict[int, list[dict]] = field(default_factory=dict)
-    ends: dict[int, list[dict]] = field(default_factory=dict)
-    reports: dict[int, list[dict]] = field(default_factory=dict)
-    saves: dict[int, list[dict]] = field(default_factory=dict)
-    writes: dict[int, list[dict]] = field(default_factory=dict)
-    collectives: dict[int, list[dict]] = field(default_factory=dict)
-    tampers: dict[int, list[dict]] = field(default_factory=dict)
-    shutdowns: dict[int, list[dict]] = field(default_factory=dict)
-    initials: dict[int, list[dict]] = field(default_factory=dict)
-    forgeries: dict[int, list[dict]] = field(default_factory=dict)
-    exits: dict[int, dict] = field(default_factory=dict)
-    last_record: dict[int, dict] = field(default_factory=dict)
-    test_accuracy: float | None = None
-    checkpoint_val_accuracy: float | None = None
-    checkpoint_fingerprint: list[float] | None = None
-    checkpoint_error: str | None = None
-    checkpoint_step: int | None = None
-    comparisons: list[replay.Comparison] = field(default_factory=list)
-    replay_error: str | None = None
+    steps: Mapping[int, tuple[Step, ...]] = field(default_factory=dict)
+    inits: Mapping[int, tuple[Init, ...]] = field(default_factory=dict)
+    ends: Mapping[int, tuple[End, ...]] = field(default_factory=dict)
+    reports: Mapping[int, tuple[Report, ...]] = field(default_factory=dict)
+    saves: Mapping[int, tuple[Save, ...]] = field(default_factory=dict)
+    writes: Mapping[int, tuple[Write, ...]] = field(default_factory=dict)
+    collectives: Mapping[int, tuple[CollectiveRecord, ...]] = field(default_factory=dict)
+    tampers: Mapping[int, tuple[Tamper, ...]] = field(default_factory=dict)
+    shutdowns: Mapping[int, tuple[Shutdown, ...]] = field(default_factory=dict)
+    initials: Mapping[int, tuple[Initial, ...]] = field(default_factory=dict)
+    forgeries: Mapping[int, tuple[Forgery, ...]] = field(default_factory=dict)
+    exits: Mapping[int, RankExit] = field(default_factory=dict)
+    last_record: Mapping[int, Record] = field(default_factory=dict)
     rejected_records: int = 0
     misattributed: int = 0
+    malformed: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in (*_BY_KIND, "exits", "last_record"):  # read-only views of copies: nothing can change them
+            value = getattr(self, name)
+            frozen = {r: tuple(v) for r, v in value.items()} if name in _BY_KIND else dict(value)
+            object.__setattr__(self, name, MappingProxyType(frozen))
+        object.__setattr__(self, "malformed", tuple(self.malformed))
 
     @property
     def ranks(self) -> range:
@@ -74,111 +96,199 @@ class Evidence:
     def epochs(self, rank: int) -> dict[int, list[int]]:
         """Training-sample indices ``rank`` fetched, by epoch (the order it fetched them in)."""
         by_epoch: dict[int, list[int]] = defaultdict(list)
-        for step in self.steps.get(rank, []):
-            by_epoch[step["epoch"]].extend(step["indices"])
+        for step in self.steps.get(rank, ()):
+            by_epoch[step.epoch].extend(step.indices)
         return dict(by_epoch)
 
 
-_KINDS = {"step": "steps", "init": "inits", "end": "ends", "report": "reports", "save": "saves",
-          "write": "writes", "collective": "collectives", "tamper": "tampers", "shutdown": "shutdowns",
-          "initial": "initials", "forgery": "forgeries"}
+@dataclass(frozen=True)
+class Checkpoint:
+    """The grader's verdict on the checkpoint: its scores, kept only if rank 0's optimizer produced it.
 
-
-def collect(records: list[dict[str, Any]], world_size: int, expected_backend: str) -> Evidence:
-    """Sort verified records by kind and rank; ranks outside ``0..world_size-1`` are ignored.
-
-    A record's ``signer`` (see :class:`grader.channel.Reader`) must fit it: exit records come from the
-    launcher, every other record from the rank it names (or the launcher, which holds every key). Others
-    are counted in ``misattributed``, not used.
+    Attributes:
+        test_accuracy: the grader's own evaluation of the checkpoint (perturbed test split), or None.
+        val_accuracy: its accuracy on the whole validation split, by the grader.
+        fingerprint: its parameter fingerprint, computed by the grader as the probes do.
+        error: why it could not be evaluated, or was not (see :func:`bind_checkpoint`).
+        step: the rank-0 optimizer step after which rank 0 held its parameters, or None when no recorded
+            step did (then ``test_accuracy`` is None).
     """
-    evidence = Evidence(world_size, expected_backend)
-    for record in records:
-        rank = record.get("rank")
-        if not isinstance(rank, int) or not 0 <= rank < world_size:
+
+    test_accuracy: float | None = None
+    val_accuracy: float | None = None
+    fingerprint: tuple[float, ...] | None = None
+    error: str | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Rank 0's first gradients against the single-process union-batch gradients, or why they were not."""
+
+    comparisons: tuple[replay.Comparison, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence(RunRecords):
+    """Everything the checks may look at, for one run of one submission: its records and its outcome.
+
+    Attributes (besides :class:`RunRecords`'):
+        expected_backend: ``nccl`` on GPUs, ``gloo`` on emulated ones.
+        train_size: samples in the training split.
+        status: how the run ended (``ok``, ``timeout``, ``hang on rank 3``, ...), see :mod:`grader.runner`.
+        test_accuracy, checkpoint_val_accuracy, checkpoint_fingerprint, checkpoint_error, checkpoint_step:
+            the fields of :class:`Checkpoint`.
+        comparisons, replay_error: the fields of :class:`Replay`.
+    """
+
+    expected_backend: str
+    train_size: int = 0
+    status: str = "ok"
+    test_accuracy: float | None = None
+    checkpoint_val_accuracy: float | None = None
+    checkpoint_fingerprint: tuple[float, ...] | None = None
+    checkpoint_error: str | None = None
+    checkpoint_step: int | None = None
+    comparisons: tuple[replay.Comparison, ...] = ()
+    replay_error: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "comparisons", tuple(self.comparisons))
+        if self.checkpoint_fingerprint is not None:
+            object.__setattr__(self, "checkpoint_fingerprint", tuple(self.checkpoint_fingerprint))
+
+    @classmethod
+    def of(cls, records: RunRecords, *, expected_backend: str, status: str, train_size: int,
+           checkpoint: Checkpoint = Checkpoint(), replay: Replay = Replay()) -> Evidence:
+        """The evidence of a run: its ``records`` and how it ended, the checkpoint's verdict and the replay's."""
+        return cls(**{f.name: getattr(records, f.name) for f in fields(RunRecords)},
+                   expected_backend=expected_backend, status=status, train_size=train_size,
+                   test_accuracy=checkpoint.test_accuracy, checkpoint_val_accuracy=checkpoint.val_accuracy,
+                   checkpoint_fingerprint=checkpoint.fingerprint, checkpoint_error=checkpoint.error,
+                   checkpoint_step=checkpoint.step, comparisons=replay.comparisons, replay_error=replay.error)
+
+
+def collect(raw: list[dict[str, Any]], world_size: int, rejected_records: int = 0) -> RunRecords:
+    """Sort verified records (dicts from :class:`grader.channel.Reader`) by kind and rank, typed.
+
+    Records of ranks outside ``0..world_size-1`` are ignored. A record's ``signer`` must fit it: exit records
+    come from the launcher, every other record from the rank it names (or the launcher, which holds every
+    key); others are counted in ``misattributed``, not used. A record that does not fit the format is
+    refused, its reason kept in ``malformed``.
+    """
+    sorted_: dict[str, dict[int, list[Record]]] = {name: {} for name in _BY_KIND}
+    exits: dict[int, RankExit] = {}
+    last: dict[int, Record] = {}
+    misattributed, malformed = 0, []
+    for obj in raw:
+        rank = obj.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
             continue
-        kind = record.get("kind")
-        signers = (channel.LAUNCHER,) if kind == "rank_exit" else (rank, channel.LAUNCHER)
-        if record.get("signer", channel.LAUNCHER) not in signers:
-            evidence.misattributed += 1
-        elif kind == "rank_exit":
-            evidence.exits[rank] = record
-        elif kind in _KINDS:
-            getattr(evidence, _KINDS[kind]).setdefault(rank, []).append(record)
-            evidence.last_record[rank] = record
-    return evidence
+        signers = (channel.LAUNCHER,) if obj.get("kind") == "rank_exit" else (rank, channel.LAUNCHER)
+        if obj.get("signer", channel.LAUNCHER) not in signers:
+            misattributed += 1
+            continue
+        try:
+            record = parse(obj)
+        except MalformedRecord as error:
+            malformed.append(str(error))
+            continue
+        if isinstance(record, RankExit):
+            exits[rank] = record
+        else:
+            sorted_[_ATTRIBUTE[type(record)]].setdefault(rank, []).append(record)
+            last[rank] = record
+    return RunRecords(world_size=world_size, **sorted_, exits=exits, last_record=last,
+                      rejected_records=rejected_records, misattributed=misattributed, malformed=tuple(malformed))
 
 
-def bind_checkpoint(evidence: Evidence, checkpoint_digests: list[str] | None, checkpoint: str) -> bool:
-    """Is the checkpoint the model rank 0's optimizer trained? Sets ``checkpoint_step``, or says why not.
+_ATTRIBUTE = {kind: name for name, kind in _BY_KIND.items()}
 
-    The checkpoint's parameter tensors (:func:`grader.probes.digests`, in any order) must be, bit for bit,
-    those rank 0's optimizer held after one of its recorded steps (normally the last), and every step up to
-    that one must have started from the parameters the step before it left: the model was changed by
+
+def bind_checkpoint(records: RunRecords, checkpoint_digests: list[str] | None, checkpoint: str) -> Checkpoint:
+    """Is the checkpoint the model rank 0's optimizer trained? A :class:`Checkpoint` with the ``step`` it was
+    bound to, or with the ``error`` saying why not (then the caller must not use the checkpoint's scores).
+
+    The checkpoint's parameter tensors (:func:`grader.fingerprints.digests`, in any order) must be, bit for
+    bit, those rank 0's optimizer held after one of its recorded steps (normally the last), and every step up
+    to that one must have started from the parameters the step before it left: the model was changed by
     recorded optimizer steps only. Whatever the script did to ``torch.save``, the probes or its model,
     parameters that this chain of steps did not produce (a second model, trained by hand or by another
-    optimizer; weights copied in, averaged, perturbed or edited outside ``optimizer.step()``) are not graded:
-    on False ``checkpoint_error`` says why and the caller must not use the checkpoint's scores.
+    optimizer; weights copied in, averaged, perturbed or edited outside ``optimizer.step()``) are not graded.
     """
-    steps = [s for s in evidence.steps.get(0, []) if s.get("digests")]
+    steps = [s for s in records.steps.get(0, ()) if s.digests]
     if not steps:
-        evidence.checkpoint_error = ("no optimizer step was recorded on rank 0, so there is no trained model to "
-                                     f"evaluate: train with a torch.optim optimizer, then save {checkpoint}.")
-        return False
+        return Checkpoint(error="no optimizer step was recorded on rank 0, so there is no trained model to "
+                                f"evaluate: train with a torch.optim optimizer, then save {checkpoint}.")
     held = sorted(checkpoint_digests or [])
-    match = [i for i, s in enumerate(steps) if sorted(s["digests"]) == held]
+    match = [i for i, s in enumerate(steps) if sorted(s.digests) == held]
     if match:
         chain = zip(steps[:match[-1]], steps[1:match[-1] + 1], strict=True)  # (step, the step after it)
-        broken = next((after for before, after in chain if after.get("digests_before") != before["digests"]), None)
+        broken = next((after for before, after in chain if after.digests_before != before.digests), None)
         if broken is None:
-            evidence.checkpoint_step = steps[match[-1]]["step"]
-            return True
-        evidence.checkpoint_error = (
-            f"rank 0's parameters changed between its optimizer steps {broken['step'] - 1} and {broken['step']}, "
+            return Checkpoint(step=steps[match[-1]].step)
+        return Checkpoint(error=(
+            f"rank 0's parameters changed between its optimizer steps {broken.step - 1} and {broken.step}, "
             f"outside optimizer.step() (or another optimizer took over): the grader evaluates only a model that "
             "your recorded training produced step by step. Change the parameters only through the optimizer "
-            "(no copying weights in, no added noise, no re-initialisation).")
-        return False
+            "(no copying weights in, no added noise, no re-initialisation)."))
     last = steps[-1]
-    ends = [e for e in evidence.ends.get(0, []) if e.get("digests")]
-    changed = bool(ends) and sorted(ends[-1]["digests"]) != sorted(last["digests"])
-    evidence.checkpoint_error = (
+    ends = [e for e in records.ends.get(0, ()) if e.digests]
+    changed = bool(ends) and sorted(ends[-1].digests) != sorted(last.digests)
+    return Checkpoint(error=(
         f"{checkpoint} does not hold the parameters rank 0's optimizer produced: they differ from those after "
-        f"each of its {len(steps)} recorded steps (the last: step {last['step']})"
+        f"each of its {len(steps)} recorded steps (the last: step {last.step})"
         + (", and rank 0's parameters changed after that step, outside optimizer.step()" if changed else "")
         + ". The grader evaluates only the model your training produced: save model.state_dict() on rank 0 "
-        "right after the last optimizer step, and change the parameters in no other way.")
-    return False
+        "right after the last optimizer step, and change the parameters in no other way."))
 
 
-def replay_first_steps(evidence: Evidence) -> None:
-    """Fill ``evidence.comparisons`` from rank 0's full records of its first steps (or say why not)."""
-    full = [s for s in evidence.steps.get(0, []) if "grads" in s]
+def judge_checkpoint(records: RunRecords, verdict: dict[str, Any], checkpoint: str) -> Checkpoint:
+    """The checkpoint's scores from the grader's evaluation ``verdict`` (:mod:`grader.evaluate`'s JSON), kept
+    only if the checkpoint holds parameters rank 0's optimizer produced (:func:`bind_checkpoint`)."""
+    if verdict.get("error") is not None:
+        return Checkpoint(error=verdict["error"])
+    bound = bind_checkpoint(records, verdict.get("digests"), checkpoint)
+    if bound.error is not None:
+        return bound
+    fingerprint = verdict.get("fingerprint")
+    return Checkpoint(test_accuracy=verdict.get("accuracy"), val_accuracy=verdict.get("val_accuracy"),
+                      fingerprint=tuple(fingerprint) if fingerprint is not None else None, step=bound.step)
+
+
+def replay_first_steps(records: RunRecords) -> Replay:
+    """Rank 0's full records of its first steps, replayed in one process on the union batch (or why not)."""
+    full = [s for s in records.steps.get(0, ()) if s.grads is not None]
     if not full:
-        evidence.replay_error = "no optimizer step was recorded on rank 0"
-        return
+        return Replay(error="no optimizer step was recorded on rank 0")
+    comparisons = []
     try:
         train = None
         for step in full:
-            number = step["step"]
-            indices = [_step(evidence, rank, number).get("indices", []) for rank in evidence.ranks]
+            indices = [list(_step(records, rank, step.step).indices) for rank in records.ranks]
             if not any(indices):
-                raise ValueError(f"no training samples were fetched through data.load().train for step {number}")
+                raise ValueError(f"no training samples were fetched through data.load().train for step {step.step}")
+            if step.params_before is None or step.shapes is None:
+                raise ValueError(f"rank 0's record of step {step.step} lacks its parameters before the step")
             train = train or data.load().train
-            reference = replay.union_batch_gradient(probes.decode(step["params_before"]), step["shapes"],
-                                                    indices, train)
-            evidence.comparisons.append(replay.compare(number, probes.decode(step["grads"]), reference))
+            shapes = [list(shape) for shape in step.shapes]
+            reference = replay.union_batch_gradient(fingerprints.decode(step.params_before), shapes, indices, train)
+            comparisons.append(replay.compare(step.step, fingerprints.decode(step.grads), reference))
     except (ValueError, RuntimeError, KeyError, IndexError) as error:
-        evidence.replay_error = str(error)
+        return Replay(tuple(comparisons), str(error))
+    return Replay(tuple(comparisons))
 
 
-def _step(evidence: Evidence, rank: int, number: int) -> dict:
-    for step in evidence.steps.get(rank, []):
-        if step["step"] == number:
-            return step
-    return {}
+_NO_STEP = Step(rank=-1, step=0, epoch=0, indices=(), lr=(), fingerprint=())
 
 
-def fingerprints_equal(a: list[float], b: list[float]) -> bool:
+def _step(records: RunRecords, rank: int, number: int) -> Step:
+    return next((s for s in records.steps.get(rank, ()) if s.step == number), _NO_STEP)
+
+
+def fingerprints_equal(a: list[float] | tuple[float, ...], b: list[float] | tuple[float, ...]) -> bool:
     """Parameter fingerprints equal up to float rounding (ranks summing in different orders)."""
     if len(a) != len(b):
         return False

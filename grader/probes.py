@@ -21,13 +21,10 @@ does is not the rank's step, save or write. Used by the grader of notebook 06.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import inspect
 import os
 import sys
 import weakref
-from collections import deque
 from typing import Any
 
 import torch
@@ -35,83 +32,16 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, TensorDataset
 
-from course import data, models, report
+from course import data, report
+from grader import probed_data, records
 from grader.channel import Writer
+from grader.fingerprints import digests, encode, fingerprint, projection
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "all_to_all",
                "all_gather_object", "broadcast_object_list")
-FINGERPRINT_DIMS = 4  # random projections of the flattened parameters compared across ranks
 FULL_STEPS = 2  # steps whose parameters and gradients rank 0 records in full, for the replay
-SPLIT_DEFAULTS = {"seed": 0, "n_val": 300, "n_test": 300}  # data.load's split, which the grader's is
 HERE = os.path.abspath(__file__)
-
-
-def encode(tensors: list[torch.Tensor]) -> str:
-    """Tensors flattened and concatenated as float32, base64 (JSON-safe, no pickle)."""
-    flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]) if tensors else None
-    return base64.b64encode(flat.numpy().tobytes() if flat is not None else b"").decode()
-
-
-def projection(numel: int, seed: int) -> torch.Tensor:
-    """The (FINGERPRINT_DIMS, numel) float64 random projection of :func:`fingerprint`, drawn from ``seed``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(FINGERPRINT_DIMS, numel, generator=generator, dtype=torch.float64)
-
-
-def fingerprint(params: list[torch.Tensor], seed: int, projected: torch.Tensor | None = None) -> list[float]:
-    """Seeded random projections of the flattened parameters, then their norm (``projected``: a cached
-    :func:`projection` for ``seed``)."""
-    flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in params])
-    projected = projection(flat.numel(), seed) if projected is None else projected
-    return (projected @ flat).tolist() + [float(flat.norm())]
-
-
-def digests(params: list[torch.Tensor]) -> list[str]:
-    """One SHA-256 (hex) per tensor, of its shape and float32 values: equal digests, equal tensors, bit for bit.
-
-    The grader compares the checkpoint's with rank 0's after each optimizer step
-    (:func:`grader.evidence.bind_checkpoint`).
-    """
-    out = []
-    for p in params:
-        values = p.detach().to("cpu", torch.float32).contiguous()
-        out.append(hashlib.sha256(repr(tuple(values.shape)).encode() + values.numpy().tobytes()).hexdigest())
-    return out
-
-
-def decode(text: str) -> torch.Tensor:
-    """The flat float32 tensor :func:`encode` wrote."""
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.float32)
-
-
-class ProbedDataset(TensorDataset):
-    """The training split as the student receives it: the same tensors, a marker for the probes."""
-
-    def __init__(self, dataset: TensorDataset) -> None:
-        super().__init__(*dataset.tensors)
-
-
-class _RecordedBatches:
-    """Stands in for a training DataLoader's batch sampler: notes every index batch as it is dispatched.
-
-    Dispatch happens in the rank's own process even with DataLoader workers, and batches come back in
-    dispatch order, so the probes pair each batch the loop receives with its indices.
-    """
-
-    def __init__(self, inner: Any, dispatched: deque) -> None:
-        self.inner, self.dispatched = inner, dispatched
-
-    def __iter__(self):
-        for batch in self.inner:
-            self.dispatched.append([int(batch)] if isinstance(batch, int) else [int(i) for i in batch])
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 class Probes:
@@ -124,7 +54,6 @@ class Probes:
         self.fetched: list[int] = []  # training-sample indices received since the last optimizer step
         self.epoch = -1  # how many times a loader over the training split has been iterated, less one
         self.steps = 0
-        self.collectives = 0
         self._pending_grads: list[torch.Tensor] | None = None
         self._pending_full: dict[str, Any] = {}  # rank 0's full parameters before one of the first steps
         self._optimizer: weakref.ref | None = None
@@ -135,13 +64,14 @@ class Probes:
         self._val: TensorDataset | None = None
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Write one record; from outside this module, a ``forgery`` record naming the caller instead."""
+        """Write one record (:mod:`grader.records` declares each kind's fields); from outside this module, a
+        ``forgery`` record naming the caller instead."""
         if self.silent:
             return
         caller = sys._getframe(1).f_code.co_filename
         if os.path.abspath(caller) != HERE:
             fields, kind = {"via": "Probes.emit", "caller": caller, "forged_kind": str(kind)}, "forgery"
-        self.writer.write({"kind": kind, "rank": self.rank, **fields})
+        self.writer.write(records.make(kind, rank=self.rank, **fields).to_dict())
 
     def finish(self, how: str, exit_code: int, error: str | None) -> None:
         """The ``end`` record: how the script ended (the harness calls this once, after the script); on rank 0
@@ -191,11 +121,11 @@ class Probes:
             signature = inspect.signature(original)
 
             def load(*args, **kwargs):
-                _refuse_other_splits(original.__name__, signature.bind(*args, **kwargs).arguments)
+                probed_data.refuse_other_splits(original.__name__, signature.bind(*args, **kwargs).arguments)
                 splits = original(*args, **kwargs)
                 probes._val = splits.val
                 hidden = TensorDataset(splits.test.tensors[0][:0], splits.test.tensors[1][:0])
-                return data.Splits(ProbedDataset(splits.train), splits.val, hidden,
+                return data.Splits(probed_data.ProbedDataset(splits.train), splits.val, hidden,
                                    splits.num_classes, splits.name)
             return load
 
@@ -206,25 +136,12 @@ class Probes:
         original, probes = DataLoader.__iter__, self
 
         def __iter__(loader):
-            if not isinstance(loader.dataset, ProbedDataset):
+            if not isinstance(loader.dataset, probed_data.ProbedDataset):
                 return original(loader)
             probes.epoch += 1
-            return probes._record(loader, original)
+            return probed_data.record_batches(loader, original, probes.fetched)
 
         DataLoader.__iter__ = __iter__
-
-    def _record(self, loader: DataLoader, original: Any):
-        """Iterate ``loader``, adding each batch's training-sample indices to ``fetched`` as it arrives."""
-        name = "batch_sampler" if loader.batch_sampler is not None else "sampler"
-        if not isinstance(getattr(loader, name), _RecordedBatches):
-            # DataLoader refuses to change its sampler after construction; the probes do it once, on purpose
-            object.__setattr__(loader, name, _RecordedBatches(getattr(loader, name), deque()))
-        dispatched = getattr(loader, name).dispatched
-        dispatched.clear()
-        for item in original(loader):
-            if dispatched:
-                self.fetched.extend(dispatched.popleft())
-            yield item
 
     def _wrap_process_group(self) -> None:
         def make_init(original):
@@ -248,8 +165,7 @@ class Probes:
     def _wrap_collective(self, name: str) -> None:
         def make(original):
             def collective(*args, **kwargs):
-                self.collectives += 1
-                self.emit("collective", op=name, seq=self.collectives, step=self.steps)
+                self.emit("collective", op=name, step=self.steps)  # its seq: the channel's record number
                 return original(*args, **kwargs)
             return collective
 
@@ -287,13 +203,13 @@ class Probes:
         self._optimizer = weakref.ref(optimizer)
         params = self._parameters(optimizer)
         fields: dict[str, Any] = {
-            "step": self.steps, "epoch": self.epoch, "indices": self.fetched,
+            "step": self.steps, "epoch": self.epoch, "indices": list(self.fetched),
             "lr": [float(g.get("lr", float("nan"))) for g in optimizer.param_groups],
             "optimizer": type(optimizer).__name__, "fingerprint": self._fingerprint(params),
             "world_size": dist.get_world_size() if dist.is_initialized() else None,
             "backend": str(dist.get_backend()) if dist.is_initialized() else None,
         }
-        self.fetched = []
+        self.fetched.clear()  # in place: the loaders being iterated add to this very list
         if self.rank == 0:  # what the grader will require of the checkpoint: bound to the training seen here
             fields["digests"] = digests(params)
         if "params_before" in self._pending_full:
@@ -319,26 +235,10 @@ class Probes:
         return report
 
     def _true_val_accuracy(self) -> float | None:
-        """Accuracy on the whole validation split of the parameters the optimizer holds right now."""
         optimizer = self._optimizer() if self._optimizer else None
         if optimizer is None:
             return None
-        params = self._parameters(optimizer)
-        try:
-            with torch.random.fork_rng(devices=[]):
-                model = models.DigitsCNN(width=params[0].shape[0])
-            reference = list(model.parameters())
-            if [p.shape for p in reference] != [p.shape for p in params]:
-                return None
-            with torch.no_grad():
-                for mine, theirs in zip(reference, params, strict=True):
-                    mine.copy_(theirs.detach().to("cpu"))
-                val = self._val if self._val is not None else data.load().val
-                images, labels = val.tensors
-                model.eval()
-                return float((model(images).argmax(dim=1) == labels).float().mean())
-        except (RuntimeError, IndexError, ValueError):
-            return None
+        return probed_data.true_val_accuracy(self._parameters(optimizer), self._val)
 
     def _save(self, original):
         def save(obj, f, *args, **kwargs):
@@ -375,19 +275,6 @@ def _hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         elif isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value):
             out[key] = list(value)
     return out
-
-
-def _refuse_other_splits(function: str, arguments: dict[str, Any]) -> None:
-    """Raise if the split asked for is not the grader's (seed 0, the default validation and test sizes).
-
-    Raises:
-        ValueError: naming the argument, what the grader expects, and the fix.
-    """
-    for name, expected in SPLIT_DEFAULTS.items():
-        if name in arguments and arguments[name] != expected:
-            raise ValueError(f"data.{function}({name}={arguments[name]!r}): the assignment trains on the course's "
-                             f"fixed split ({name}={expected}); another split would put held-out samples into "
-                             f"training. Call data.{function}() without {name}=.")
 
 
 def _int_or_none(text: str | None) -> int | None:

@@ -8,17 +8,21 @@ grader.launcher`` inside :func:`grader.sandbox.run` (own session and uid, wall/m
 limits, loopback only) starting 4 ranks with torchrun's environment; the probes' signed records read
 from an inherited pipe; the checkpoint evaluated by :mod:`grader.evaluate` in a second sandboxed
 process. A result is always returned, with a status. Used by the grader of notebook 06.
+
+:func:`grade` composes the grader's jobs, each in its own module: which script (:mod:`grader.submission`),
+its evaluation seed (:func:`grader.secret.submission_seed`), the processes' environment
+(:mod:`grader.environment`), the sandboxed run and how it ended (here: ``_run``, ``_status``), the run's
+evidence (:mod:`grader.evidence`, from the typed records of :mod:`grader.records`) and the rubric
+(:mod:`grader.rubric`, :mod:`grader.checks`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -29,17 +33,16 @@ from pathlib import Path
 import torch
 
 from course import data, world
-from grader import channel, crashes, sandbox
+from grader import channel, crashes, rubric, sandbox
 from grader import secret as instructor_secret
 from grader.assignment import ASSIGNMENT, Assignment
-from grader.checks import CHECKS
-from grader.evidence import Evidence, bind_checkpoint, collect, replay_first_steps
+from grader.environment import python_argv, run_env
+from grader.evidence import Checkpoint, Evidence, RunRecords, collect, judge_checkpoint, replay_first_steps
 from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV, probe_seed
-from grader.results import CheckResult, Results
+from grader.results import Results
+from grader.secret import submission_seed
+from grader.submission import BadSubmission, find_script
 
-ROOT = Path(__file__).resolve().parent.parent  # holds the grader and course packages
-STARTER = ROOT / "notebooks" / "assignment" / "train_1gpu.py"
-SKELETON = ROOT / "notebooks" / "assignment" / "train_4gpu_skeleton.py"
 BAD = "bad submission"
 INTERRUPTED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 
@@ -58,95 +61,7 @@ class GradingConfig:
     stop: threading.Event | None = field(default=None, compare=False, repr=False)
 
 
-class BadSubmission(ValueError):
-    """The submission cannot be run: the message says what was expected and how to fix it."""
-
-
-def find_script(path: Path, assignment: Assignment = ASSIGNMENT) -> Path:
-    """The Python script to grade: ``path`` itself, or the one script in the folder ``path``.
-
-    Raises:
-        BadSubmission: missing, a notebook, not a .py file, several candidates, empty, not text, not
-            valid Python, the unchanged starter, or not a training script.
-    """
-    path = Path(path)
-    if path.is_dir():
-        scripts = sorted(path.rglob("*.py"))
-        named = [p for p in scripts if p.name == assignment.script_name]
-        if named or len(scripts) == 1:
-            path = (named or scripts)[0]
-        elif not scripts:
-            notebooks = sorted(path.rglob("*.ipynb"))
-            path = notebooks[0] if notebooks else path / assignment.script_name
-        else:
-            raise BadSubmission(f"the submission holds {len(scripts)} Python files and none is named "
-                                f"{assignment.script_name}: submit {assignment.script_name} alone.")
-    _check_script(path, assignment)
-    return path
-
-
-def _check_script(path: Path, assignment: Assignment) -> None:
-    if not path.is_file():
-        raise BadSubmission(f"no file {path.name} was submitted: submit your {assignment.script_name}.")
-    if path.suffix == ".ipynb":
-        raise BadSubmission(f"{path.name} is a notebook, not a script: submit runs/{assignment.script_name}, the "
-                            "script you wrote for notebook 06 (torchrun runs scripts, not notebooks).")
-    if path.suffix != ".py":
-        raise BadSubmission(f"{path.name} is not a Python script: submit {assignment.script_name}.")
-    raw = path.read_bytes()
-    try:
-        source = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadSubmission(f"{path.name} is not UTF-8 text: submit the Python source file.") from None
-    if not source.strip():
-        raise BadSubmission(f"{path.name} is empty: submit your {assignment.script_name}.")
-    try:
-        compile(source, path.name, "exec")
-    except SyntaxError as error:
-        raise BadSubmission(f"{path.name} is not valid Python: {error.msg} at line {error.lineno}. Run it once "
-                            "yourself (the notebook's run cell) before submitting.") from None
-    if _unchanged(source, STARTER):
-        raise BadSubmission("this is the unchanged single-device starter: submit your 4-GPU version.")
-    if _unchanged(source, SKELETON):
-        raise BadSubmission(f"this is the unchanged skeleton ({SKELETON.name}): nothing was converted yet. Do its "
-                            "TODOs (notebook 06 walks you through them, notebook 05 has each piece), then submit.")
-    if "torch" not in source and "course" not in source:
-        raise BadSubmission(f"{path.name} imports neither torch nor course: this is not the assignment's "
-                            "training script.")
-
-
-def _unchanged(source: str, original: Path) -> bool:
-    """``source`` is the course file ``original`` as shipped (line endings and trailing spaces aside)."""
-    if not original.is_file():
-        return False
-    def lines(text: str) -> list[str]:
-        return [line.rstrip() for line in text.strip().splitlines()]
-    return lines(source) == lines(original.read_text())
-
-
-def submission_seed(script: Path) -> int:
-    """The evaluation seed: from the submission's content, so the student cannot pick it and regrading agrees.
-
-    Mixed with the instructor's secret (:func:`grader.secret.load`: made at random on first use and kept in
-    the grader's configuration), so that a student who has the grader cannot compute it.
-    """
-    secret = instructor_secret.load()
-    digest = hashlib.sha256(b"multigpu-course grader\0" + secret + b"\0" + script.read_bytes()).digest()
-    return int.from_bytes(digest[:4], "big")
-
-
-def _env() -> dict[str, str]:
-    env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
-           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
-    for name in (world.EMULATE_ENV, "CUDA_VISIBLE_DEVICES"):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    return env
-
-
-def _python() -> list[str]:
-    # -P: the run directory (which the student's code can write) is not searched for grader modules
-    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
+_env, _python = run_env, python_argv  # the names the run and the evaluation below start their processes with
 
 
 def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
@@ -166,23 +81,18 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
             run_dir = Path(tmp) / "run"
             run_dir.mkdir()
             shutil.copyfile(script, run_dir / config.assignment.script_name)
-            evidence, result, extra = _run(run_dir, seed, config)
-            evidence.status, detail = _status(evidence, result, config)
-            if evidence.status == INTERRUPTED:  # nothing to conclude about the submission: no check is run
+            records, result, extra = _run(run_dir, seed, config)
+            status, detail = _status(records, result, config)
+            if status == INTERRUPTED:  # nothing to conclude about the submission: no check is run
                 return not_run(name, INTERRUPTED, detail, config, start, output=extra)
-            replay = helper.submit(replay_first_steps, evidence)  # fills evidence.comparisons/replay_error only
-            checkpoint = run_dir / config.assignment.checkpoint
-            if checkpoint.is_file():
-                _evaluate(checkpoint, evaluation, evidence)
-            else:
-                evidence.checkpoint_error = (f"no checkpoint at {config.assignment.checkpoint}: save "
-                                             "model.state_dict() there on rank 0 after training.")
-            replay.result()
+            replay = helper.submit(replay_first_steps, records)
+            checkpoint = _checkpoint(run_dir, evaluation, records, config)
+            evidence = Evidence.of(records, expected_backend=world.detect_hardware().backend, status=status,
+                                   train_size=len(_splits().train), checkpoint=checkpoint, replay=replay.result())
         finally:
             evaluation.cancel()  # without a checkpoint, the waiting evaluation process just exits
-    results = Results(name, evidence.status, detail, seed=seed, test_accuracy=evidence.test_accuracy,
-                      output=extra)
-    return _finish(results, evidence, config, start)
+    results = Results(name, status, detail, seed=seed, test_accuracy=evidence.test_accuracy, output=extra)
+    return rubric.apply(results, evidence, config.assignment, config.visible_only, start)
 
 
 _SPLITS: list[data.Splits] = []
@@ -197,7 +107,7 @@ def _splits() -> data.Splits:
         return _SPLITS[0]
 
 
-def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, sandbox.SandboxResult, str]:
+def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[RunRecords, sandbox.SandboxResult, str]:
     key = channel.new_key()
     record_r, record_w = os.pipe()
     key_fd = channel.key_pipe(key)
@@ -212,25 +122,23 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[Evidence, san
     finally:
         os.close(record_w)
         os.close(key_fd)
-    records = reader.result()
-    evidence = collect(records, config.assignment.world_size, world.detect_hardware().backend)
-    evidence.rejected_records = reader.rejected
-    evidence.train_size = len(_splits().train)
-    return evidence, result, _output(evidence, result)
+    records = collect(reader.result(), config.assignment.world_size, rejected_records=reader.rejected)
+    return records, result, _output(records, result)
 
 
-def _output(evidence: Evidence, result: sandbox.SandboxResult) -> str:
+def _output(records: RunRecords, result: sandbox.SandboxResult) -> str:
+    """What the student sees of the run's output: rank 0's, and the first failing rank's errors."""
     parts = []
-    if 0 in evidence.exits:
-        shown, printed = evidence.exits[0]["stdout"][:2000], evidence.exits[0]["stdout_bytes"]
+    if 0 in records.exits:
+        shown, printed = records.exits[0].stdout[:2000], records.exits[0].stdout_bytes
         if printed > len(shown.encode()):
             shown += f"\n[... rank 0 printed {printed} bytes in all; only the first are shown]"
         parts.append("--- rank 0 output ---\n" + shown)
-    failed = crashes.failed_ranks(evidence)
+    failed = crashes.failed_ranks(records)
     if failed:  # the first failing rank's own errors, not a peer's echo of them
-        rank = crashes.first_failure(evidence, failed).rank
-        parts.append(f"--- rank {rank} errors (tail) ---\n" + crashes.trimmed_stderr(evidence.exits[rank]["stderr"]))
-    if not evidence.exits:
+        rank = crashes.first_failure(records, failed).rank
+        parts.append(f"--- rank {rank} errors (tail) ---\n" + crashes.trimmed_stderr(records.exits[rank].stderr))
+    if not records.exits:
         parts.append("--- output ---\n" + result.stdout[:2000] + "\n" + result.stderr[-3000:])
     return "\n".join(parts)
 
@@ -347,46 +255,27 @@ class _Evaluation:
         self._go_w = None
 
 
-def _evaluate(checkpoint: Path, evaluation: _Evaluation, ev: Evidence) -> None:
-    """The grader's own test accuracy of the checkpoint, from the clean sandboxed evaluation process, kept only
-    if the checkpoint holds parameters rank 0's optimizer produced (:func:`grader.evidence.bind_checkpoint`)."""
+def _checkpoint(run_dir: Path, evaluation: _Evaluation, records: RunRecords, config: GradingConfig) -> Checkpoint:
+    """The grader's verdict on the run's checkpoint: its scores from the clean sandboxed evaluation process,
+    kept only if it holds parameters rank 0's optimizer produced (:func:`grader.evidence.judge_checkpoint`)."""
+    checkpoint = run_dir / config.assignment.checkpoint
+    if not checkpoint.is_file():
+        return Checkpoint(error=f"no checkpoint at {config.assignment.checkpoint}: save model.state_dict() there "
+                                "on rank 0 after training.")
     result = evaluation.give(checkpoint)
     try:
         verdict = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        ev.checkpoint_error = f"the checkpoint could not be evaluated ({result.status}: {result.detail})."
-        return
-    ev.checkpoint_error = verdict.get("error")
-    if ev.checkpoint_error is None and bind_checkpoint(ev, verdict.get("digests"), checkpoint.name):
-        ev.test_accuracy = verdict.get("accuracy")
-        ev.checkpoint_val_accuracy, ev.checkpoint_fingerprint = verdict.get("val_accuracy"), verdict.get("fingerprint")
+        verdict = None
+    if not isinstance(verdict, dict):
+        return Checkpoint(error=f"the checkpoint could not be evaluated ({result.status}: {result.detail}).")
+    return judge_checkpoint(records, verdict, checkpoint.name)
 
 
 def not_run(name: str, status: str, detail: str, config: GradingConfig = GradingConfig(),
             start: float | None = None, output: str = "") -> Results:
     """Results for a submission that was not run, or not to the end (``bad submission``, ``grader error``,
-    ``interrupted``): every check of the rubric listed as not run, with 0 points of its full ``max_score``, so
-    the gradebook's totals stay right. The reason is ``detail``, said once (not repeated in every check);
-    ``output`` is what the run printed before it was stopped, if it ran."""
-    return _finish(Results(name, status, detail, output=output), None, config,
-                   time.monotonic() if start is None else start)
-
-
-def _finish(results: Results, evidence: Evidence | None, config: GradingConfig, start: float) -> Results:
-    for check in CHECKS:
-        if config.visible_only and check.visibility != "visible":
-            continue
-        if evidence is None:
-            results.checks.append(CheckResult(check.name, check.title, 0.0, check.points, check.visibility, False,
-                                              f"not run ({results.status}: see above).", ran=False,
-                                              voids_score=check.voids_score))
-            continue
-        try:
-            passed, message = check.test(evidence, config.assignment)
-        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
-            passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
-        results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
-                                          check.points, check.visibility, passed, message,
-                                          voids_score=check.voids_score))
-    results.elapsed_s = time.monotonic() - start
-    return results
+    ``interrupted``): every check listed as not run (:func:`grader.rubric.apply`), the reason ``detail`` said
+    once; ``output`` is what the run printed before it was stopped, if it ran."""
+    return rubric.apply(Results(name, status, detail, output=output), None, config.assignment, config.visible_only,
+                        time.monotonic() if start is None else start)

@@ -1,6 +1,6 @@
 """The instructor's secret: what keeps the grader's evaluation seed unknowable to a student who has the grader.
 
-The evaluation seed (:func:`grader.runner.submission_seed`) is a hash of the submission and this secret: the
+The evaluation seed (:func:`submission_seed`) is a hash of the submission and this secret: the
 grader, the course package and the submission are all public to the student, the secret is not. It is
 made once, at random, and kept in the grader's configuration, in a file only its owner can read (mode 0600,
 in a 0700 folder)::
@@ -17,10 +17,13 @@ sandbox hides the file from them (:mod:`grader.sandbox`). Used by the grader of 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import secrets
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 SECRET_ENV, SECRET_FILE_ENV = "GRADER_SECRET", "GRADER_SECRET_FILE"
@@ -46,14 +49,19 @@ def ensure(path: Path | None = None) -> Path:
     """
     path = Path(path) if path is not None else secret_path()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        if stat.S_IMODE(path.stat().st_mode) & 0o077:
-            os.chmod(path, 0o600)
-        return path
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secrets.token_hex(SECRET_BYTES) + "\n")
+    if not path.exists():
+        # written whole under a private name, then linked into place: two graders starting at once (two
+        # threads of `grader grade -j 2`) never read a file the other has made but not yet written
+        fd, draft = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(SECRET_BYTES) + "\n")
+            with contextlib.suppress(FileExistsError):  # made meanwhile by another: theirs is kept
+                os.link(draft, path)
+        finally:
+            os.unlink(draft)
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        os.chmod(path, 0o600)
     return path
 
 
@@ -72,6 +80,17 @@ def load(create: bool = True) -> bytes:
         raise ValueError(f"the grader's secret file {path} is empty: delete it and run `python -m grader.secret` "
                          "to make a new one (grades of a class already graded would change).")
     return secret
+
+
+def submission_seed(script: Path) -> int:
+    """The evaluation seed: from the submission's content, so the student cannot pick it and regrading agrees.
+
+    Mixed with the instructor's secret (:func:`load`: made at random on first use and kept in
+    the grader's configuration), so that a student who has the grader cannot compute it.
+    """
+    secret = load()
+    digest = hashlib.sha256(b"multigpu-course grader\0" + secret + b"\0" + script.read_bytes()).digest()
+    return int.from_bytes(digest[:4], "big")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,46 @@
 """grader.checks: on a synthetic perfect run every check passes; each defect fails exactly its check."""
 
-import copy
+import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from grader import records
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
-from grader.evidence import Evidence, fingerprints_equal
+from grader.evidence import Evidence, collect, fingerprints_equal
 from grader.replay import Comparison
 
 pytestmark = pytest.mark.unit6
 N, W, B, STEPS_PER_EPOCH, EPOCHS = 1197, 4, 32, 10, 2
+KINDS = {"steps": "step", "inits": "init", "ends": "end", "reports": "report", "saves": "save", "writes": "write",
+         "collectives": "collective", "tampers": "tamper", "shutdowns": "shutdown", "initials": "initial",
+         "forgeries": "forgery"}
+
+
+class Run(SimpleNamespace):
+    """A run's records as the JSON objects the probes write (without kind and rank), per rank, and its outcome:
+    mutable, for the defects below; :func:`freeze` turns it into the :class:`Evidence` the checks read."""
+
+    def __init__(self, world_size: int, expected_backend: str, train_size: int = 0, status: str = "ok") -> None:
+        super().__init__(world_size=world_size, expected_backend=expected_backend, train_size=train_size,
+                         status=status, exits={}, misattributed=0, test_accuracy=None, checkpoint_val_accuracy=None,
+                         checkpoint_fingerprint=None, checkpoint_error=None, comparisons=[],
+                         **{name: {} for name in KINDS})
+
+    @property
+    def ranks(self) -> range:
+        return range(self.world_size)
+
+
+def freeze(run: Run) -> Evidence:
+    """The evidence of ``run``, every record parsed as the grader parses the channel's."""
+    typed = {name: {r: [records.parse({"kind": kind, "rank": r, **d}) for d in lst]
+                    for r, lst in getattr(run, name).items()} for name, kind in KINDS.items()}
+    exits = {r: records.parse({"kind": "rank_exit", "rank": r, **e}) for r, e in run.exits.items()}
+    outcome = {k: v for k, v in vars(run).items() if k not in KINDS and k != "exits"}
+    return Evidence(**typed, exits=exits, **outcome)
 
 
 def shards(epoch: int) -> list[list[int]]:
@@ -20,13 +49,14 @@ def shards(epoch: int) -> list[list[int]]:
     return [order[r::W] for r in range(W)]
 
 
-def perfect_run() -> Evidence:
-    ev = Evidence(world_size=W, expected_backend="gloo", train_size=N)
+def perfect_run() -> Run:
+    ev = Run(world_size=W, expected_backend="gloo", train_size=N)
     for r in ev.ranks:
         ev.inits[r] = [{"kind": "init", "rank": r, "backend": "gloo", "world_size": W, "local_rank": r}]
         ev.initials[r] = [{"fingerprint": [1.0, 2.0, 3.0, 4.0, 5.0], "device": "cpu"}]
-        ev.shutdowns[r] = [{"kind": "shutdown"}]
-        ev.ends[r] = [{"kind": "end", "exit_code": 0}]
+        ev.shutdowns[r] = [{"kind": "shutdown", "steps": EPOCHS * STEPS_PER_EPOCH}]
+        ev.ends[r] = [{"kind": "end", "how": "returned", "exit_code": 0, "steps": EPOCHS * STEPS_PER_EPOCH,
+                       "error": None, "digests": None}]
         ev.exits[r] = {"returncode": 0, "stdout_bytes": 300 if r == 0 else 0, "stdout": ""}
         ev.steps[r] = []
         for epoch in range(EPOCHS):
@@ -44,8 +74,9 @@ def perfect_run() -> Evidence:
     return ev
 
 
-def failures(ev: Evidence) -> set[str]:
-    return {c.name for c in CHECKS if not c.test(ev, ASSIGNMENT)[0]}
+def failures(ev: Run) -> set[str]:
+    evidence = freeze(ev)
+    return {c.name for c in CHECKS if not c.test(evidence, ASSIGNMENT)[0]}
 
 
 def test_the_rubric_is_declared_once_with_points_and_visibility():
@@ -82,7 +113,7 @@ def defect(name):
         for step in ev.steps[0]:
             step["lr"] = [0.008]
     elif name == "every_rank_saves":
-        ev.saves[3] = [{"path": "/run/checkpoint.pt"}]
+        ev.saves[3] = [{"path": "/run/checkpoint.pt", "step": 20}]
     elif name == "ranks_print":
         ev.exits[1]["stdout_bytes"] = 40
     elif name == "not_averaged":
@@ -90,7 +121,7 @@ def defect(name):
     elif name == "low_accuracy":
         ev.test_accuracy = 0.5
     elif name == "tampered":
-        ev.tampers[0] = [{"name": "torch.distributed.all_reduce"}]
+        ev.tampers[0] = [{"name": "torch.distributed.all_reduce", "step": 3}]
     elif name == "no_shutdown":
         del ev.shutdowns[3]
     elif name == "wrong_device":
@@ -103,7 +134,7 @@ def defect(name):
     elif name == "checkpoint_not_trained":
         ev.checkpoint_fingerprint = [7.0] * 5
     elif name == "forgery":
-        ev.forgeries[2] = [{"via": "Probes.emit", "forged_kind": "report"}]
+        ev.forgeries[2] = [{"via": "Probes.emit", "caller": "/run/train_4gpu.py", "forged_kind": "report"}]
     elif name == "misattributed":
         ev.misattributed = 1
     elif name == "over_budget":  # one more step in each of epochs 2..6: 7 epochs of a budget of 6
@@ -144,21 +175,21 @@ def test_each_defect_fails_exactly_its_check_and_says_why(name, failed, phrase):
     ev = defect(name)
     assert failures(ev) == failed
     check = next(c for c in CHECKS if c.name in failed)
-    assert phrase in check.test(ev, ASSIGNMENT)[1]
+    assert phrase in check.test(freeze(ev), ASSIGNMENT)[1]
 
 
 def test_metrics_are_not_blamed_when_the_ranks_diverged():
     ev = defect("diverged_at_start")
     ev.reports[0][0]["val_accuracy"] = 0.5  # an average over different models: not rank 0's model's accuracy
     assert failures(ev) == {"equal_parameters"}
-    passed, message = next(c for c in CHECKS if c.name == "metrics_averaged").test(ev, ASSIGNMENT)
+    passed, message = next(c for c in CHECKS if c.name == "metrics_averaged").test(freeze(ev), ASSIGNMENT)
     assert passed and "not assessed" in message
 
 
 def test_a_failed_run_fails_ran_to_the_end_with_its_status():
-    ev = copy.deepcopy(perfect_run())
+    ev = perfect_run()
     ev.status = "hang on rank 3"
-    passed, message = CHECKS[0].test(ev, ASSIGNMENT)
+    passed, message = CHECKS[0].test(freeze(ev), ASSIGNMENT)
     assert not passed and "hang on rank 3" in message
 
 
@@ -168,19 +199,42 @@ def test_fingerprints_tolerate_rounding_only():
     assert not fingerprints_equal([1.0], [1.0, 2.0])
 
 
+STEP = {"kind": "step", "step": 1, "epoch": 0, "indices": [3, 5], "lr": [0.1], "fingerprint": [1.0]}
+
+
 def test_records_must_come_from_their_signer():
-    from grader.evidence import collect
+    raw = [{"kind": "rank_exit", "rank": 1, "returncode": 0, "signer": 1},  # a rank faking its exit
+           {**STEP, "rank": 2, "signer": 1},  # rank 1 signing as rank 2
+           {"kind": "rank_exit", "rank": 1, "returncode": 3, "signer": "launcher"},
+           {**STEP, "rank": 1, "signer": 1}]
+    ev = collect(raw, world_size=W)
+    assert ev.misattributed == 2 and ev.exits[1].returncode == 3 and list(ev.steps) == [1]
+    assert ev.steps[1][0] == records.Step(rank=1, signer=1, step=1, epoch=0, indices=(3, 5), lr=(0.1,),
+                                          fingerprint=(1.0,))
 
-    records = [{"kind": "rank_exit", "rank": 1, "returncode": 0, "signer": 1},  # a rank faking its exit
-               {"kind": "step", "rank": 2, "signer": 1},  # rank 1 signing as rank 2
-               {"kind": "rank_exit", "rank": 1, "returncode": 3, "signer": "launcher"},
-               {"kind": "step", "rank": 1, "signer": 1}]
-    ev = collect(records, world_size=W, expected_backend="gloo")
-    assert ev.misattributed == 2 and ev.exits[1]["returncode"] == 3 and list(ev.steps) == [1]
+
+@pytest.mark.parametrize("forged, says", [
+    ({**STEP, "indices": "all of them"}, "'step' record of rank 1: field 'indices' should be a list of int, got str"),
+    ({**STEP, "kind": "steps"}, "'steps' record of rank 1: unknown kind"),
+    ({**STEP, "lr": [True]}, "field 'lr' should be a list of float, got list [true]"),
+    ({**STEP, "grads": 7}, "field 'grads' should be str or null, got int 7"),
+    ({**STEP, "accuracy": 1.0}, "unexpected field(s) accuracy"),
+    ({"kind": "step", "step": 1}, "field 'epoch' is missing"),
+    ({**STEP, "v": 2}, "format version 2, this grader reads version 1"),
+])
+def test_a_malformed_record_fails_integrity_alone_and_says_what_was_wrong(forged, says):
+    """A record signed with rank 1's key (its process reached its writer) that does not fit the format: refused,
+    counted against integrity, never a traceback in the checks nor a change to any other check's verdict."""
+    run = perfect_run()
+    ev = collect([{**forged, "rank": 1, "signer": 1}], world_size=W)
+    assert ev.malformed and says in ev.malformed[0] and not ev.steps
+    evidence = dataclasses.replace(freeze(run), malformed=ev.malformed)
+    failed = {c.name: c.test(evidence, ASSIGNMENT)[1] for c in CHECKS if not c.test(evidence, ASSIGNMENT)[0]}
+    assert list(failed) == ["integrity"] and says in failed["integrity"] and "were refused" in failed["integrity"]
 
 
-def outcome(ev: Evidence, name: str) -> tuple[bool, str]:
-    return next(c for c in CHECKS if c.name == name).test(ev, ASSIGNMENT)
+def outcome(ev: Run, name: str) -> tuple[bool, str]:
+    return next(c for c in CHECKS if c.name == name).test(freeze(ev), ASSIGNMENT)
 
 
 def test_identical_ranks_get_no_credit_for_averaging_and_are_told_what_is_needed():
@@ -190,7 +244,7 @@ def test_identical_ranks_get_no_credit_for_averaging_and_are_told_what_is_needed
         assert not passed and "needs each rank to" in message and "see disjoint shards" in message, name
 
 
-def only_rank0_trains(status: str = "ok") -> Evidence:
+def only_rank0_trains(status: str = "ok") -> Run:
     ev = perfect_run()
     ev.status = status
     for r in (1, 2, 3):
@@ -212,19 +266,19 @@ def test_when_only_rank_0_trains_the_cause_is_named_and_the_union_batch_is_not_c
 
 @pytest.mark.parametrize("status", ["crash on rank 2", "hang on rank 3", "timeout"])
 def test_checks_that_a_crash_left_without_evidence_say_not_assessed_and_give_no_advice(status):
-    ev = Evidence(world_size=W, expected_backend="gloo", train_size=N, status=status)
+    ev = Run(world_size=W, expected_backend="gloo", train_size=N, status=status)
     for r in ev.ranks:
         ev.inits[r] = [{"kind": "init", "rank": r, "backend": "gloo", "world_size": W, "local_rank": r}]
     ev.checkpoint_error = "no checkpoint at checkpoint.pt: save model.state_dict() there on rank 0 after training."
     for check in CHECKS[1:]:
-        passed, message = check.test(ev, ASSIGNMENT)
+        passed, message = check.test(freeze(ev), ASSIGNMENT)
         if check.name != "integrity":
             assert not passed and message.startswith(f"not assessed: the run did not finish ({status})"), check.name
         assert not any(advice in message for advice in ("data.load", "epoch budget", "never called report",
                                                           "save model", "DistributedSampler")), check.name
 
 
-def with_lr(ev: Evidence, peak: float, optimizer: str) -> Evidence:
+def with_lr(ev: Run, peak: float, optimizer: str) -> Run:
     for r in ev.ranks:
         for step in ev.steps[r]:
             step["lr"], step["optimizer"] = [peak * min(1.0, step["step"] / 10)], optimizer

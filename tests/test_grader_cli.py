@@ -13,6 +13,7 @@ import pytest
 
 from grader import cli
 from grader.checks import CHECKS
+from grader.gradebook import output_keys
 from grader.results import Results
 
 pytestmark = pytest.mark.unit6
@@ -55,10 +56,10 @@ def test_a_file_and_a_folder_of_the_same_name_keep_their_own_outputs(tmp_path):
 
 
 def test_output_keys_are_short_when_unique_and_full_names_otherwise():
-    keys = cli.output_keys([Path("alice.py"), Path("alice"), Path("bob.py"), Path("_carol.py")])
+    keys = output_keys([Path("alice.py"), Path("alice"), Path("bob.py"), Path("_carol.py")])
     assert keys == {"alice.py": "alice.py", "alice": "alice", "bob.py": "bob", "_carol.py": "_carol"}
     with pytest.raises(ValueError, match="would write the same output files"):
-        cli.output_keys([Path("x.py.py"), Path("x.py"), Path("x")])
+        output_keys([Path("x.py.py"), Path("x.py"), Path("x")])
 
 
 def test_resume_keeps_clean_results_regrades_grader_errors_and_drops_removed_submissions(tmp_path, monkeypatch):

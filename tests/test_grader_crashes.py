@@ -11,7 +11,8 @@ import pytest
 
 from grader import reports, runner
 from grader.crashes import MAX_TRACEBACK_LINES, first_failure, trimmed_traceback
-from grader.evidence import Evidence
+from grader.evidence import RunRecords
+from grader.records import parse
 from grader.results import Results
 from grader.sandbox import SandboxResult
 
@@ -45,15 +46,14 @@ def exit_record(rank, returncode, exit_s, order, stderr=""):
             "exit_s": exit_s, "stdout": "", "stdout_bytes": 0, "stderr": stderr, "stderr_bytes": len(stderr)}
 
 
-def evidence(exits, ends=None, steps=None):
-    ev = Evidence(4, "gloo")
-    ev.exits = {r["rank"]: r for r in exits}
-    ev.ends = ends or {}
-    ev.steps = steps or {}
-    return ev
+def evidence(exits, ends=None) -> RunRecords:
+    """The records of a run: the launcher's ``exits``, the harness's ``ends`` by rank, as the grader parses them."""
+    return RunRecords(world_size=4, exits={r["rank"]: parse(r) for r in exits},
+                      ends={r: [parse({"rank": r, "digests": None, **e}) for e in es]
+                            for r, es in (ends or {}).items()})
 
 
-def rank_2_raises(rank_0_first: bool) -> Evidence:
+def rank_2_raises(rank_0_first: bool) -> RunRecords:
     """Rank 2 raises; its peers fail on the closed connection. The launcher saw rank 0 end in the same
     polling period as rank 2 (listed first) or, with ``rank_0_first``, even a millisecond earlier."""
     lost = {r: WARNING + LOST.format(how="reset" if r else "closed") for r in (0, 1, 3)}
@@ -66,7 +66,7 @@ def rank_2_raises(rank_0_first: bool) -> Evidence:
     return evidence(exits, ends)
 
 
-def graded(ev: Evidence) -> Results:
+def graded(ev: RunRecords) -> Results:
     status, detail = runner._status(ev, SandboxResult("error", 1, "", "", 2.0, "exited with code 1"), None)
     return Results("crash.py", status, detail, output=runner._output(ev, None))
 
@@ -128,3 +128,17 @@ def test_a_long_traceback_keeps_its_end_and_the_students_frames():
 def test_output_without_a_traceback_keeps_its_last_lines():
     assert trimmed_traceback("\n".join(f"line {i}" for i in range(20))).splitlines() == [
         f"line {i}" for i in range(12, 20)]
+
+
+def test_the_probes_frames_around_the_students_data_loading_are_hidden():
+    """An error in the student's dataset surfaces through the probes' loader wrapper (grader/probed_data.py)."""
+    text = trimmed_traceback(HARNESS + """  File "/tmp/grade-x/run/train_4gpu.py", line 40, in main
+    for images, labels in train_loader:
+  File "/work/course/grader/probed_data.py", line 63, in record_batches
+    for item in original(loader):
+  File "/work/course/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 701, in __next__
+    data = self._next_data()
+IndexError: index 5000 is out of bounds for dimension 0 with size 1197
+""")
+    assert "probed_data" not in text and "record_batches" not in text and "for item in original" not in text
+    assert 'File "train_4gpu.py", line 40, in main' in text and text.endswith("with size 1197")

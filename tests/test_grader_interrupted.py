@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grader import cli
+from grader import gradebook
 from grader.checks import CHECKS
 from grader.results import Results
 from grader.runner import INTERRUPTED, GradingConfig, grade
@@ -76,7 +76,7 @@ def test_sigterm_to_grader_grade_keeps_the_output_and_says_interrupted(tmp_path)
     assert "rank 0 is training" in results.output  # what the ranks printed before the stop is kept
     assert len(results.checks) == len(CHECKS) and not any(c.ran for c in results.checks)
     assert "interrupted" in (out / "gradebook.csv").read_text()
-    assert cli.graded_before(out, {"slow.py": "slow"}) == {}  # --resume grades it again
+    assert gradebook.graded_before(out, {"slow.py": "slow"}) == {}  # --resume grades it again
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # nothing left behind
 
 

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from course import models
-from grader import probes
+from grader import probed_data, probes, records
 
 pytestmark = pytest.mark.unit6
 
@@ -23,12 +24,12 @@ class Recorder:
 def test_another_split_is_refused_with_the_fix(arguments):
     name = next(iter(arguments))
     with pytest.raises(ValueError, match=rf"data.load\({name}=.*held-out samples into training.*without {name}="):
-        probes._refuse_other_splits("load", arguments)
+        probed_data.refuse_other_splits("load", arguments)
 
 
 def test_the_default_split_is_allowed():
-    probes._refuse_other_splits("load", {"name": "digits", "seed": 0})
-    probes._refuse_other_splits("load_digits", {})
+    probed_data.refuse_other_splits("load", {"name": "digits", "seed": 0})
+    probed_data.refuse_other_splits("load_digits", {})
 
 
 def test_the_wrapped_loader_refuses_another_seed_and_hides_the_test_split():
@@ -42,7 +43,7 @@ def test_the_wrapped_loader_refuses_another_seed_and_hides_the_test_split():
         with pytest.raises(ValueError, match="n_test=0"):
             data.load_digits(0, 300, 0)
         splits = data.load()
-        assert isinstance(splits.train, probes.ProbedDataset) and len(splits.test) == 0 and len(splits.val) == 300
+        assert isinstance(splits.train, probed_data.ProbedDataset) and len(splits.test) == 0 and len(splits.val) == 300
     finally:
         for key, original in probe._originals.items():
             setattr(data, key.rsplit(".", 1)[1], original)
@@ -139,3 +140,26 @@ def test_rank_0_records_its_parameters_digests_around_every_step_and_at_the_end(
         assert end["digests"] == probes.digests(list(model.parameters())) != after
     else:  # only rank 0's model is the checkpoint
         assert "digests" not in step and "digests_before" not in step and end["digests"] is None
+    typed = [records.parse(r) for r in writer.records]  # what the grader reads: each record fits the format
+    assert [type(r) for r in typed] == [records.Initial, records.Step, records.End]
+    assert typed[1].fingerprint == tuple(step["fingerprint"]) and typed[2].digests == (
+        tuple(end["digests"]) if rank == 0 else None)
+
+
+def test_each_step_records_the_samples_fetched_since_the_previous_step(monkeypatch):
+    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)  # restored after the test
+    model = models.DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=1, seed=1)
+    probe._wrap_loader_iter()
+    train = probed_data.ProbedDataset(TensorDataset(torch.zeros(10, 1, 8, 8), torch.zeros(10, dtype=torch.long)))
+    for _ in range(2):  # two epochs of two steps, one loader
+        for _batch in DataLoader(train, batch_size=5, shuffle=False):
+            for p in model.parameters():
+                p.grad = torch.ones_like(p)
+            probe._before_step(optimizer, (), {})
+            optimizer.step()
+            probe._after_step(optimizer, (), {})
+    steps = [records.parse(r) for r in writer.records if r["kind"] == "step"]
+    assert [(s.epoch, s.indices) for s in steps] == [(e, tuple(range(b, b + 5))) for e in (0, 1) for b in (0, 5)]

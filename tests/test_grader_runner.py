@@ -9,7 +9,9 @@ import pytest
 from grader import reports
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
-from grader.runner import BAD, SKELETON, STARTER, BadSubmission, find_script, grade, submission_seed
+from grader.runner import BAD, grade
+from grader.secret import submission_seed
+from grader.submission import SKELETON, STARTER, BadSubmission, find_script
 
 pytestmark = pytest.mark.unit6
 SUBMISSIONS = Path(__file__).parent / "submissions"

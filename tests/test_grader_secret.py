@@ -1,12 +1,13 @@
 """grader.secret: made once at random, kept 0600 in the grader's configuration, and what the seed depends on."""
 
+import secrets
 import stat
 from pathlib import Path
 
 import pytest
 
 from grader import secret
-from grader.runner import submission_seed
+from grader.secret import submission_seed
 
 pytestmark = pytest.mark.unit6
 
@@ -62,3 +63,18 @@ def test_the_evaluation_seed_depends_on_the_secret(tmp_path, monkeypatch, config
     assert submission_seed(script) == mine
     monkeypatch.setenv(secret.SECRET_FILE_ENV, str(tmp_path / "another-instructor"))
     assert submission_seed(script) != mine
+
+
+def test_a_secret_being_made_is_never_read_empty(config, monkeypatch):
+    """Two graders start at once (``grader grade -j 2``): the second reads the secret while the first is still
+    making it. Here the second's read happens inside the first's draw of the secret."""
+    draw, seen = secrets.token_hex, []
+
+    def meanwhile(n):
+        if not seen:
+            seen.append(None)
+            seen[0] = secret.load()  # the other grader, before this one has written anything
+        return draw(n)
+
+    monkeypatch.setattr(secrets, "token_hex", meanwhile)
+    assert secret.load() == seen[0] != b"" and stat.S_IMODE(config.stat().st_mode) == 0o600

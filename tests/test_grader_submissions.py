@@ -51,6 +51,8 @@ EXPECTED = {
     "no_checkpoint": ("ok", {"target_accuracy"}),
     "fake_score": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
     "forged_records": ("ok", {"metrics_averaged", "target_accuracy", "integrity"}),
+    # signed by the rank itself but not in the record format: refused, and nothing but integrity moves
+    "malformed_records": ("ok", {"integrity"}),
     # rank 0 trains alone on its quarter of the data (about 0.91 on the grader's held-out copy: see NEAR_TARGET)
     "noop_allreduce": ("ok", {"equal_parameters", "matches_single_process", "integrity"}),
     "output_flood": ("ok", {"rank0_checkpoint_and_logs"}),
@@ -154,9 +156,15 @@ def test_checks_a_crash_left_without_evidence_give_no_advice(graded):
 
 
 def test_a_detected_tamper_withholds_the_score(graded):
-    for name in ("fake_score", "forged_records", "noop_allreduce", "wraps_save"):
+    for name in ("fake_score", "forged_records", "malformed_records", "noop_allreduce", "wraps_save"):
         results = graded[name]
         assert results.score == 0 and results.raw_score > 0 and results.grade_status == "integrity violation"
+
+
+def test_malformed_records_are_refused_saying_what_was_wrong(graded):
+    message = {c.name: c.message for c in graded["malformed_records"].checks}["integrity"]
+    assert "2 record(s) on the grader's record channel did not fit the record format" in message
+    assert "'step' record of rank 1: field 'indices' should be a list of int, got str" in message
 
 
 def test_printed_numbers_are_not_believed(graded):

@@ -1,0 +1,84 @@
+"""Checks of what the run left behind: files and logs from rank 0 only, averaged metrics, the target accuracy."""
+
+from __future__ import annotations
+
+from grader.assignment import Assignment
+from grader.checks.common import (
+    Outcome,
+    diverged_at,
+    idle_ranks,
+    not_assessed,
+    ranks_text,
+    report_of_checkpoint,
+    took,
+)
+from grader.evidence import Evidence
+
+
+def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
+    savers = [r for r in ev.ranks if ev.saves.get(r) or ev.writes.get(r)]
+    if savers and savers != [0]:
+        return False, (f"{ranks_text(savers)} wrote files: save the checkpoint on rank 0 only (if rank.is_main), "
+                       "or every rank overwrites the same file.")
+    reporters = [r for r in ev.ranks if ev.reports.get(r)]
+    printers = [r for r, e in ev.exits.items() if r != 0 and e.stdout_bytes > 0]
+    others = sorted({r for r in reporters if r != 0} | set(printers))
+    if others:
+        return False, (f"{ranks_text(others)} printed or reported: "
+                       "log on rank 0 only (if rank.is_main, or course.world.print0).")
+    idle = idle_ranks(ev)
+    if not savers and (ev.status != "ok" or idle):
+        return not_assessed(ev, f"needs every rank to train: {took(idle)} (see ran to the end).")
+    if not savers and ev.test_accuracy is None:  # target_accuracy fails for it; this check is about who writes
+        return True, (f"no rank wrote files and only rank 0 printed (no checkpoint was saved at {a.checkpoint}: "
+                      "see target accuracy).")
+    if not savers:
+        return True, "no other rank wrote files or printed."
+    return True, "only rank 0 wrote the checkpoint and printed."
+
+
+def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
+    reports = ev.reports.get(0, ())
+    if not reports:
+        return not_assessed(ev, "rank 0 never called report(epoch, train_loss, val_accuracy).")
+    diverged = diverged_at(ev)
+    if diverged is not None:  # the ranks' accuracies are of different models: rank 0's says nothing of the mean
+        reports = [r for r in reports if r.step < diverged]
+        if not reports:
+            return True, ("not assessed: the ranks held different parameters by the time rank 0 reported, so "
+                          "the averaged accuracy cannot be compared with one model's (see equal parameters).")
+    last = report_of_checkpoint(ev, a)
+    if last is not None and ev.checkpoint_val_accuracy is not None and last.val_accuracy is not None \
+            and abs(last.val_accuracy - ev.checkpoint_val_accuracy) > a.metric_tolerance:
+        return False, (f"at epoch {last.epoch:g} you reported val_accuracy {last.val_accuracy:.4f}, but the "
+                       f"checkpoint you saved right after scores {ev.checkpoint_val_accuracy:.4f} on the whole "
+                       "validation set: all_reduce the correct counts (or accuracies) across ranks before reporting.")
+    for r in reports:
+        true = r.true_val_accuracy
+        if true is None or r.val_accuracy is None:
+            return False, "the grader could not compute the model's true validation accuracy at report()."
+        if abs(r.val_accuracy - true) > a.metric_tolerance:
+            return False, (f"at epoch {r.epoch:g} you reported val_accuracy {r.val_accuracy:.4f}, but the "
+                           f"model's accuracy on the whole validation set was {true:.4f}: all_reduce the correct "
+                           "counts (or accuracies) across ranks before reporting.")
+    return True, f"all {len(reports)} reported validation accuracies match the whole validation set."
+
+
+def _trained_epochs(ev: Evidence) -> dict[int, int]:
+    """How many passes over the training data each rank took optimizer steps in."""
+    return {r: len(ev.epochs(r)) for r in ev.ranks}
+
+
+def target_accuracy(ev: Evidence, a: Assignment) -> Outcome:
+    over = {r: n for r, n in _trained_epochs(ev).items() if n > a.epochs}
+    if over:
+        return False, (f"{ranks_text(sorted(over))} trained {max(over.values())} epochs; the budget is {a.epochs}: "
+                       f"the 4-GPU script must reach the target in the starter's {a.epochs} epochs (each epoch "
+                       "is now 4x fewer steps; scale the learning rate instead of training longer).")
+    if ev.test_accuracy is None:
+        return not_assessed(ev, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate.")
+    if ev.test_accuracy < a.target_accuracy:
+        return False, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data; the target is "
+                       f"{a.target_accuracy:.2f}.")
+    return True, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data the grader kept to itself "
+                  f"(target {a.target_accuracy:.2f}).")

@@ -1,0 +1,31 @@
+"""The environment a graded process starts in: which interpreter, which variables; nothing else leaks in.
+
+Used by :mod:`grader.runner` for the run and the checkpoint's evaluation (notebook 06).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from course import world
+
+ROOT = Path(__file__).resolve().parent.parent  # holds the grader and course packages
+
+
+def run_env() -> dict[str, str]:
+    """The whole environment of a sandboxed process: the grader's own modules on the path, one thread, and
+    nothing else of the grader's environment but the emulation switch and the visible GPUs."""
+    env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
+    for name in (world.EMULATE_ENV, "CUDA_VISIBLE_DEVICES"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def python_argv() -> list[str]:
+    """The interpreter to start a sandboxed Python process with."""
+    # -P: the run directory (which the student's code can write) is not searched for grader modules
+    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]

@@ -1,0 +1,42 @@
+"""Apply the rubric (:data:`grader.checks.CHECKS`) to a run's evidence: one CheckResult per check.
+
+Used by :mod:`grader.runner` (notebook 06). A check that the records did not allow (a field missing where the
+check needed it) fails with a message saying so, never with a traceback.
+"""
+
+from __future__ import annotations
+
+import time
+
+from grader.assignment import Assignment
+from grader.checks import CHECKS
+from grader.evidence import Evidence
+from grader.results import CheckResult, Results
+
+
+def apply(results: Results, evidence: Evidence | None, assignment: Assignment, visible_only: bool,
+          start: float) -> Results:
+    """``results`` with one entry per check appended (the ``visible`` ones only with ``visible_only``) and
+    its elapsed time since ``start`` (``time.monotonic()``).
+
+    With ``evidence`` None (the submission was not run, or not to the end: ``results.status`` says why)
+    every check is listed as not run, with 0 points of its full ``max_score``, so the gradebook's totals stay
+    right; the reason is said once, in ``results.detail``.
+    """
+    for check in CHECKS:
+        if visible_only and check.visibility != "visible":
+            continue
+        if evidence is None:
+            results.checks.append(CheckResult(check.name, check.title, 0.0, check.points, check.visibility, False,
+                                              f"not run ({results.status}: see above).", ran=False,
+                                              voids_score=check.voids_score))
+            continue
+        try:
+            passed, message = check.test(evidence, assignment)
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
+            passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
+        results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
+                                          check.points, check.visibility, passed, message,
+                                          voids_score=check.voids_score))
+    results.elapsed_s = time.monotonic() - start
+    return results
