@@ -295,10 +295,13 @@ def check_two_batch_exercise(fn: Callable[[float, float, int, int], tuple[float,
         expected = two_batch_estimate(small, big, b_small, b_big)
         call = f"fn({small}, {big}, {b_small}, {b_big})"
         got = fn(small, big, b_small, b_big)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise AssertionError(f"{call} returned {got!r}: it must return the pair (trace_sigma, grad_norm_sq).")
-        for name, value, want in (("trace_sigma", got[0], expected.trace_sigma),
-                                  ("grad_norm_sq", got[1], expected.grad_norm_sq)):
+        try:
+            trace_sigma, grad_norm_sq = got
+        except (TypeError, ValueError):
+            raise AssertionError(f"{call} returned {got!r}: it must return the pair (trace_sigma, grad_norm_sq)."
+                                 ) from None
+        for name, value, want in (("trace_sigma", trace_sigma, expected.trace_sigma),
+                                  ("grad_norm_sq", grad_norm_sq, expected.grad_norm_sq)):
             try:
                 value = float(value)
             except (TypeError, ValueError):
