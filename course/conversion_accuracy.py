@@ -158,6 +158,14 @@ def margin(reference: Run, other: Run, accuracy: float, n_samples: int) -> float
     return max(tolerance(accuracy, n_samples), last_swing(reference), last_swing(other))
 
 
+def margin_reason(reference: Run, other: Run, accuracy: float, n_samples: int) -> str:
+    """Which term of :func:`margin` sets it, in words: the sampling noise, or which run's last swing."""
+    terms = {f"two standard errors of an accuracy on {n_samples} samples": tolerance(accuracy, n_samples),
+             f"how far '{reference.label}' moved in its last epoch": last_swing(reference),
+             f"how far '{other.label}' moved in its last epoch": last_swing(other)}
+    return max(terms, key=terms.get)
+
+
 def gap_verdict(reference: float, before: float, after: float, margin: float) -> str:
     """``"closes"``, ``"narrows"`` or ``"does not close here"``: what a fix did to the gap to ``reference``.
 
@@ -219,5 +227,6 @@ def conclusion(single: Run, converted: Run, fixed: Run, n_val: int, n_test: int)
         noise = margin(single, fixed, get(single), n)
         verdict = gap_verdict(get(single), get(converted), get(fixed), noise)
         parts.append(f"on {split} the gap {verdict} ({get(single):.3f} single device, {get(converted):.3f} before "
-                     f"the fix, {get(fixed):.3f} after; counted as the same within {noise:.3f})")
+                     f"the fix, {get(fixed):.3f} after; the same within {noise:.3f}: "
+                     f"{margin_reason(single, fixed, get(single), n)})")
     return f"With {fixed.steps} steps of a global batch of {fixed.global_batch_size}: " + "; ".join(parts) + "."
