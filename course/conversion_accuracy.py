@@ -198,19 +198,19 @@ def per_step(single: Run, converted: Run, n_val: int) -> str:
     """In words chosen by the numbers: was one large step worth more than one small step, and as much as the
     linear rule promises?
 
-    Compares the converted run's final validation accuracy with the single device's after the epoch whose step
-    count is nearest to the converted run's total (step for step), and after all of its steps (the rule's
-    promise: each step at k times the rate does the work of k small ones).
+    Compares the converted run's final validation accuracy with the single device's after its first epoch with at
+    least as many steps (step for step: higher accuracy in no more steps is more work per step), and after all of
+    its steps (the rule's promise: each step at k times the rate does the work of k small ones).
     """
     counts = [single.steps_per_epoch * (epoch + 1) for epoch in range(len(single.val_accuracies))]
-    nearest = min(range(len(counts)), key=lambda epoch: abs(counts[epoch] - converted.steps))
-    early = single.val_accuracies[nearest]
-    more = "more" if converted.val_accuracy > early else "no more"
+    epoch = next((e for e, count in enumerate(counts) if count >= converted.steps), len(counts) - 1)
+    early = single.val_accuracies[epoch]
+    more = "did more than" if converted.val_accuracy > early else "did not clearly do more than"
     k = converted.global_batch_size / single.global_batch_size
     kept = single.val_accuracy - converted.val_accuracy <= margin(single, converted, single.val_accuracy, n_val)
-    return (f"Step for step, a batch of {converted.global_batch_size} did {more} than a batch of "
+    return (f"Step for step, a batch of {converted.global_batch_size} {more} a batch of "
             f"{single.global_batch_size}: after {converted.steps} steps the {converted.world_size}-rank run had "
-            f"{converted.val_accuracy:.3f}; the single device, after {counts[nearest]} steps, {early:.3f}. The linear "
+            f"{converted.val_accuracy:.3f}; the single device, after {counts[epoch]} steps, {early:.3f}. The linear "
             f"rule promises that each step at {k:g}x the rate does the work of {k:g} small ones, so that "
             f"{converted.steps} large steps reach what {single.steps} small ones did ({single.val_accuracy:.3f}): "
             f"here {'they did' if kept else 'they did not'}.")

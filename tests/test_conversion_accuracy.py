@@ -80,7 +80,9 @@ def test_the_words_follow_the_numbers():
     # 30 large steps vs the single device after 38 steps (0.60): more per step; but not 114 steps' worth
     assert "did more than" in ca.per_step(single, behind, 300) and "they did not" in ca.per_step(single, behind, 300)
     assert "they did." in ca.per_step(single, level, 300)
-    assert "did no more than" in ca.per_step(make_run(val_accuracies=(0.9, 0.95, 0.96)), behind, 300)
+    assert "did not clearly do more than" in ca.per_step(make_run(val_accuracies=(0.9, 0.95, 0.96)), behind, 300)
+    # the single device's first epoch with at least the 30 large steps is its first (38 steps), not its second
+    assert "after 38 steps, 0.600" in ca.per_step(single, behind, 300)
     fixed = make_run("fixed", 4, 32, 0.05, 38, (0.96, 0.975), 0.965)
     text = ca.conclusion(single, behind, fixed, 300, 300)
     assert text.startswith("With 76 steps of a global batch of 32: on validation the gap closes")
