@@ -161,8 +161,8 @@ def margin(reference: Run, other: Run, accuracy: float, n_samples: int) -> float
 def margin_reason(reference: Run, other: Run, accuracy: float, n_samples: int) -> str:
     """Which term of :func:`margin` sets it, in words: the sampling noise, or which run's last swing."""
     terms = {f"two standard errors of an accuracy on {n_samples} samples": tolerance(accuracy, n_samples),
-             f"how far '{reference.label}' moved in its last epoch": last_swing(reference),
-             f"how far '{other.label}' moved in its last epoch": last_swing(other)}
+             f"how far the validation accuracy of '{reference.label}' moved in its last epoch": last_swing(reference),
+             f"how far the validation accuracy of '{other.label}' moved in its last epoch": last_swing(other)}
     return max(terms, key=terms.get)
 
 

@@ -59,7 +59,7 @@ def test_margin_is_the_larger_of_sampling_noise_and_either_runs_last_swing():
     assert ca.last_swing(make_run(val_accuracies=(0.5,))) == 0.0
     assert ca.margin_reason(steady, steady, 0.95, 300) == "two standard errors of an accuracy on 300 samples"
     assert ca.margin_reason(steady, make_run("b", val_accuracies=(0.90, 0.97)), 0.95, 300) == (
-        "how far 'b' moved in its last epoch")
+        "how far the validation accuracy of 'b' moved in its last epoch")
 
 
 @pytest.mark.parametrize(("before", "after", "verdict"), [
