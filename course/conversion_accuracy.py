@@ -127,6 +127,8 @@ def read_run(label: str, stdout: str, checkpoint: str | Path, splits: data.Split
 
 def format_table(runs: list[Run]) -> str:
     """The runs side by side: ranks, global batch, steps per epoch and in all, rate, final val and test accuracy."""
+    if not runs:
+        raise ValueError("format_table got no runs: pass at least one Run (from read_run).")
     width = max(len(run.label) for run in runs)
     lines = [f"{'run':<{width}}  ranks  global batch  steps/epoch  steps      lr  val acc  test acc"]
     lines += [f"{run.label:<{width}}  {run.world_size:>5}  {run.global_batch_size:>12}  {run.steps_per_epoch:>11}  "
