@@ -11,7 +11,7 @@ later cells use :func:`updates_to_converge`, the library's version.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,25 +68,12 @@ CASES = (
 )
 
 
-@dataclass
-class CheckResult:
-    """What the checker found: ``passed`` is True when every case gave the expected answer."""
-
-    passed: bool
-    lines: list[str] = field(default_factory=list)
-    attempted: bool = True  # False while the criterion is still the notebook's stub
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines)
-
-    def _repr_pretty_(self, printer, cycle: bool) -> None:
-        printer.text(str(self))
-
-
 def _run(criterion: Criterion, case: Case) -> tuple[object, str | None]:
     try:
         got = criterion(list(case.loss), case.optimum, case.eps, case.k)
-    except Exception as error:  # the student's code may raise anything; report it as feedback
+    except NotImplementedError:
+        raise  # the untouched stub: exercise.checker says "not attempted yet"
+    except Exception as error:  # noqa: BLE001 - the student's code may raise anything; one case's feedback
         return None, f"raised {type(error).__name__}: {error}"
     if isinstance(got, (np.integer,)):
         got = int(got)
@@ -95,28 +82,17 @@ def _run(criterion: Criterion, case: Case) -> tuple[object, str | None]:
     return got, None
 
 
-def check_updates_to_converge(criterion: Criterion, verbose: bool = True) -> CheckResult:
-    """Run the student's ``criterion(loss, optimum, eps, k)`` on every case in :data:`CASES`.
+@exercise.checker
+def check_updates_to_converge(criterion: Criterion) -> bool:
+    """Exercise checker: run the student's ``criterion(loss, optimum, eps, k)`` on every case in :data:`CASES`.
 
-    Args:
-        criterion: returns the index of the first of ``k`` consecutive records with
-            ``|loss - optimum| <= eps``, or ``None`` when there is none.
-        verbose: print the feedback as well as returning it.
-
-    Returns:
-        A :class:`CheckResult`: one line per case, and a hint for each case that failed; "not attempted yet"
-        (``attempted=False``) for a stub that raises ``NotImplementedError``.
+    ``criterion`` returns the index of the first of ``k`` consecutive records with ``|loss - optimum| <= eps``, or
+    ``None`` when there is none. Prints one line per case, and a hint for each case that failed (a stub or a
+    non-function gets :func:`course.exercise.checker`'s feedback instead); returns True when every case passes.
     """
-    if not callable(criterion):
-        raise ValueError(f"expected a function criterion(loss, optimum, eps, k), got {type(criterion).__name__}.")
     lines, passed = [], 0
     for case in CASES:
         got, problem = _run(criterion, case)
-        if problem is not None and problem.startswith("raised NotImplementedError"):
-            result = CheckResult(False, [exercise.NOT_ATTEMPTED], attempted=False)
-            if verbose:
-                print(result)
-            return result
         if problem is None and got == case.expected:
             passed += 1
             lines.append(f"  ok    {case.name}")
@@ -125,8 +101,5 @@ def check_updates_to_converge(criterion: Criterion, verbose: bool = True) -> Che
         lines.append(f"  FAIL  {case.name}: loss={list(case.loss)}, optimum={case.optimum}, eps={case.eps}, "
                      f"k={case.k}: {what}\n        hint: {case.hint}")
     verdict = "All" if passed == len(CASES) else "Only"
-    lines.insert(0, f"{verdict} {passed} of {len(CASES)} cases pass.")
-    result = CheckResult(passed == len(CASES), lines)
-    if verbose:
-        print(result)
-    return result
+    print("\n".join([f"{verdict} {passed} of {len(CASES)} cases pass.", *lines]))
+    return passed == len(CASES)

@@ -4,8 +4,7 @@ A stub raises ``NotImplementedError`` until the student writes it, and a wrong a
 neither may stop the notebook (a student who skips an exercise is not blocked), and both get feedback in the
 course's terms instead of a traceback. :func:`checker` wraps a checker that prints its verdict and returns
 True, returns False, or raises ``AssertionError`` naming the first case that differs; the wrapped checker
-always prints one verdict and returns a bool. Used by the checkers of notebooks 03, 04, 04b and 05 (those of
-01 and 02 handle stubs themselves and print the same :data:`NOT_ATTEMPTED`); solutions
+always prints one verdict and returns a bool. Every exercise checker of notebooks 01-05 uses it; solutions
 live in ``notebooks/solutions/`` and ``tests/test_exercises.py`` proves each checker fails the stub and passes
 the solution.
 """

@@ -244,28 +244,22 @@ def tensors(dataset: torch.utils.data.TensorDataset, device: torch.device | None
     return inputs.to(device), targets.to(device)
 
 
+@exercise.checker
 def check_warmup_exercise(fn: Callable[[int, float, int, int, int], float]) -> bool:
-    """Check a student's ``fn(step, base_lr, base_batch_size, global_batch_size, warmup_steps)``: the linear scaling
-    rule with linear warmup. Prints feedback on the first case that differs ("not attempted yet" for a stub that
-    raises ``NotImplementedError``); returns True if all agree."""
+    """Exercise checker: is the student's ``fn(step, base_lr, base_batch_size, global_batch_size,
+    warmup_steps)`` the linear scaling rule with linear warmup (:func:`lr_at`)? Prints feedback on the first
+    case that differs (a stub or an error gets :func:`course.exercise.checker`'s feedback); returns True if all
+    agree."""
     cases = [(step, base_lr, base_b, b, warm) for step in (0, 1, 4, 9, 10, 50) for base_lr in (0.1, 0.05)
              for base_b, b in ((32, 32), (32, 256), (64, 512)) for warm in (0, 10)]
     for step, base_lr, base_b, b, warm in cases:
         expected = lr_at(step, base_lr, base_b, b, "linear", warm)
-        try:
-            got = fn(step, base_lr, base_b, b, warm)
-        except NotImplementedError:
-            print(exercise.NOT_ATTEMPTED)
-            return False
-        except Exception as error:  # noqa: BLE001 - the student's error is the feedback
-            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, global_batch_size={b}, "
-                  f"warmup_steps={warm}) raised {type(error).__name__}: {error}")
-            return False
+        got = fn(step, base_lr, base_b, b, warm)
         if not isinstance(got, (int, float)) or not math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12):
-            print(f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, global_batch_size={b}, "
-                  f"warmup_steps={warm}) returned {got!r}, expected {expected!r}. Hint: the full rate is "
-                  "base_lr * global_batch_size / base_batch_size, reached after warmup_steps steps.")
-            return False
+            call = (f"fn(step={step}, base_lr={base_lr}, base_batch_size={base_b}, global_batch_size={b}, "
+                    f"warmup_steps={warm})")
+            raise AssertionError(f"{call} returned {got!r}, expected {expected!r}. Hint: the full rate is "
+                                 "base_lr * global_batch_size / base_batch_size, reached after warmup_steps steps.")
     print(f"Correct on all {len(cases)} cases.")
     return True
 

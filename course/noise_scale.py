@@ -274,28 +274,31 @@ def track_during_training(model: nn.Module, inputs: torch.Tensor, targets: torch
     return points
 
 
+@exercise.checker
 def check_two_batch_exercise(fn: Callable[[float, float, int, int], tuple[float, float]]) -> bool:
-    """Check a student's ``fn(small_norm_sq, big_norm_sq, small_batch_size, big_batch_size) -> (trace_sigma,
-    grad_norm_sq)`` against :func:`two_batch_estimate`. Prints feedback on the first case that differs ("not
-    attempted yet" for a stub that raises ``NotImplementedError``); returns True if all agree."""
+    """Exercise checker: does the student's ``fn(small_norm_sq, big_norm_sq, small_batch_size, big_batch_size) ->
+    (trace_sigma, grad_norm_sq)`` agree with :func:`two_batch_estimate`? Prints feedback on the first case that
+    differs (a stub or an error gets :func:`course.exercise.checker`'s feedback); returns True if all agree."""
     cases = [(small, big, b_small, b_big) for small, big in ((2.0, 1.0), (0.5, 0.45), (10.0, 0.1), (1.0, 1.0))
              for b_small, b_big in ((8, 32), (1, 2), (64, 1024))]
     for small, big, b_small, b_big in cases:
         expected = two_batch_estimate(small, big, b_small, b_big)
         call = f"fn({small}, {big}, {b_small}, {b_big})"
+        got = fn(small, big, b_small, b_big)
         try:
-            trace_sigma, grad_norm_sq = fn(small, big, b_small, b_big)
-        except NotImplementedError:
-            print(exercise.NOT_ATTEMPTED)
-            return False
-        except Exception as error:  # noqa: BLE001 - the student's error is the feedback
-            print(f"{call} raised {type(error).__name__}: {error}. It must return (trace_sigma, grad_norm_sq).")
-            return False
-        for name, got, want in (("trace_sigma", trace_sigma, expected.trace_sigma),
-                                ("grad_norm_sq", grad_norm_sq, expected.grad_norm_sq)):
-            if not math.isclose(float(got), want, rel_tol=1e-9, abs_tol=1e-12):
-                print(f"{call}: {name} = {got!r}, expected {want!r}. Hint: solve E|G_B|^2 = |G|^2 + tr(Sigma)/B "
-                      "for the two unknowns, using B = small_batch_size and B = big_batch_size.")
-                return False
+            trace_sigma, grad_norm_sq = got
+        except (TypeError, ValueError):
+            raise AssertionError(f"{call} returned {got!r}: it must return the pair (trace_sigma, grad_norm_sq)."
+                                 ) from None
+        for name, value, want in (("trace_sigma", trace_sigma, expected.trace_sigma),
+                                  ("grad_norm_sq", grad_norm_sq, expected.grad_norm_sq)):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise AssertionError(f"{call}: {name} = {value!r} is not a number.") from None
+            if not math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12):
+                raise AssertionError(f"{call}: {name} = {value!r}, expected {want!r}. Hint: solve E|G_B|^2 = |G|^2 "
+                                     "+ tr(Sigma)/B for the two unknowns, using B = small_batch_size and B = "
+                                     "big_batch_size.")
     print(f"Correct on all {len(cases)} cases.")
     return True

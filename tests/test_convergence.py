@@ -101,14 +101,12 @@ def returns_a_float(loss, optimum, eps, k):
 
 
 def test_the_library_answer_passes(capsys):
-    result = check_updates_to_converge(updates_to_converge)
-    assert result.passed
+    assert check_updates_to_converge(updates_to_converge) is True
     assert capsys.readouterr().out.startswith(f"All {len(CASES)} of {len(CASES)} cases pass.")
 
 
-def test_numpy_integers_are_accepted():
-    assert check_updates_to_converge(lambda *a: None if correct(*a) is None else np.int64(correct(*a)),
-                                     verbose=False).passed
+def test_numpy_integers_are_accepted(capsys):
+    assert check_updates_to_converge(lambda *a: None if correct(*a) is None else np.int64(correct(*a)))
 
 
 @pytest.mark.parametrize("wrong, hint", [
@@ -121,24 +119,22 @@ def test_numpy_integers_are_accepted():
     (crashes, "raised IndexError"),
     (returns_a_float, "of type float"),
 ])
-def test_each_wrong_answer_is_caught_with_a_useful_hint(wrong, hint):
-    result = check_updates_to_converge(wrong, verbose=False)
-    assert not result.passed
-    assert str(result).startswith("Only ")
-    assert hint in str(result)
+def test_each_wrong_answer_is_caught_with_a_useful_hint(wrong, hint, capsys):
+    assert check_updates_to_converge(wrong) is False
+    out = capsys.readouterr().out
+    assert out.startswith("Only ")
+    assert hint in out
 
 
-def test_checker_refuses_something_that_is_not_a_function():
-    with pytest.raises(ValueError, match="expected a function criterion.*got int"):
-        check_updates_to_converge(3)
+def test_checker_gives_feedback_for_something_that_is_not_a_function(capsys):
+    assert check_updates_to_converge(3) is False
+    assert "expected the function you wrote, got int 3" in capsys.readouterr().out
 
 
 def test_the_notebook_stub_is_reported_as_not_attempted_not_as_failing(capsys):
     def stub(loss, optimum, eps, k):
         raise NotImplementedError("write updates_to_converge")
 
-    result = check_updates_to_converge(stub)
-    assert not result.passed and not result.attempted
+    assert check_updates_to_converge(stub) is False
     out = capsys.readouterr().out
     assert out.startswith("Not attempted yet") and "FAIL" not in out
-    assert check_updates_to_converge(correct, verbose=False).attempted

@@ -46,8 +46,8 @@ def verdict(check: Callable, source: str, function: str) -> tuple[bool, str]:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         result = check(namespace[function])
-    passed = result.passed if isinstance(result, convergence.CheckResult) else bool(result)
-    return passed, printed.getvalue()
+    assert isinstance(result, bool), f"{check.__name__} returned {result!r}: a checker's verdict is a bool"
+    return result, printed.getvalue()
 
 
 @pytest.mark.parametrize(("notebook", "function", "check"), EXERCISES, ids=IDS)
@@ -68,6 +68,14 @@ def test_the_checker_passes_the_solution(notebook, function, check):
 def test_every_solution_belongs_to_an_exercise():
     expected = {f"{notebook.split('_')[0]}_{function}.py" for notebook, function, _ in EXERCISES}
     assert {p.name for p in (NOTEBOOKS / "solutions").glob("*.py")} == expected
+
+
+@pytest.mark.parametrize(("notebook", "function", "check"), EXERCISES, ids=IDS)
+def test_every_checker_turns_an_error_or_a_non_function_into_feedback(notebook, function, check, capsys):
+    assert check(lambda *args: 1 / 0) is False
+    assert "raised ZeroDivisionError" in capsys.readouterr().out
+    assert check(3) is False
+    assert "Not yet: expected the function you wrote, got int 3" in capsys.readouterr().out
 
 
 def test_a_wrong_attempt_gets_feedback_not_a_traceback(capsys):

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> None:
     val_loader = DataLoader(splits.val, batch_size=100)
     model = models.DigitsCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    print(f"batch {args.batch_size}, lr {args.lr:g}")
     for epoch in range(args.epochs):
         model.train()
         for images, labels in train_loader:

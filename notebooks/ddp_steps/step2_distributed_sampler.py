@@ -33,6 +33,7 @@ def run(args: argparse.Namespace, rank: world.Rank) -> None:
     val_loader = DataLoader(splits.val, batch_size=100)
     model = models.DigitsCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    print(f"batch {args.batch_size}, lr {args.lr:g}")
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         model.train()

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace, rank: world.Rank) -> None:
     model = models.DigitsCNN().to(device)
     model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    print(f"batch {args.batch_size}, lr {args.lr:g}")
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         model.train()

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace, rank: world.Rank) -> None:
     lr = args.lr * global_batch_size / args.base_batch_size  # the linear scaling rule
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / args.warmup_steps))
+    print(f"{rank.world_size} rank(s), global batch {global_batch_size}, lr {lr:g}")
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         model.train()
