@@ -24,7 +24,7 @@ import numpy as np
 import torch.distributed as dist
 
 from course import cost_model
-from course.launch import launch
+from course.runtime.launch import launch
 from course.shm_allreduce import copy_bandwidth, shm_allreduce
 
 MB = 1 << 20

@@ -4,7 +4,7 @@ Notebook 05 (``notebooks/05_ddp.ipynb``) turns the single-device script ``notebo
 into a DDP script one numbered step at a time; :func:`step_scripts` and :func:`step_diff` show each step as a
 diff, :func:`run_torchrun` launches a script the way you would from a terminal. The rank functions
 (:func:`compare_with_ddp`, :func:`no_sync_check`, :func:`batchnorm_check`) run under
-``course.launch.launch`` and check against ``torch.nn.parallel.DistributedDataParallel``; notebook 04b uses
+``course.runtime.launch.launch`` and check against ``torch.nn.parallel.DistributedDataParallel``; notebook 04b uses
 :func:`compare_with_ddp` to show the Horovod-style optimizer gives DDP's parameters.
 """
 
@@ -29,7 +29,7 @@ from course import data, exercise, root_cause, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
-from course.process_tree import kill_tree
+from course.runtime.process_tree import kill_tree
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "ddp_steps"
 

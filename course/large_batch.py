@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from course import launch, world
+from course import world
+from course.runtime import launch
 from course.validation import check_model_fits_data
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

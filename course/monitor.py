@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from course import utilization, world
-from course.process_tree import kill_tree
+from course.runtime.process_tree import kill_tree
 from course.utilization import DeviceSummary, History
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -180,7 +180,7 @@ def watch(target: subprocess.Popen | int | None = None, interval_s: float = 0.5,
 
     Args:
         target: a running ``subprocess.Popen`` (torchrun), a pid, or ``None`` for this process's own children
-            (wrap a blocking call that starts the ranks: :func:`course.launch.launch`, or
+            (wrap a blocking call that starts the ranks: :func:`course.runtime.launch.launch`, or
             :func:`course.ddp.run_torchrun`).
         interval_s: seconds between readings.
         display: show the live view (widgets in Jupyter, text lines elsewhere); ``False`` only records.

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from course import cost_model
-from course.ports import free_port
-from course.process_tree import kill_tree
+from course.runtime.ports import free_port
+from course.runtime.process_tree import kill_tree
 
 RANKS_PER_NODE = 2
 NODES = 2

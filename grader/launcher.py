@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from course.ports import free_port
+from course.runtime.ports import free_port
 from grader import channel
 from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 

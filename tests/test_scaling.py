@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course import hardware, perf_model, scaling, timing, workloads
-from course.launch import launch
+from course.runtime.launch import launch
 
 pytestmark = pytest.mark.unit5
 

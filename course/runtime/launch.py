@@ -31,9 +31,10 @@ from typing import Any
 import psutil
 import torch.multiprocessing as mp
 
-from course import rank_stacks, world
-from course.ports import free_port
-from course.process_tree import kill_tree
+from course import world
+from course.runtime import rank_stacks
+from course.runtime.ports import free_port
+from course.runtime.process_tree import kill_tree
 
 
 class RankFailed(RuntimeError):
