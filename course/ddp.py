@@ -29,7 +29,7 @@ from course import data, exercise, root_cause, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
-from course.runtime.process_tree import kill_tree
+from course.runtime import process
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "ddp_steps"
 
@@ -84,22 +84,12 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
         RuntimeError: it failed or timed out; the message ends with the last lines of its output.
     """
     world.check_world_size(nproc_per_node)
-    env = torchrun_environment(nproc_per_node)
     command = torchrun_command(script, nproc_per_node, script_args)
-    # Its own session, so a timeout (or Ctrl-C) stops torchrun's workers too, not just torchrun.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_tree(process, own_group=True)
-        stdout, _ = process.communicate()
+    outcome = process.run(command, timeout_s, env=torchrun_environment(nproc_per_node))  # all ranks stopped after
+    if outcome.status == "timeout":
         raise RuntimeError(f"torchrun {Path(script).name} did not finish in {timeout_s:g} s (all its ranks were "
-                           f"stopped); last output:\n{stdout[-2000:]}") from None
-    except BaseException:
-        kill_tree(process, own_group=True)
-        raise
-    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+                           f"stopped); last output:\n{outcome.stdout[-2000:]}")
+    done = subprocess.CompletedProcess(command, outcome.returncode, outcome.stdout, outcome.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun {Path(script).name} failed; last output:\n"
                            f"{root_cause.explain(done.returncode, done.stdout, done.stderr, stdout_chars=1000)}")
