@@ -14,7 +14,7 @@ Three layers, each in its own module:
 * **identity and rlimits** (:mod:`grader.sandbox_exec`, both backends): as root a dedicated uid per concurrent
   run (:mod:`grader.sandbox_uid`), no_new_privs, and RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE,
   RLIMIT_CPU, no cores;
-* **the watchdog and the kill** (:func:`course.runtime.process.Running`, shared with the course's own runs):
+* **the watchdog and the kill** (:class:`course.runtime.process.Running`, shared with the course's own runs):
   wall clock, total memory, process count, output volume, capped output; then every process is killed.
 
 Without root (a student's laptop) the command runs as the student, under the same rlimits (RLIMIT_NPROC

@@ -69,8 +69,8 @@ def command(config: dict, hide: list[str], needed: list[str]) -> tuple[list[str]
     for folder in masked[len(MASKED):]:
         argv += ["--tmpfs", folder]
     made: set[str] = set()
-    for path in sorted(set(needed + [EXEC])):
-        if path != cwd and any(_under(path, folder) for folder in masked):
+    for path in sorted(set(needed + [EXEC])):  # not a masked folder itself, nor the run dir or a folder above it
+        if not _under(cwd, path) and any(_under(path, folder) and path != folder for folder in masked):
             argv += [*_parents(path, masked, made), "--ro-bind", path, path]
     argv += [*_parents(cwd, masked, made), "--bind", cwd, cwd]
     for path in hide:

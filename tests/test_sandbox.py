@@ -213,6 +213,16 @@ def test_the_command_runs_as_an_unprivileged_uid_that_cannot_read_private_files(
 
 
 @pytest.mark.parametrize("isolation", BACKENDS)
+def test_the_run_dir_is_reached_by_its_absolute_path_even_with_tmp_on_the_python_path(tmp_path, isolation):
+    # tmp_path's parents are 0700 and under /tmp; a needed path that is /tmp itself must not bring them back
+    (tmp_path / "train.py").write_text("print('read')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, ["/tmp", os.environ.get("PYTHONPATH")]))}
+    code = f"exec(open({str(tmp_path / 'train.py')!r}).read())"
+    result = run([sys.executable, "-c", code], cwd=tmp_path, env=env, isolation=isolation)
+    assert (result.status, result.stdout) == ("ok", "read\n"), result
+
+
+@pytest.mark.parametrize("isolation", BACKENDS)
 def test_the_result_channel_fd_is_passed_and_the_sandbox_status_fd_is_not(tmp_path, isolation):
     read_end, write_end = os.pipe()
     code = ("import json, os\n"
