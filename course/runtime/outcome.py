@@ -133,24 +133,25 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+_BREACHES = {  # limit -> (status, detail); {wall_s}, {output}, {processes}, {memory} come from the Limits
+    "wall": ("timeout", "the run did not finish within {wall_s:g} s and every rank and DataLoader worker was stopped. "
+             "A rank waiting in a collective that another rank never calls, or an endless loop, looks like this."),
+    "output": ("output limit", "the run wrote more than {output} to one output stream and was stopped: print on "
+               "rank 0 only, and not every step."),
+    "processes": ("too many processes", "the run had more than {processes} processes at once and was stopped: 4 "
+                  "ranks and a few DataLoader workers each are plenty; do not start processes in a loop."),
+    "memory": ("out of memory", "the run's processes used more than {memory} of memory together and were stopped: "
+               "keep per-rank batches and DataLoader workers small, and do not keep tensors of every step."),
+}
+
+
 def breach(limit: str, limits: Limits) -> tuple[str, str]:
     """(status, detail) for a limit the watchdog saw broken: ``wall``, ``output``, ``processes``, ``memory``,
     or ``stop`` (the runner was asked to stop)."""
     if limit == "stop":
         return "interrupted", INTERRUPTED
-    if limit == "wall":
-        return "timeout", (f"the run did not finish within {limits.wall_s:g} s and every rank and "
-                           "DataLoader worker was stopped. A rank waiting in a collective that another "
-                           "rank never calls, or an endless loop, looks like this.")
-    if limit == "output":
-        return "output limit", (f"the run wrote more than {size(limits.max_output_bytes)} to one output "
-                                "stream and was stopped: print on rank 0 only, and not every step.")
-    if limit == "processes":
-        return "too many processes", (f"the run had more than {limits.max_processes} processes at once "
-                                      "and was stopped: 4 ranks and a few DataLoader workers each are "
-                                      "plenty; do not start processes in a loop.")
-    if limit == "memory":
-        return "out of memory", (f"the run's processes used more than {size(limits.memory_total_bytes)} "
-                                 "of memory together and were stopped: keep per-rank batches and "
-                                 "DataLoader workers small, and do not keep tensors of every step.")
-    raise ValueError(f"limit must be one of wall, output, processes, memory, stop; got {limit!r}")
+    if limit not in _BREACHES:
+        raise ValueError(f"limit must be one of {', '.join(_BREACHES)}, stop; got {limit!r}")
+    status, detail = _BREACHES[limit]
+    return status, detail.format(wall_s=limits.wall_s, output=size(limits.max_output_bytes),
+                                 processes=limits.max_processes, memory=size(limits.memory_total_bytes))
