@@ -26,6 +26,12 @@ TORCH_INDEX_URL="${TORCH_INDEX_URL:-$DEFAULT_INDEX}"
 # a few quick retries, not pip's default of minutes, where the index cannot be reached
 read -r -a PIP_OPTIONS <<< "--retries 2 --timeout 30 ${AUTOGRADER_PIP_OPTIONS:-}"
 
+# bubblewrap: the grader's sandbox uses it for its namespaces and read-only file system where it is installed (it
+# falls back to its own namespaces without it, so a failed install costs no grading).
+if ! command -v bwrap >/dev/null; then
+    { apt-get update && apt-get install -y --no-install-recommends bubblewrap; } ||
+        echo "setup.sh: bubblewrap could not be installed; the grader uses its own namespaces instead"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     if ! command -v python3 >/dev/null || ! python3 -c 'import sys; assert sys.version_info >= (3, 10)' 2>/dev/null \
             || ! python3 -m venv --help >/dev/null 2>&1; then

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from course import cost_model, timing
 from course.allreduce import naive_allreduce, ring_allreduce, tree_allreduce
-from course.launch import launch
+from course.runtime.launch import launch
 
 MB = 1 << 20
 

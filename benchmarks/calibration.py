@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from course import calibration, timing
-from course.launch import launch
+from course.runtime.launch import launch
 
 TARGET = 0.20
 FIT_BATCHES = (16, 64)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from shm_allreduce_ranks import PHASES, time_phases, time_rounds
 
 from course import cost_model, timing
-from course.launch import launch
+from course.runtime.launch import launch
 from course.shm_allreduce import copy_bandwidth, shm_allreduce
 
 MB = 1 << 20

@@ -1,4 +1,4 @@
-"""Rank functions for benchmarks/shm_allreduce.py (importable: ``course.launch`` starts each rank afresh).
+"""Rank functions for benchmarks/shm_allreduce.py (importable: ``course.runtime.launch`` starts each rank afresh).
 
 :func:`time_rounds` times each algorithm in turn within a round (the order rotating from round to round), wall
 seconds of the slowest rank and CPU seconds summed over ranks; :func:`time_phases` times the five steps of

@@ -242,7 +242,7 @@ def _landings(like: torch.Tensor, count: int) -> list[torch.Tensor]:
 
 
 def compare_with_reference(numel: int = 100_003, seed: int = 0) -> dict[str, float]:
-    """Run on every rank (via ``course.launch.launch``): each algorithm and ``dist.all_reduce`` on the same
+    """Run on every rank (via ``course.runtime.launch.launch``): each algorithm and ``dist.all_reduce`` on the same
     random float64 tensor; the largest difference from ``dist.all_reduce`` per algorithm, for notebook 04."""
     generator = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
     mine = torch.randn(numel, generator=generator, dtype=torch.float64).to(world.current().device)

@@ -202,7 +202,7 @@ def summarize_all(measured: Measurements) -> tuple[dict[tuple[int, int], Estimat
             {k: summarize(v) for k, v in measured.allreduce.items()})
 
 
-# --- measuring, on every rank (run with course.launch.launch) -------------------------------------------
+# --- measuring, on every rank (run with course.runtime.launch.launch) -------------------------------------------
 
 
 def gradient_bytes(model: nn.Module) -> int:

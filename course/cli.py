@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "hello":
         from course.hello import hello as hello_fn
-        from course.launch import RankFailed, RankTimeout, launch
+        from course.runtime.launch import RankFailed, RankTimeout, launch
 
         try:
             reports = launch(hello_fn, args.world_size, timeout_s=120)

@@ -202,7 +202,7 @@ def crossover(small: str, large: str, world_size: int, link: AlphaBeta) -> float
     return latency_gap / bandwidth_gap
 
 
-# --- measuring, on every rank (run with course.launch.launch) -------------------------------------------
+# --- measuring, on every rank (run with course.runtime.launch.launch) -------------------------------------------
 
 
 def _time_per_call(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor, calls: int = 1) -> float:

@@ -4,7 +4,7 @@ Notebook 05 (``notebooks/05_ddp.ipynb``) turns the single-device script ``notebo
 into a DDP script one numbered step at a time; :func:`step_scripts` and :func:`step_diff` show each step as a
 diff, :func:`run_torchrun` launches a script the way you would from a terminal. The rank functions
 (:func:`compare_with_ddp`, :func:`no_sync_check`, :func:`batchnorm_check`) run under
-``course.launch.launch`` and check against ``torch.nn.parallel.DistributedDataParallel``; notebook 04b uses
+``course.runtime.launch.launch`` and check against ``torch.nn.parallel.DistributedDataParallel``; notebook 04b uses
 :func:`compare_with_ddp` to show the Horovod-style optimizer gives DDP's parameters.
 """
 
@@ -29,7 +29,7 @@ from course import data, exercise, root_cause, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
-from course.process_tree import kill_tree
+from course.runtime import process
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "ddp_steps"
 
@@ -84,22 +84,12 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
         RuntimeError: it failed or timed out; the message ends with the last lines of its output.
     """
     world.check_world_size(nproc_per_node)
-    env = torchrun_environment(nproc_per_node)
     command = torchrun_command(script, nproc_per_node, script_args)
-    # Its own session, so a timeout (or Ctrl-C) stops torchrun's workers too, not just torchrun.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_tree(process, own_group=True)
-        stdout, _ = process.communicate()
+    outcome = process.run(command, timeout_s, env=torchrun_environment(nproc_per_node))  # all ranks stopped after
+    if outcome.status == "timeout":
         raise RuntimeError(f"torchrun {Path(script).name} did not finish in {timeout_s:g} s (all its ranks were "
-                           f"stopped); last output:\n{stdout[-2000:]}") from None
-    except BaseException:
-        kill_tree(process, own_group=True)
-        raise
-    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+                           f"stopped); last output:\n{outcome.stdout[-2000:]}")
+    done = subprocess.CompletedProcess(command, outcome.returncode, outcome.stdout, outcome.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun {Path(script).name} failed; last output:\n"
                            f"{root_cause.explain(done.returncode, done.stdout, done.stderr, stdout_chars=1000)}")

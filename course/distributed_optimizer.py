@@ -93,7 +93,7 @@ class DistributedOptimizer:
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
         if not dist.is_initialized():
             raise RuntimeError("no process group: call course.world.init_from_env() (or run under "
-                               "course.launch.launch / torchrun) before building a DistributedOptimizer.")
+                               "course.runtime.launch.launch / torchrun) before building a DistributedOptimizer.")
         self.optimizer = optimizer
         self.op = check_choice("op", op, OPS)
         self.compression = check_choice("compression", compression, COMPRESSIONS)

@@ -37,7 +37,7 @@ def hello() -> dict[str, object]:
 def fail_on(bad_rank: int) -> int:
     """Run on every rank: rank ``bad_rank`` raises, the others wait in a barrier that can never complete.
 
-    Shows what :func:`course.launch.launch` does when one rank fails: it names the rank, shows its traceback and
+    Shows what :func:`course.runtime.launch.launch` does when one rank fails: it names the rank, shows its traceback and
     stops the ranks left waiting for it.
     """
     me = world.current()

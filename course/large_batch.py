@@ -21,8 +21,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from course import launch, world
+from course import world
 from course.data_parallel import rank_step, replicate, split_batch, train_step
+from course.runtime import launch
 from course.validation import LossFn, check_model_fits_data
 
 Parameters = dict[str, torch.Tensor]

@@ -19,14 +19,14 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from course import utilization, world
-from course.process_tree import kill_tree
+from course.runtime import process
+from course.runtime.process_tree import kill_tree
 from course.utilization import DeviceSummary, History
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -180,7 +180,7 @@ def watch(target: subprocess.Popen | int | None = None, interval_s: float = 0.5,
 
     Args:
         target: a running ``subprocess.Popen`` (torchrun), a pid, or ``None`` for this process's own children
-            (wrap a blocking call that starts the ranks: :func:`course.launch.launch`, or
+            (wrap a blocking call that starts the ranks: :func:`course.runtime.launch.launch`, or
             :func:`course.ddp.run_torchrun`).
         interval_s: seconds between readings.
         display: show the live view (widgets in Jupyter, text lines elsewhere); ``False`` only records.
@@ -255,40 +255,16 @@ def run_and_watch(argv: Sequence[str], cwd: str | os.PathLike | None = None, env
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
     if not interval_s > 0:  # checked before anything starts, not by the sampler once the run is under way
         raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}; try 0.5.")
-    process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
-    # Read the pipes aside and wait for the process itself: a child it left behind may hold them open.
-    stdout, stderr = _Drain(process.stdout), _Drain(process.stderr)
+    running = process.Running(argv, cwd=cwd, env=env)  # its own session; output read aside, uncapped
     try:
-        with watch(process, interval_s, display, nvml) as history:
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_tree(process, own_group=True)
-                raise subprocess.TimeoutExpired(process.args, timeout_s, stdout.text(), stderr.text()) from None
+        with watch(running.process, interval_s, display, nvml) as history:
+            outcome = running.finish(timeout_s)  # nothing the run started outlives it, even after a clean exit
+            if outcome.status == "timeout":
+                raise subprocess.TimeoutExpired(list(argv), timeout_s, outcome.stdout, outcome.stderr)
     finally:
-        kill_tree(process, own_group=True)  # nothing the run started outlives it, even after a clean exit
-    done = subprocess.CompletedProcess(process.args, process.returncode, stdout.text(), stderr.text())
+        running.kill()  # a Ctrl-C in the sampler's start-up, before finish() began
+    done = subprocess.CompletedProcess(list(argv), outcome.returncode, outcome.stdout, outcome.stderr)
     return WatchedRun(done, history)
-
-
-class _Drain:
-    """Reads a pipe to its end in a thread, so the run never blocks on a full pipe."""
-
-    def __init__(self, pipe: Any) -> None:
-        self._pipe, self._chunks = pipe, []
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        with contextlib.suppress(ValueError, OSError):  # the pipe was closed under us
-            for chunk in iter(lambda: self._pipe.read(8192), ""):
-                self._chunks.append(chunk)
-
-    def text(self, wait_s: float = 10.0) -> str:
-        """Everything read; waits for the end of the pipe, unless a process that escaped the kill holds it."""
-        self._thread.join(wait_s)
-        return "".join(self._chunks)
 
 
 def format_summary(history: History, threshold: float | None = None) -> str:

@@ -40,8 +40,8 @@ from course.netns import (
     shaping,
     two_node_network,
 )
-from course.ports import free_port
-from course.process_tree import kill_tree
+from course.runtime.ports import free_port
+from course.runtime.process_tree import kill_tree
 
 RANKS_PER_NODE = 2
 NODES = 2

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s?(.*)$")
 _SUMMARY_RANK = re.compile(r"Root Cause \(first observed failure\):.*?^\s*rank\s*:\s*(\d+)", re.S | re.M)
-_TRACEBACK = "Traceback (most recent call last):"
+TRACEBACK = "Traceback (most recent call last):"  # the first line of every Python traceback
 _TORCHRUN_LOG = re.compile(r"^([IWEF]\d{4} |\*{5,}|Setting OMP_NUM_THREADS)")  # its glog lines and OMP banner
 #: How a rank's error ends when it only lost a peer (gloo, NCCL): the echo of another rank's failure, not a cause.
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
@@ -54,7 +54,7 @@ def root_cause(stderr: str, max_lines: int = 30) -> RootCause | None:
     tracebacks = {rank: text for rank, text in tracebacks.items() if text}
     if not tracebacks:
         unprefixed = [t for t in _tracebacks(stderr.splitlines()) if not _is_echo(t)]
-        return RootCause(None, _trim(unprefixed[-1], max_lines)) if unprefixed else None
+        return RootCause(None, trim(unprefixed[-1], max_lines)) if unprefixed else None
     causes = [rank for rank, text in tracebacks.items() if not _is_echo(text)]  # in order of first appearance
     summary = _SUMMARY_RANK.search(stderr)
     named = int(summary.group(1)) if summary else None
@@ -85,7 +85,7 @@ def explain(returncode: int, stdout: str, stderr: str, stdout_chars: int = 2000)
 def _script_lines(stderr: str) -> list[str]:
     """The lines of ``stderr`` that the script wrote: without torchrun's logs, banner and ChildFailedError report."""
     lines = stderr.splitlines()
-    for start in (i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)):
+    for start in (i for i, line in enumerate(lines) if line.startswith(TRACEBACK)):
         if any("ChildFailedError" in line for line in lines[start:start + 60] if line and not line[0].isspace()):
             lines = lines[:start]
             break
@@ -96,7 +96,7 @@ def _tracebacks(lines: list[str]) -> list[str]:
     """Every traceback in ``lines``: from its header to the first unindented line after it, inclusive."""
     found, current = [], None
     for line in lines:
-        if line.startswith(_TRACEBACK):
+        if line.startswith(TRACEBACK):
             current = [line]
         elif current is not None:
             current.append(line)
@@ -110,10 +110,13 @@ def _tracebacks(lines: list[str]) -> list[str]:
 
 def _last_traceback(lines: list[str], max_lines: int) -> str:
     found = _tracebacks(lines)
-    return _trim(found[-1], max_lines) if found else ""
+    return trim(found[-1], max_lines) if found else ""
 
 
-def _trim(traceback: str, max_lines: int) -> str:
+def trim(traceback: str, max_lines: int) -> str:
+    """``traceback`` if it has at most ``max_lines`` lines, else its first line and its last ``max_lines - 1``,
+    with a line between saying how many were left out (the grader's crash report uses it too:
+    :func:`grader.crashes.trimmed_traceback`)."""
     lines = traceback.splitlines()
     if len(lines) <= max_lines:
         return traceback

@@ -1,7 +1,7 @@
 """ZeRO for real: shard optimizer state (ZeRO-1), gradients too (ZeRO-2) or everything (FSDP, ZeRO-3) on N ranks,
 and check each against DDP.
 
-Rank functions for :func:`course.launch.launch`. Each trains a seeded model with DDP and a copy with the sharded
+Rank functions for :func:`course.runtime.launch.launch`. Each trains a seeded model with DDP and a copy with the sharded
 method side by side for ``steps`` steps on the same per-rank batches, and returns how far apart the parameters
 ended and the bytes this rank holds, measured (``numel x element_size`` of the local tensors) beside the
 estimate of :func:`course.memory_budget.model_states`. ZeRO-1 is ``torch.distributed.optim.ZeroRedundancyOptimizer``

@@ -136,7 +136,7 @@ def find_ranks(root: psutil.Process) -> dict[int, psutil.Process]:
 
     A torchrun worker has ``LOCAL_RANK`` in its environment; its own children (DataLoader workers) inherit
     it, so the rank is the topmost process with that value. Without any such process, ``root``'s
-    multiprocessing children (the ranks of :func:`course.launch.launch`, which sets ``LOCAL_RANK`` only after
+    multiprocessing children (the ranks of :func:`course.runtime.launch.launch`, which sets ``LOCAL_RANK`` only after
     starting) are ranks in the order they were started.
     """
     ranks: dict[int, psutil.Process] = {}
@@ -219,7 +219,7 @@ def source_for(root_pid: int, emulated: bool, nvml: Any = None) -> tuple[Source,
     """The source to watch a run with, and a note when it is not the obvious one.
 
     Args:
-        root_pid: the run's top process (torchrun, or the launcher of :func:`course.launch.launch`).
+        root_pid: the run's top process (torchrun, or the launcher of :func:`course.runtime.launch.launch`).
         emulated: ``course.world.detect_hardware().emulated``: ranks are CPU processes, so NVML would
             measure GPUs the run does not use.
         nvml: passed to :func:`open_nvml` (tests inject a fake).

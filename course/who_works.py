@@ -96,7 +96,7 @@ def watch_both(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Ten
         monitor started (the x axis of its timeline).
     """
     from course import monitor
-    from course.launch import launch
+    from course.runtime.launch import launch
 
     origin = time.monotonic()
     with monitor.watch(interval_s=interval_s) as history:

@@ -150,7 +150,7 @@ def _env_int(name: str) -> int:
 
 
 def init_from_env(timeout_s: float = 300.0) -> Rank:
-    """Join the process group that torchrun (or :func:`course.launch.launch`) set up.
+    """Join the process group that torchrun (or :func:`course.runtime.launch.launch`) set up.
 
     Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; picks the backend
     and device; on emulated GPUs splits the CPU cores between the ranks so they do not oversubscribe.
@@ -169,7 +169,7 @@ def init_from_env(timeout_s: float = 300.0) -> Rank:
     if missing:
         raise RuntimeError(
             f"missing environment variables {', '.join(missing)}: this script must be started by torchrun, "
-            "e.g. `torchrun --nproc_per_node=4 train.py`, or by course.launch.launch(fn, world_size=4)."
+            "e.g. `torchrun --nproc_per_node=4 train.py`, or by course.runtime.launch.launch(fn, world_size=4)."
         )
     hardware = detect_hardware()
     local_rank = _env_int("LOCAL_RANK")

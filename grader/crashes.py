@@ -16,13 +16,12 @@ import signal
 import textwrap
 from dataclasses import dataclass
 
-from course.root_cause import PEER_LOST  # the final error of a rank that only lost a peer
+from course.root_cause import PEER_LOST, TRACEBACK, trim  # PEER_LOST: how a rank that only lost a peer ends
 from grader.evidence import RunRecords
 
 # frames of the grader's own code between the student's script and the interpreter: not the student's concern
 _HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "grader/probed_data.py",
                   "grader/fingerprints.py", "grader/records.py", "<frozen runpy>")
-_TRACEBACK = "Traceback (most recent call last):"
 MAX_TRACEBACK_LINES, MAX_TRACEBACK_CHARS = 30, 2500
 
 
@@ -123,7 +122,7 @@ def trimmed_traceback(text: str) -> str:
     its package (``File "torch/nn/parallel/distributed.py"``); at most MAX_TRACEBACK_LINES lines, the last.
     """
     lines = text.rstrip().splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
+    starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK)]
     if not starts:
         return "\n".join(lines[-8:])[-MAX_TRACEBACK_CHARS:]
     kept, hidden = [], False
@@ -134,14 +133,12 @@ def trimmed_traceback(text: str) -> str:
             hidden = False
         if not hidden:
             kept.append(_short_paths(line))
-    if len(kept) > MAX_TRACEBACK_LINES:
-        kept = [kept[0], "  ...", *kept[-(MAX_TRACEBACK_LINES - 2):]]
-    return "\n".join(kept)[-MAX_TRACEBACK_CHARS:]
+    return trim("\n".join(kept), MAX_TRACEBACK_LINES - 1)[-MAX_TRACEBACK_CHARS:]  # with its "... not shown" line
 
 
 def trimmed_stderr(text: str, before_chars: int = 1500) -> str:
     """``text`` (a rank's error output) with its last traceback trimmed, and at most ``before_chars`` before it."""
-    start = text.rfind(_TRACEBACK)
+    start = text.rfind(TRACEBACK)
     if start < 0:
         return text[-3000:]
     before = text[:start]

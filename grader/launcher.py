@@ -25,41 +25,14 @@ import sys
 import threading
 import time
 
-from course.ports import free_port
+from course.runtime.capture import Capped
+from course.runtime.ports import free_port
 from grader import channel
 from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 
 _STOP = threading.Event()  # set by SIGTERM: the grader is being stopped
 OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to the grader
 STDERR_TAIL_BYTES = 4 * 1024
-
-
-class _Output:
-    """Drains one rank's stream: keeps a head and a tail, counts every byte."""
-
-    def __init__(self, stream) -> None:
-        self.total, self.head, self.tail = 0, bytearray(), bytearray()
-        self._stream = stream
-        self.thread = threading.Thread(target=self._drain, daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        with self._stream:
-            while chunk := self._stream.read1(65536):
-                self.total += len(chunk)
-                if len(self.head) < OUTPUT_HEAD_BYTES:
-                    self.head += chunk[:OUTPUT_HEAD_BYTES - len(self.head)]
-                self.tail = (self.tail + chunk)[-STDERR_TAIL_BYTES:]
-
-    def text(self) -> str:
-        self.thread.join(timeout=2.0)
-        text = self.head.decode("utf-8", "replace")
-        if self.total > len(self.head):
-            dropped = self.total - len(self.head) - len(self.tail)
-            if dropped > 0:
-                text += f"\n[... {dropped} bytes dropped ...]\n"
-            text += self.tail[-max(0, self.total - len(self.head)):].decode("utf-8", "replace")
-        return text
 
 
 def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
@@ -146,8 +119,8 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
         relay = threading.Thread(target=_relay, args=(os.fdopen(read_fd, "rb"), record_fd, lock), daemon=True)
         relay.start()
         procs.append(proc)
-        outs.append(_Output(proc.stdout))
-        errs.append(_Output(proc.stderr))
+        outs.append(Capped(proc.stdout, OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES))  # head and tail, every byte counted
+        errs.append(Capped(proc.stderr, OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES))
         relays.append(relay)
     exit_s = _exit_times(procs, start)  # before the store's import of torch: a rank may fail meanwhile
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
@@ -159,7 +132,7 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
         writer.write({"kind": "rank_exit", "rank": rank, "returncode": proc.returncode,
                       "stopped": stopped.get(rank), "order": order.index(rank), "exit_s": exit_s.get(rank),
                       "stdout_bytes": outs[rank].total, "stderr_bytes": errs[rank].total,
-                      "stdout": outs[rank].text(), "stderr": errs[rank].text()})
+                      "stdout": outs[rank].text(wait_s=2.0), "stderr": errs[rank].text(wait_s=2.0)})
     return 0 if all(p.returncode == 0 for p in procs) else 1
 
 

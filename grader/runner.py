@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from course import data, world
+from course.runtime import outcome
 from grader import channel, crashes, rubric, sandbox
 from grader import secret as instructor_secret
 from grader.assignment import ASSIGNMENT, Assignment
@@ -143,7 +144,8 @@ def _output(records: RunRecords, result: sandbox.SandboxResult) -> str:
     return "\n".join(parts)
 
 
-_MEMORY = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "can't allocate memory")
+_RAN_OUT = {"out of memory": "rank {rank} ran out of memory: keep per-rank batches small.",
+            "too many processes": "rank {rank} could not start more processes or threads."}
 
 
 def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -> tuple[str, str]:
@@ -168,11 +170,9 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
                  and r not in failed]
     if failed:  # the cause is a memory or process error anywhere, else the rank that failed first
         for rank in failed:
-            stderr = ev.exits[rank]["stderr"]
-            if any(s in stderr for s in _MEMORY):
-                return "out of memory", f"rank {rank} ran out of memory: keep per-rank batches small."
-            if "Resource temporarily unavailable" in stderr:
-                return "too many processes", f"rank {rank} could not start more processes or threads."
+            resource = outcome.resource_error(ev.exits[rank]["stderr"])
+            if resource:
+                return resource, _RAN_OUT[resource].format(rank=rank)
         failure = crashes.first_failure(ev, failed)
         return failure.status, failure.detail
     if len(ev.exits) < ev.world_size:

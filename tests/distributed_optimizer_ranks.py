@@ -15,7 +15,7 @@ from torch import nn
 
 from course import distributed_optimizer as do
 from course import horovod, overlap, world
-from course.launch import launch
+from course.runtime.launch import launch
 
 WORLD_SIZE = 2
 

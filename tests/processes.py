@@ -8,7 +8,7 @@ import psutil
 def live_children() -> list[psutil.Process]:
     """This process's live descendants, less multiprocessing's long-lived resource tracker.
 
-    The tracker is started by the first spawned process of a session (course.launch does that) and lives as
+    The tracker is started by the first spawned process of a session (course.runtime.launch does that) and lives as
     long as the session by design, so it is no leak.
     """
     found = []

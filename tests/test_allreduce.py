@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from course.allreduce import ALGORITHMS, chunk_bounds
 from course.allreduce_sim import SCHEDULES
-from course.launch import launch
+from course.runtime.launch import launch
 
 pytestmark = pytest.mark.unit4
 

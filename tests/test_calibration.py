@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course import calibration, cost_model, timing
-from course.launch import launch
 from course.models import DigitsCNN
+from course.runtime.launch import launch
 
 pytestmark = pytest.mark.unit5
 

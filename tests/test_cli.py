@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from course import cli, world
-from course.ports import free_port
+from course.runtime.ports import free_port
 
 pytestmark = pytest.mark.unit0
 

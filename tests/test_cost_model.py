@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course import cost_model as cm
-from course.launch import launch
+from course.runtime.launch import launch
 
 pytestmark = pytest.mark.unit4
 

@@ -16,8 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import ddp, world
-from course.launch import launch
 from course.models import DigitsCNN
+from course.runtime.launch import launch
 
 pytestmark = pytest.mark.unit5
 

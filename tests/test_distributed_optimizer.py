@@ -13,7 +13,7 @@ from torch import nn
 
 from course import ddp
 from course import distributed_optimizer as do
-from course.launch import launch
+from course.runtime.launch import launch
 
 pytestmark = pytest.mark.unit4
 

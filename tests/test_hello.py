@@ -8,7 +8,7 @@ from processes import live_children
 
 from course import world
 from course.hello import fail_on, hello
-from course.launch import RankFailed, launch
+from course.runtime.launch import RankFailed, launch
 
 pytestmark = pytest.mark.unit0
 

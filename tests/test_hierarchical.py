@@ -5,7 +5,7 @@ import shm_ranks
 import torch
 
 from course.hierarchical import hierarchical_allreduce
-from course.launch import launch
+from course.runtime.launch import launch
 
 pytestmark = pytest.mark.unit5
 

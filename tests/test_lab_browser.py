@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from course import cli
-from course.ports import free_port
+from course.runtime.ports import free_port
 
 pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(240)]
 

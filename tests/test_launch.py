@@ -1,4 +1,4 @@
-"""course.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
+"""course.runtime.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
 
 
 import operator
@@ -15,7 +15,7 @@ import rank_functions as rf
 import torch
 from processes import live_children
 
-from course.launch import RankFailed, RankTimeout, launch
+from course.runtime.launch import RankFailed, RankTimeout, launch
 
 pytestmark = [pytest.mark.unit0, pytest.mark.slow]
 
@@ -119,11 +119,11 @@ def test_a_script_that_launches_without_a_main_guard_is_told_the_fix(tmp_path):
     # Each spawned rank re-imports the script; unguarded, its launch() call fails inside every rank at start-up.
     script = tmp_path / "unguarded.py"
     script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-                      "import rank_functions\nfrom course.launch import launch\n"
+                      "import rank_functions\nfrom course.runtime.launch import launch\n"
                       "launch(rank_functions.identity, 2, None, timeout_s=60)\n")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert result.returncode == 1
-    error = result.stderr[result.stderr.index("course.launch.RankFailed"):]
+    error = result.stderr[result.stderr.index("course.runtime.launch.RankFailed"):]
     assert re.search(r"rank \d failed; .*\n--- on rank \d ---\n"
                      r"process exited with code 1 without reporting a result, before it could call fn", error)
     assert f"imports your script ({script})" in error and 'under `if __name__ == "__main__":`' in error
@@ -141,7 +141,7 @@ def test_dataloader_workers_of_a_hung_rank_are_killed_too(capsys):
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True])
 def test_bad_world_sizes_are_refused_before_anything_starts(bad):
-    with pytest.raises(ValueError, match="world_size must be a positive whole number"):
+    with pytest.raises(ValueError, match="world_size must be a positive integer number of ranks"):
         launch(rf.identity, bad, None)
     assert live_children() == []
 
@@ -155,6 +155,6 @@ def test_a_function_from_a_notebook_cell_is_refused_with_the_fix():
 
 
 def test_in_turn_runs_each_call_in_order_and_returns_every_result():
-    from course.launch import in_turn
+    from course.runtime.launch import in_turn
 
     assert in_turn((operator.add, (2, 3)), (max, (1, 4, 2)), (list, ())) == [5, 4, []]

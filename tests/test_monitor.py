@@ -22,8 +22,8 @@ from histories import history_of
 from processes import live_children
 
 from course import monitor, utilization
-from course.launch import launch
-from course.process_tree import kill_tree
+from course.runtime.launch import launch
+from course.runtime.process_tree import kill_tree
 from course.utilization import History, Reading
 
 matplotlib.use("Agg")

@@ -1,10 +1,10 @@
-"""course.ports: a port nothing listens on, found without importing torch."""
+"""course.runtime.ports: a port nothing listens on, found without importing torch."""
 
 import socket
 import subprocess
 import sys
 
-from course.ports import free_port
+from course.runtime.ports import free_port
 
 
 def test_the_port_is_free_to_listen_on():
@@ -16,6 +16,6 @@ def test_the_port_is_free_to_listen_on():
 
 
 def test_importing_it_does_not_import_torch():
-    code = "import sys, course.ports, grader.launcher; print('torch' in sys.modules)"
+    code = "import sys, course.runtime.ports, grader.launcher; print('torch' in sys.modules)"
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == "False"

@@ -1,4 +1,4 @@
-"""course.rank_stacks: a faulthandler dump read for the collective a rank waits in; a live process asked."""
+"""course.runtime.rank_stacks: a faulthandler dump read for the collective a rank waits in; a live process asked."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from course import rank_stacks
+from course.runtime import rank_stacks
 
 pytestmark = pytest.mark.unit0
 
@@ -52,7 +52,7 @@ def test_a_live_process_answers_and_a_sleeping_one_is_not_in_a_collective(tmp_pa
     stacks = tmp_path / "rank-0.stacks"
     script = textwrap.dedent(f"""
         import sys, time
-        from course import rank_stacks
+        from course.runtime import rank_stacks
         rank_stacks.answer_requests({str(stacks)!r})
         print("ready", flush=True)
         time.sleep(60)

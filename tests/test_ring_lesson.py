@@ -5,7 +5,7 @@ import inspect
 import pytest
 
 from course import ring_lesson
-from course.launch import launch
+from course.runtime.launch import launch
 
 pytestmark = [pytest.mark.unit4, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ import pytest
 
 from course import memory_budget as mb
 from course import sharding
-from course.launch import launch
+from course.runtime.launch import launch
 
 pytestmark = [pytest.mark.unit7, pytest.mark.slow]
 

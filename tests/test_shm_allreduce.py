@@ -4,7 +4,7 @@ import pytest
 import shm_ranks
 import torch
 
-from course.launch import launch
+from course.runtime.launch import launch
 from course.shm_allreduce import shm_allreduce
 
 pytestmark = pytest.mark.unit5

@@ -95,7 +95,7 @@ def test_a_local_rank_with_a_gpu_gets_that_gpu_and_nccl(monkeypatch):
 
 
 def test_init_from_env_joins_a_one_rank_group(monkeypatch):
-    from course.ports import free_port
+    from course.runtime.ports import free_port
 
     monkeypatch.setenv(world.EMULATE_ENV, "1")
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
@@ -160,7 +160,7 @@ def test_a_torchrun_script_joins_the_group_and_prints_once(tmp_path):
 def test_shutdown_frees_the_groups_a_module_cached(monkeypatch):
     """A group a cache keeps past shutdown would keep gloo's threads alive into interpreter exit (world.shutdown)."""
     from course import shm_allreduce, shm_group
-    from course.ports import free_port
+    from course.runtime.ports import free_port
 
     monkeypatch.setenv(world.EMULATE_ENV, "1")
     for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",

@@ -9,6 +9,12 @@ for a rank that died without a word, how it ended and the end of its stderr); if
 them and where. No process is left behind either way. Taught in ``notebooks/00_start_here.ipynb``.
 
 ``fn`` must be importable (defined in a module, not in a notebook cell): each rank is a fresh process.
+
+Longer than the course's usual ~300 lines because the three ways a launch ends (results; a failure traced to
+the rank that caused it; a timeout blamed on the ranks the others waited for) share the loop that watches the
+ranks. A rank's stderr goes to a file, not a pipe (:mod:`course.runtime.capture`): it is streamed to the notebook
+as it grows, in full, and a DataLoader worker the rank started can keep writing there after the rank is gone
+without blocking on a pipe nobody drains.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ from typing import Any
 import psutil
 import torch.multiprocessing as mp
 
-from course import rank_stacks, world
-from course.ports import free_port
-from course.process_tree import kill_tree
+from course import world
+from course.runtime import rank_stacks
+from course.runtime.ports import free_port
+from course.runtime.process_tree import kill_tree
 
 
 class RankFailed(RuntimeError):

@@ -1,0 +1,159 @@
+"""Where a process is started, watched and stopped: ``run(argv, timeout_s, limits, capture) -> Outcome``.
+
+    outcome = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "train.py"], 180)
+    outcome.status, outcome.returncode, outcome.stdout, outcome.stderr
+
+The command gets its own session; its output goes through :class:`~course.runtime.capture.Capped` readers; a
+watchdog here stops it at the time limit, or when it breaks one of ``limits`` (total memory, processes, output
+volume), or when ``stop`` is set; then :func:`~course.runtime.process_tree.kill_tree` stops it and everything it
+started, and :mod:`~course.runtime.outcome` says how it ended. Every process it started is gone when ``run``
+returns, whatever the command did. :class:`Running` is the same in two halves, for a caller that needs the
+process while it runs (:func:`course.monitor.run_and_watch` samples it). Used by :func:`course.ddp.run_torchrun`,
+:func:`course.monitor.run_and_watch` and :mod:`grader.sandbox` (notebooks 05 and 06).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from course.runtime import process_tree
+from course.runtime.capture import DROPPED, Capped
+from course.runtime.outcome import Limits, Outcome, breach, classify
+
+STOP_GRACE_S = 5.0  # after asking the command to end (SIGTERM), before every process is killed
+_POLL_S = (0.02, 0.25)  # watchdog sampling period: fast at the start (bombs), then cheap (~5 ms a sample)
+
+
+class Running:
+    """A started command: :meth:`finish` watches it to its end and stops everything it started.
+
+    Args:
+        argv: the command.
+        cwd, env, pass_fds: as for ``subprocess.Popen``.
+        capture: bytes kept per stream (head and tail), ``None`` for everything.
+        marker: put where output was dropped (see :data:`course.runtime.capture.DROPPED`).
+        own_depth: the levels of the tree below ``argv``'s process that belong to the runner, not to the
+            command (a sandbox's supervisor and init: 2): they are not counted, nor asked to end.
+        uid: the command runs as this dedicated uid: every process of it is killed at the end.
+
+    Raises:
+        ValueError: ``argv`` is empty or not strings. OSError: it cannot be started.
+    """
+
+    def __init__(self, argv: Sequence[str], *, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+                 pass_fds: tuple[int, ...] = (), capture: int | None = None, marker: str = DROPPED,
+                 own_depth: int = 0, uid: int | None = None) -> None:
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"argv must be a non-empty list of strings, e.g. [sys.executable, 'train.py'], got "
+                             f"{argv!r}")
+        self.start = time.monotonic()
+        self.process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                        pass_fds=pass_fds)
+        if capture is None:
+            self.stdout, self.stderr = Capped(self.process.stdout), Capped(self.process.stderr)
+        else:
+            self.stdout = Capped.split(self.process.stdout, capture, marker)
+            self.stderr = Capped.split(self.process.stderr, capture, marker)
+        self._own_depth, self._uid = own_depth, uid
+
+    def finish(self, timeout_s: float, limits: Limits | None = None, stop: threading.Event | None = None,
+               exit_code: Callable[[subprocess.Popen], int | None] | None = None) -> Outcome:
+        """Watch the command until it ends or breaks a limit, stop everything it started, say how it ended.
+
+        Args:
+            timeout_s: wall-clock limit, from the start.
+            limits: also watched: ``memory_total_bytes``, ``max_processes``, ``max_output_bytes``; and the
+                words of :func:`~course.runtime.outcome.classify`. ``None``: the time limit only.
+            stop: once set, the command gets SIGTERM, then ``STOP_GRACE_S`` to end; status ``interrupted``.
+            exit_code: the command's exit code once ``argv``'s process has ended (default: its returncode);
+                a sandbox whose own process is not the command reads it elsewhere.
+
+        A KeyboardInterrupt stops everything, then propagates.
+        """
+        watched = limits is not None
+        limits = replace(limits or Limits(max_output_bytes=2**62), wall_s=timeout_s)
+        broken = None
+        try:
+            broken = self._watch(limits, stop, watched)
+            if broken == "stop":
+                self._ask_to_end()
+        finally:
+            self.kill()
+        returncode = None if broken else (exit_code or (lambda p: p.returncode))(self.process)
+        stderr = self.stderr.text()
+        status, detail = breach(broken, limits) if broken else classify(returncode, stderr, limits)
+        return Outcome(status, returncode, self.stdout.text(), stderr, time.monotonic() - self.start, detail)
+
+    def kill(self) -> None:
+        """Stop the command and everything it started; a second Ctrl-C meanwhile does not cut it short."""
+        interrupted = False
+        while True:
+            try:
+                process_tree.kill_tree(self.process, own_group=True, uid=self._uid)
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
+
+    def _watch(self, limits: Limits, stop: threading.Event | None, watched: bool) -> str | None:
+        """Sample the tree until the command ends; return the first limit it breaks (see outcome.breach)."""
+        while self.process.poll() is None:
+            elapsed = time.monotonic() - self.start
+            if stop is not None and stop.is_set():
+                return "stop"
+            if elapsed > limits.wall_s:
+                return "wall"
+            if max(self.stdout.total, self.stderr.total) > limits.max_output_bytes:
+                return "output"
+            if watched:
+                procs = process_tree.below(self.process.pid, self._own_depth, process_tree.process_table())
+                if len(procs) > limits.max_processes:
+                    return "processes"
+                if sum(process_tree.private_rss(p) for p in procs) > limits.memory_total_bytes:
+                    return "memory"
+            with contextlib.suppress(subprocess.TimeoutExpired):  # returns as soon as the command ends
+                self.process.wait(min(_POLL_S[0] + elapsed / 10, _POLL_S[1], max(limits.wall_s - elapsed, 0.001)))
+        return None
+
+    def _ask_to_end(self) -> None:
+        """SIGTERM to the command's top processes, then wait up to ``STOP_GRACE_S`` for the run to end."""
+        table = process_tree.process_table()
+        for pid in process_tree.below(self.process.pid, self._own_depth, table, only=True):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(STOP_GRACE_S)
+
+
+def run(argv: Sequence[str], timeout_s: float, limits: Limits | None = None, capture: int | None = None, *,
+        cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+        stop: threading.Event | None = None) -> Outcome:
+    """Run ``argv`` to its end, or stop it at ``timeout_s``; every process it started is gone on return.
+
+    Args:
+        argv: the command, e.g. a torchrun command line.
+        timeout_s: wall-clock limit in seconds, for everything it starts.
+        limits: what else the watchdog enforces (:class:`~course.runtime.outcome.Limits`), or ``None``.
+        capture: bytes kept per output stream (a head and a tail), ``None`` for all of it.
+        cwd, env: its working directory and complete environment (default: this process's).
+        stop: set it to ask the command to end (SIGTERM, then a grace period); status ``interrupted``.
+
+    Returns:
+        an :class:`~course.runtime.outcome.Outcome`; never raises for anything the command does.
+
+    Raises:
+        ValueError: ``argv`` is empty or ``timeout_s`` not positive. OSError: the program cannot be started.
+        KeyboardInterrupt: after stopping every process of the run.
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
+    return Running(argv, cwd=cwd, env=env, capture=capture).finish(timeout_s, limits, stop)
