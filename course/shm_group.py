@@ -90,7 +90,7 @@ class SharedGroup:
         _futex_wake(self.flags, self.rank)
         deadline = None
         while True:
-            counts = self.flags[:, 0]
+            counts = self.flags[:, 0].copy()  # one snapshot: a live view could change between argmin and the read
             late = int(counts.argmin())
             seen = int(counts[late])
             if seen >= self.epoch:
