@@ -1,5 +1,7 @@
 """course.world: GPUs found or emulated, world sizes checked, torchrun's environment read."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -94,7 +96,10 @@ def test_a_local_rank_with_a_gpu_gets_that_gpu_and_nccl(monkeypatch):
     assert calls == [("set_device", torch.device("cuda", 1)), ("init", "nccl")]
 
 
-def test_init_from_env_joins_a_one_rank_group(monkeypatch):
+@contextlib.contextmanager
+def one_rank_group(monkeypatch):
+    """torchrun's environment for a world of one, the group joined inside, left (and torch's threads restored)
+    after."""
     from course.runtime.ports import free_port
 
     monkeypatch.setenv(world.EMULATE_ENV, "1")
@@ -103,12 +108,16 @@ def test_init_from_env_joins_a_one_rank_group(monkeypatch):
         monkeypatch.setenv(name, value)
     threads = torch.get_num_threads()
     try:
-        me = world.init_from_env(timeout_s=30)
-        assert (me.rank, me.world_size, me.backend, me.device, me.is_main) == (0, 1, "gloo", torch.device("cpu"), True)
-        assert world.current() == me
+        yield world.init_from_env(timeout_s=30)
     finally:
         world.shutdown()
         torch.set_num_threads(threads)
+
+
+def test_init_from_env_joins_a_one_rank_group(monkeypatch):
+    with one_rank_group(monkeypatch) as me:
+        assert (me.rank, me.world_size, me.backend, me.device, me.is_main) == (0, 1, "gloo", torch.device("cpu"), True)
+        assert world.current() == me
     assert world.current().world_size == 1  # outside a group: rank 0 of 1
 
 
@@ -160,18 +169,8 @@ def test_a_torchrun_script_joins_the_group_and_prints_once(tmp_path):
 def test_shutdown_frees_the_groups_a_module_cached(monkeypatch):
     """A group a cache keeps past shutdown would keep gloo's threads alive into interpreter exit (world.shutdown)."""
     from course import shm_allreduce, shm_group
-    from course.runtime.ports import free_port
 
-    monkeypatch.setenv(world.EMULATE_ENV, "1")
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(free_port())).items():
-        monkeypatch.setenv(name, value)
-    threads = torch.get_num_threads()
-    try:
-        world.init_from_env(timeout_s=30)
+    with one_rank_group(monkeypatch):
         assert shm_allreduce.shm_allreduce(torch.ones(5)).tolist() == [1.0] * 5
         assert shm_group._groups, "the shared-memory allreduce keeps its group's mapping between calls"
-    finally:
-        world.shutdown()
-        torch.set_num_threads(threads)
     assert not shm_group._groups
