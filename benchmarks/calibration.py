@@ -60,7 +60,8 @@ def main() -> int:
     median = float(np.median(worst))
     print(f"\nlargest held-out error per run: {', '.join(f'{w:.0%}' for w in worst)}; median {median:.0%}; "
           f"{sum(w <= TARGET for w in worst)} of {len(worst)} runs within {TARGET:.0%}")
-    print("target met" if median <= TARGET else "target missed (on a loaded machine, see the load averages above)")
+    print("target met" if median <= TARGET else "target missed (the load averages above say whether other programs "
+          "shared the cores)")
     return 0 if median <= TARGET else 1
 
 
