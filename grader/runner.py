@@ -62,9 +62,6 @@ class GradingConfig:
     stop: threading.Event | None = field(default=None, compare=False, repr=False)
 
 
-_env, _python = run_env, python_argv  # the names the run and the evaluation below start their processes with
-
-
 def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
     """Grade one submission (a script, or a folder holding it); always returns Results, never raises for it."""
     start = time.monotonic()
@@ -113,8 +110,8 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[RunRecords, s
     record_r, record_w = os.pipe()
     key_fd = channel.key_pipe(key)
     reader = channel.Reader(os.fdopen(record_r, "rb"), key)
-    env = {**_env(), KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(record_w), SEED_ENV: str(probe_seed(seed))}
-    argv = [*_python(), "-m", "grader.launcher", "--nproc", str(config.assignment.world_size),
+    env = {**run_env(), KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(record_w), SEED_ENV: str(probe_seed(seed))}
+    argv = [*python_argv(), "-m", "grader.launcher", "--nproc", str(config.assignment.world_size),
             "--straggler-s", str(config.straggler_s), config.assignment.script_name]
     try:
         result = sandbox.run(argv, cwd=run_dir, env=env, limits=config.limits, pass_fds=(key_fd, record_w),
@@ -229,10 +226,10 @@ class _Evaluation:
             images, labels = splits.test.tensors
             torch.save({"images": images, "labels": labels, "val_images": splits.val.tensors[0],
                         "val_labels": splits.val.tensors[1]}, self.folder / "test.pt")  # no data to load there
-            argv = [*_python(), "-c", _EVALUATE_WHEN_TOLD, "checkpoint.pt", "--seed", str(seed),
+            argv = [*python_argv(), "-c", _EVALUATE_WHEN_TOLD, "checkpoint.pt", "--seed", str(seed),
                     "--test-data", "test.pt"]
             limits = replace(config.eval_limits, wall_s=config.limits.wall_s + config.eval_limits.wall_s)
-            return sandbox.run(argv, cwd=self.folder, env={**_env(), GO_FD_ENV: str(self._go_r)}, limits=limits,
+            return sandbox.run(argv, cwd=self.folder, env={**run_env(), GO_FD_ENV: str(self._go_r)}, limits=limits,
                                pass_fds=(self._go_r,), isolation=config.isolation)
         finally:
             os.close(self._go_r)
