@@ -1,27 +1,31 @@
 """Calibration: predict the step time of n emulated ranks on this machine from 1 and 2 ranks, then check it.
 
-A DDP step of DigitsCNN on ``n`` single-threaded CPU processes (per-rank batch ``B``) is CPU work and nothing
-else, forward, backward and the allreduce alike, so all of it shares the cores the ranks get, ``c``::
+A DDP step of DigitsCNN on ``n`` single-threaded CPU processes (per-rank batch ``B``) is CPU work, forward and
+backward on every rank, then one allreduce of the gradients (360 KB fit in one 25 MiB bucket, so nothing of it
+overlaps backward)::
 
-    step(n, B)   = (compute(B) + allreduce(n)) * max(1, n / c)
-    compute(B)   = fixed + per_sample * B               one rank's step, fitted on 1 rank at >= 2 batch sizes
-    allreduce(n) = 2(n-1) α + 2(n-1)/n N β              gloo's ring on the N gradient bytes (one DDP bucket),
-                                                        α and β fitted on 2 ranks from dist.all_reduce timings
-    c            = 2 / share(2), between 1 and the usable cores (all of them if share(2) <= 1), where share(2)
-                   is how much longer the 2-rank steps at the fitted batch sizes took than compute(B) +
-                   allreduce(2) on a core each
+    step(n, B)   = compute(B) * max(1, n / c) + allreduce(n)
+    compute(B)   = fixed + per_sample * B             one rank's step, fitted on 1 rank at >= 2 batch sizes
+    c            = 2 / share(2), between 1 and the usable cores, where share(2) is how much longer the 2-rank steps
+                   at the fitted batch sizes took than compute(B) + allreduce(2): the cores the ranks got
+    allreduce(n) = gloo's allreduce of the N gradient bytes on n ranks, timed alone (0 on 1 rank)
 
-With n ranks on c < n cores the ranks take turns: the slowest finishes its backward after n / c times its own
-work, and every step of the ring (a send, a receive, an addition on each rank) waits for its turn alike. On a
-quiet machine c is the usable cores (:func:`course.timing.usable_cores`); programs elsewhere take some of them,
-and the 2-rank steps show how many were left (if the load holds steady until the 4-rank steps run). The gradients
-(360 KB) fit in one 25 MiB bucket, so nothing of the allreduce overlaps backward.
+With n ranks on c < n cores the ranks take turns, so the slowest finishes its backward after n / c times its own
+work. The allreduce is the one term the 2-rank runs cannot give: the α-β ring fitted on 2 ranks
+(:attr:`Calibration.link`, ``2(n-1)α + 2(n-1)/n·N·β``, scaled by the same sharing) predicts a few milliseconds for
+4 ranks that grow with N, while gloo on 4 processes sharing 2 cores measures a flat 4-8 ms at every size from
+45 KB to 720 KB. Its cost is the ring's hand-offs, not its bytes: each hand-off wakes a thread that then waits for
+a core, and gloo's 4-rank ring wakes its threads about five times as often per call as its 2-rank exchange (33 vs
+7 voluntary context switches per call per rank, measured while writing this, at any size). So the allreduce is
+timed alone on every rank count, beside the steps, and :func:`held_out_allreduce` shows how far the α-β
+extrapolation misses it. What the 4-rank steps then check is the rest of the model: compute shared by n ranks
+on c cores, plus the allreduce, adding up to the step.
 
 :func:`measure` times every configuration in one launch, in turns (round after round), so load that drifts
-from elsewhere falls on all of them alike; :func:`fit` uses only the 1-rank steps at two batch sizes and the
-2-rank allreduces; :func:`held_out` predicts the others (2 and 4 ranks, a batch size never fitted) beside
-what was measured. Taught in ``notebooks/05_ddp.ipynb``; ``benchmarks/calibration.py`` repeats it and prints
-the spread.
+from elsewhere falls on all of them alike; :func:`fit` uses the 1-rank steps at two batch sizes, the 2-rank steps
+at those batch sizes and the allreduces; :func:`held_out` predicts the steps it did not use (4 ranks, and a batch
+size never fitted) beside what was measured. Taught in ``notebooks/05_ddp.ipynb``; ``benchmarks/calibration.py``
+repeats it and prints the spread.
 """
 
 from __future__ import annotations
@@ -46,8 +50,10 @@ class Calibration:
 
     Attributes:
         fixed_s, per_sample_s: one rank's step, ``fixed_s + per_sample_s * B`` seconds.
-        link: α and β of gloo's allreduce (ring), from 2 ranks.
+        link: α and β of gloo's allreduce (ring) from 2 ranks, with a core per rank: the extrapolation that
+            :func:`held_out_allreduce` checks (the step does not use it).
         gradient_bytes: N, the bytes DDP allreduces per step.
+        allreduce_alone_s: ``{n: seconds}``, gloo's allreduce of the N gradient bytes timed alone on n ranks.
         cores: the cores the ranks get (at most the usable cores; fewer while other programs take some).
         fitted_batches: the per-rank batch sizes whose 1- and 2-rank steps the fit used.
     """
@@ -57,6 +63,7 @@ class Calibration:
     link: cost_model.AlphaBeta
     gradient_bytes: int
     cores: float
+    allreduce_alone_s: dict[int, float]
     fitted_batches: tuple[int, ...] = ()
 
     def share(self, world_size: int) -> float:
@@ -67,15 +74,27 @@ class Calibration:
         """Forward, backward and update of one rank alone: ``fixed_s + per_sample_s * batch_size``."""
         return self.fixed_s + self.per_sample_s * batch_size
 
-    def allreduce_s(self, world_size: int, nbytes: int | None = None) -> float:
-        """gloo's ring allreduce of ``nbytes`` (default: the gradients) with a core per rank:
-        ``2(n-1)α + 2(n-1)/n·N·β`` (0 on 1 rank)."""
-        size = self.gradient_bytes if nbytes is None else nbytes
-        return float(cost_model.predict("ring", size, world_size, self.link))
+    def ring_s(self, world_size: int, nbytes: int) -> float:
+        """The α-β ring from 2 ranks, extrapolated to ``world_size`` ranks sharing the cores:
+        ``(2(n-1)α + 2(n-1)/n·N·β) * share(n)`` (0 on 1 rank)."""
+        return float(cost_model.predict("ring", nbytes, world_size, self.link)) * self.share(world_size)
+
+    def allreduce_s(self, world_size: int) -> float:
+        """The gradients' allreduce on ``world_size`` ranks, as timed alone (0 on 1 rank).
+
+        Raises:
+            ValueError: it was not timed on ``world_size`` ranks.
+        """
+        if world_size == 1:
+            return 0.0
+        if world_size not in self.allreduce_alone_s:
+            raise ValueError(f"no allreduce of the gradients was timed on {world_size} ranks (timed on "
+                             f"{sorted(self.allreduce_alone_s)}); measure with allreduce_world_sizes including it.")
+        return self.allreduce_alone_s[world_size]
 
     def predict(self, world_size: int, batch_size: int) -> float:
         """Seconds per DDP step of ``world_size`` ranks at per-rank batch ``batch_size`` (module docstring)."""
-        return (self.compute_s(batch_size) + self.allreduce_s(world_size)) * self.share(world_size)
+        return self.compute_s(batch_size) * self.share(world_size) + self.allreduce_s(world_size)
 
 
 @dataclass(frozen=True)
@@ -96,14 +115,16 @@ class Measurements:
 def fit(steps: dict[tuple[int, int], Estimate], allreduce: dict[tuple[int, int], Estimate], gradient_bytes: int,
         cores: int, batch_sizes: tuple[int, ...] | None = None) -> Calibration:
     """Fit :class:`Calibration` from the medians of 1-rank steps at two or more batch sizes (``batch_sizes``;
-    default all measured), of 2-rank allreduces at two or more sizes and of 2-rank steps at those batch sizes
-    (without them the ranks are taken to get all ``cores``); every other entry is held out.
+    default all measured), of 2-rank steps at those batch sizes (without them the ranks are taken to get all
+    ``cores``) and of the allreduces (α-β from the 2-rank ones at two or more sizes; the gradients' allreduce
+    on each rank count as timed); every other step is held out.
 
     Args:
         cores: the usable cores (:func:`course.timing.usable_cores`), the most the ranks can get.
 
     Raises:
-        ValueError: fewer than two 1-rank batch sizes or two 2-rank allreduce sizes, or ``cores`` below 1.
+        ValueError: fewer than two 1-rank batch sizes or two 2-rank allreduce sizes, no 2-rank allreduce of
+            ``gradient_bytes``, or ``cores`` below 1.
     """
     ones = sorted((b, t.median) for (n, b), t in steps.items()
                   if n == 1 and (batch_sizes is None or b in batch_sizes))
@@ -113,14 +134,17 @@ def fit(steps: dict[tuple[int, int], Estimate], allreduce: dict[tuple[int, int],
                          f"{sorted(steps)} and allreduces {sorted(allreduce)}. Measure with calibration.measure.")
     if cores < 1:
         raise ValueError(f"cores must be at least 1, got {cores}.")
+    alone = {n: t.median for (n, size), t in allreduce.items() if size == gradient_bytes}
+    if 2 not in alone:
+        raise ValueError(f"need the 2-rank allreduce of the {gradient_bytes:,} gradient bytes; got allreduces "
+                         f"{sorted(allreduce)}. Measure with calibration.measure.")
     per_sample, fixed = np.polyfit([b for b, _ in ones], [t for _, t in ones], 1)
     fitted = tuple(b for b, _ in ones)
+    got = _cores_got(steps, fitted, fixed, per_sample, alone[2], cores)
     shared = cost_model.fit_allreduce("ring", 2, [s for s, _ in twos], [t for _, t in twos])  # as 2 ranks got it
-    got = _cores_got(steps, fitted, fixed, per_sample, float(cost_model.predict("ring", gradient_bytes, 2, shared)),
-                     cores)
     share = max(1.0, 2 / got)
     link = cost_model.AlphaBeta(shared.alpha_s / share, shared.beta_s_per_byte / share)  # with a core per rank
-    return Calibration(float(fixed), float(per_sample), link, gradient_bytes, got, fitted)
+    return Calibration(float(fixed), float(per_sample), link, gradient_bytes, got, alone, fitted)
 
 
 def _cores_got(steps: dict[tuple[int, int], Estimate], batches: tuple[int, ...], fixed: float, per_sample: float,
@@ -167,10 +191,9 @@ def held_out(calibration: Calibration, steps: dict[tuple[int, int], Estimate]) -
 
 
 def held_out_allreduce(calibration: Calibration, allreduce: dict[tuple[int, int], Estimate]) -> list[Prediction]:
-    """Predictions for the allreduces the fit did not use (more than 2 ranks), each alone on the ranks:
-    ``allreduce_s(n, bytes) * share(n)``. ``Prediction.batch_size`` holds the bytes here."""
-    return [Prediction(n, size, calibration.allreduce_s(n, size) * calibration.share(n), t)
-            for (n, size), t in sorted(allreduce.items()) if n > 2]
+    """The α-β ring from 2 ranks (:meth:`Calibration.ring_s`) beside every allreduce timed on more than 2 ranks:
+    how far the extrapolation misses (module docstring). ``Prediction.batch_size`` holds the bytes here."""
+    return [Prediction(n, size, calibration.ring_s(n, size), t) for (n, size), t in sorted(allreduce.items()) if n > 2]
 
 
 def worst_error(predictions: list[Prediction]) -> float:

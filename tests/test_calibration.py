@@ -12,32 +12,42 @@ from course.runtime.launch import launch
 pytestmark = pytest.mark.unit5
 
 
-def _model(fixed=1e-3, per_sample=1e-4, alpha=1e-4, beta=1e-9, nbytes=1_000_000, cores=2):
-    return calibration.Calibration(fixed, per_sample, cost_model.AlphaBeta(alpha, beta), nbytes, cores, (16, 64))
+def _model(fixed=1e-3, per_sample=1e-4, alpha=1e-4, beta=1e-9, nbytes=1_000_000, cores=2, alone_4=5e-3):
+    link = cost_model.AlphaBeta(alpha, beta)
+    two = float(cost_model.predict("ring", nbytes, 2, link)) * max(1, 2 / cores)  # as the α-β gives it on 2 ranks
+    return calibration.Calibration(fixed, per_sample, link, nbytes, cores, {2: two, 4: alone_4}, (16, 64))
 
 
 def test_prediction_matches_the_closed_form_by_hand():
     model = _model()
-    # (1 ms + 10 x 0.1 ms + 2(4-1) x 0.1 ms + 2(4-1)/4 x 1e6 B x 1 ns) x 4/2 = (2 + 0.6 + 1.5) ms x 2
-    assert model.predict(4, 10) == pytest.approx(8.2e-3)
+    # (1 ms + 10 x 0.1 ms) x 4/2 + 5 ms timed alone on 4 ranks
+    assert model.predict(4, 10) == pytest.approx(9e-3)
     assert model.predict(2, 10) == pytest.approx(2e-3 + 2 * 1e-4 + 1e6 * 1e-9)  # 2 ranks on 2 cores: no sharing
     assert model.predict(1, 10) == pytest.approx(2e-3)  # one rank sends nothing
+    # the α-β extrapolation: (2(4-1) x 0.1 ms + 2(4-1)/4 x 1e6 B x 1 ns) x 4/2
+    assert model.ring_s(4, 1_000_000) == pytest.approx(4.2e-3)
 
 
-@given(fixed=st.floats(1e-4, 1e-2), per_sample=st.floats(1e-6, 1e-3), alpha=st.floats(1e-6, 1e-3),
-       beta=st.floats(1e-11, 1e-8), cores=st.integers(1, 8), world_size=st.integers(1, 16),
-       batch=st.integers(1, 512))
-def test_prediction_is_compute_plus_ring_scaled_by_sharing(fixed, per_sample, alpha, beta, cores, world_size, batch):
-    model = _model(fixed, per_sample, alpha, beta, 359_720, cores)
+@given(fixed=st.floats(1e-4, 1e-2), per_sample=st.floats(1e-6, 1e-3), alone_4=st.floats(1e-5, 1e-1),
+       cores=st.integers(1, 8), world_size=st.sampled_from([1, 2, 4]), batch=st.integers(1, 512))
+def test_prediction_is_shared_compute_plus_the_allreduce_timed_alone(fixed, per_sample, alone_4, cores, world_size,
+                                                                      batch):
+    model = _model(fixed, per_sample, nbytes=359_720, cores=cores, alone_4=alone_4)
     n = world_size
-    ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * 359_720 * beta
-    assert model.predict(n, batch) == pytest.approx((fixed + per_sample * batch + ring) * max(1, n / cores))
+    allreduce = {1: 0.0, 2: model.allreduce_alone_s[2], 4: alone_4}[n]
+    assert model.predict(n, batch) == pytest.approx((fixed + per_sample * batch) * max(1, n / cores) + allreduce)
 
 
-def _measurements_of(truth: calibration.Calibration, sizes=(45_000, 180_000, 360_000, 720_000)):
+def test_a_rank_count_whose_allreduce_was_not_timed_is_refused():
+    with pytest.raises(ValueError, match="timed on 3 ranks"):
+        _model().predict(3, 16)
+
+
+def _measurements_of(truth: calibration.Calibration, sizes=(45_000, 180_000, 720_000)):
     steps = {(n, b): timing.summarize([truth.predict(n, b)] * 3) for n in (1, 2, 4) for b in (16, 32, 64)}
-    allreduce = {(n, s): timing.summarize([truth.allreduce_s(n, s) * truth.share(n)] * 3) for n in (2, 4)
-                 for s in sizes}
+    allreduce = {(n, s): timing.summarize([truth.ring_s(n, s)] * 3) for n in (2, 4) for s in sizes}
+    for n in (2, 4):
+        allreduce[n, truth.gradient_bytes] = timing.summarize([truth.allreduce_s(n)] * 3)
     return steps, allreduce
 
 
@@ -52,6 +62,7 @@ def test_fit_recovers_the_model_it_was_fitted_on(fixed, per_sample, alpha, beta,
     assert fitted.link.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert fitted.link.beta_s_per_byte == pytest.approx(beta, rel=1e-6)
     assert fitted.fitted_batches == (16, 64) and fitted.cores == pytest.approx(cores, rel=1e-6)
+    assert fitted.allreduce_alone_s == pytest.approx(truth.allreduce_alone_s, rel=1e-6)
     assert all(abs(p.error) < 1e-6 for p in calibration.held_out(fitted, steps))
 
 
@@ -69,7 +80,7 @@ def test_cores_got_stay_between_one_and_the_usable_cores():
     for scale, expected in ((0.5, 2.0), (10.0, 1.0)):  # 2-rank steps faster than one rank's; far slower
         steps = {(n, b): timing.summarize([model.predict(n, b) * (scale if n == 2 else 1)]) for n in (1, 2)
                  for b in (16, 64)}
-        allreduce = {(2, s): timing.summarize([model.allreduce_s(2, s)]) for s in (1000, 100_000)}
+        allreduce = {(2, s): timing.summarize([model.ring_s(2, s)]) for s in (1000, model.gradient_bytes)}
         assert calibration.fit(steps, allreduce, model.gradient_bytes, 2).cores == expected
     steps = {k: v for k, v in steps.items() if k[0] == 1}  # no 2-rank steps: all the usable cores
     assert calibration.fit(steps, allreduce, model.gradient_bytes, 2).cores == 2
@@ -79,7 +90,8 @@ def test_fit_uses_only_fitted_one_and_two_rank_steps_and_two_rank_allreduces():
     truth = _model()
     steps, allreduce = _measurements_of(truth)
     noisy_steps = {k: (timing.summarize([9.0]) if k[0] > 2 or k[1] == 32 else t) for k, t in steps.items()}
-    noisy_allreduce = {k: (timing.summarize([9.0]) if k[0] != 2 else t) for k, t in allreduce.items()}
+    noisy_allreduce = {k: (timing.summarize([9.0]) if k[0] != 2 and k[1] != truth.gradient_bytes else t)
+                       for k, t in allreduce.items()}
     fitted = calibration.fit(noisy_steps, noisy_allreduce, truth.gradient_bytes, 2, batch_sizes=(16, 64))
     assert fitted.predict(4, 32) == pytest.approx(truth.predict(4, 32), rel=1e-6)
 
@@ -95,7 +107,7 @@ def test_held_out_are_every_configuration_but_the_fitted_ones_with_their_errors(
     one_second = timing.summarize([1.0])
     only_fours = calibration.held_out_allreduce(model, {(2, 8): one_second, (4, 8): one_second})
     assert [(p.world_size, p.batch_size) for p in only_fours] == [(4, 8)]
-    assert only_fours[0].predicted_s == pytest.approx((6 * 1e-4 + 1.5 * 8 * 1e-9) * 2)
+    assert only_fours[0].predicted_s == pytest.approx((6 * 1e-4 + 1.5 * 8 * 1e-9) * 2)  # the α-β extrapolation
 
 
 def test_verdict_follows_the_errors():
@@ -116,6 +128,8 @@ def test_fit_refuses_too_little_data():
         calibration.fit({(1, 16): one, (2, 16): one}, {(2, 8): one, (2, 16): one}, 8, 2)
     with pytest.raises(ValueError, match="2-rank allreduces"):
         calibration.fit({(1, 16): one, (1, 64): one}, {(4, 8): one, (4, 16): one}, 8, 2)
+    with pytest.raises(ValueError, match="2-rank allreduce of the 8 gradient bytes"):
+        calibration.fit({(1, 16): one, (1, 64): one}, {(2, 4): one, (2, 16): one}, 8, 2)
     with pytest.raises(ValueError, match="no held-out"):
         calibration.worst_error([])
 
