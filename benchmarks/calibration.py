@@ -1,15 +1,15 @@
 """Target of notebook 05's calibration: fitted on 1 and 2 emulated ranks, it predicts the held-out
 configurations (4 ranks at batch sizes it saw, every rank count at one it never saw) within 20%.
 
-    .venv/bin/python benchmarks/calibration.py [--runs 3] [--rounds 5]
+    .venv/bin/python benchmarks/calibration.py [--runs 3] [--rounds 10]
 
 Each run launches 4 ranks once and times DDP steps of DigitsCNN at per-rank batches 16, 32 and 64 on 1, 2 and 4
 ranks, and gloo's allreduce on 2 and 4 ranks, in turns (``course.calibration.measure``); it fits the model on
 the 1- and 2-rank steps at batches 16 and 64 and the allreduces (the 4-rank one timed alone: the α-β ring fitted
 on 2 ranks does not extrapolate to 4 processes on 2 cores, printed as a component check), then prints every
-held-out step prediction beside the measured median and its 95% interval, and the largest error. Runs are independent launches, so their
-spread is the spread a reader of notebook 05 sees. Exit status 1 if the median over runs of the largest error
-is above 20%.
+held-out step prediction beside the measured median and its 95% interval, and the largest error. Runs are
+independent launches, so their spread is the spread a reader of notebook 05 sees. Exit status 1 if the median
+over runs of the largest error is above 20%.
 
 Other programs on the cores (the load average printed before each run) leave the ranks fewer cores; the fit
 reads how many from the 2-rank steps, which holds only if that load stays steady while the 4-rank steps run.
