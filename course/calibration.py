@@ -11,15 +11,11 @@ overlaps backward)::
     allreduce(n) = gloo's allreduce of the N gradient bytes on n ranks, timed alone (0 on 1 rank)
 
 With n ranks on c < n cores the ranks take turns, so the slowest finishes its backward after n / c times its own
-work. The allreduce is the one term the 2-rank runs cannot give: the α-β ring fitted on 2 ranks
-(:attr:`Calibration.link`, ``2(n-1)α + 2(n-1)/n·N·β``, scaled by the same sharing) predicts a few milliseconds for
-4 ranks that grow with N, while gloo on 4 processes sharing 2 cores measures a flat 4-8 ms at every size from
-45 KB to 720 KB. Its cost is the ring's hand-offs, not its bytes: each hand-off wakes a thread that then waits for
-a core, and gloo's 4-rank ring wakes its threads about five times as often per call as its 2-rank exchange (33 vs
-7 voluntary context switches per call per rank, measured while writing this, at any size). So the allreduce is
-timed alone on every rank count, beside the steps, and :func:`held_out_allreduce` shows how far the α-β
-extrapolation misses it. What the 4-rank steps then check is the rest of the model: compute shared by n ranks
-on c cores, plus the allreduce, adding up to the step.
+work. The allreduce is the term 2 ranks cannot give: the α-β ring fitted on 2 ranks (:attr:`Calibration.link`)
+predicts a cost that grows with N, while gloo's 4 processes on 2 cores take a flat few milliseconds from 45 KB to
+720 KB: hand-offs, not bytes, each waking a thread that then waits for a core (while writing this, 33 voluntary
+context switches per call per rank on 4 ranks against 7 on 2). So it is timed alone on each rank count, and
+:func:`held_out_allreduce` shows how far the α-β extrapolation misses; the 4-rank steps check the rest.
 
 :func:`measure` times every configuration in one launch, in turns (round after round), so load that drifts
 from elsewhere falls on all of them alike; :func:`fit` uses the 1-rank steps at two batch sizes, the 2-rank steps
@@ -211,12 +207,9 @@ def verdict(predictions: list[Prediction], target: float = 0.2) -> str:
     text = f"largest held-out error {worst.error:+.0%} ({ranks}, batch {worst.batch_size}/rank)"
     if abs(worst.error) <= target:
         return f"{text}: within the {target:.0%} we aim for."
-    if worst.error < 0:
-        return (f"{text}: outside the {target:.0%} we aim for, measured slower than predicted, as it is when "
-                "load from elsewhere grows during the measurement (the cores the 2-rank steps got are "
-                "assumed to hold; benchmarks/calibration.py repeats the measurement and prints the spread).")
-    return (f"{text}: outside the {target:.0%} we aim for, measured faster than predicted: the timings the fit "
-            "rests on (1- and 2-rank steps, 2-rank allreduces) were slowed while they ran, e.g. by other programs.")
+    way = ("measured slower than predicted: load from elsewhere grew while the many-rank steps ran?" if worst.error < 0
+           else "measured faster than predicted: load from elsewhere slowed the 1- and 2-rank runs the fit rests on?")
+    return f"{text}: outside the {target:.0%} we aim for, {way} (benchmarks/calibration.py prints the spread)."
 
 
 def summarize_all(measured: Measurements) -> tuple[dict[tuple[int, int], Estimate], dict[tuple[int, int], Estimate]]:
