@@ -45,7 +45,7 @@ def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
     dist.barrier()
     torch.manual_seed(PS.seed)
     naive_model = DigitsCNN(width=PS.width).to(world.current().device)
-    naive = data_parallel.train_on_rank0(naive_model, ps_batches, PS.lr)
+    naive = who_works.train_on_rank0(naive_model, ps_batches, PS.lr)
     torch.manual_seed(PS.seed)
     who = who_works.compare_on_ranks(DigitsCNN(width=PS.width), ps_batches, PS.lr, optimizer="adam",
                                      then=(operator.add, (2, 3)))

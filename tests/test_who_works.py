@@ -5,10 +5,11 @@ import math
 import naive_ranks
 import pytest
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from course import cost_model, who_works
-from course.data import load
-from course.data_parallel import global_batches, make_optimizer, train_step
+from course.data import global_batches, load
+from course.data_parallel import make_optimizer, train_step
 from course.models import DigitsCNN
 from course.utilization import History, Reading
 
@@ -41,6 +42,22 @@ def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed(
         assert start < end <= result["who"]["phases"]["ranks"][0]
     shares = who_works.shares([r["who"]["rank0"] for r in report])
     assert shares[0].compute_fraction > 0 and all(s.compute_fraction == 0 for s in shares[1:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rank0_alone_trains_like_one_process_on_every_rank():
+    report = naive_ranks.report()
+    config = naive_ranks.PS
+    torch.manual_seed(config.seed)
+    model = DigitsCNN(width=config.width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    batches = global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
+    losses = [train_step([model], [optimizer], x, y).loss for x, y in batches]
+    expected = parameters_to_vector(model.parameters()).detach()
+    for rank in report:  # rank 0 does all the work and broadcasts: the same training, on every rank
+        assert torch.allclose(rank["rank0"]["params"], expected, atol=1e-6)
+        assert rank["rank0"]["losses"] == pytest.approx(losses, rel=1e-5)
 
 
 def test_modelled_step_matches_the_closed_forms():
