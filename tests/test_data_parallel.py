@@ -167,13 +167,7 @@ def test_replicate_and_train_step_reject_bad_arguments():
 @pytest.mark.timeout(300)
 def test_allreduce_on_ranks_equals_one_process_and_ranks_stay_identical():
     report = naive_ranks.report()
-    config = naive_ranks.PS
-    torch.manual_seed(config.seed)
-    model = DigitsCNN(width=config.width)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    batches = global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
-    losses = [dp.train_step([model], [optimizer], x, y).loss for x, y in batches]
-    expected = parameters_to_vector(model.parameters()).detach()
+    losses, expected = naive_ranks.one_process("sgd")
     for rank in report:
         assert torch.allclose(rank["ps"]["allreduce_params"], expected, atol=1e-6)
         assert rank["ps"]["allreduce"] == pytest.approx(losses, rel=1e-5)

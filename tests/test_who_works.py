@@ -5,12 +5,8 @@ import math
 import naive_ranks
 import pytest
 import torch
-from torch.nn.utils import parameters_to_vector
 
 from course import cost_model, who_works
-from course.data import global_batches, load
-from course.data_parallel import make_optimizer, train_step
-from course.models import DigitsCNN
 from course.utilization import History, Reading
 
 pytestmark = pytest.mark.unit3
@@ -23,11 +19,7 @@ RATE, LINK = 0.5e12, cost_model.AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)  #
 def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed():
     report = naive_ranks.report()
     config = naive_ranks.PS
-    torch.manual_seed(config.seed)
-    model = DigitsCNN(width=config.width)
-    optimizer = make_optimizer("adam", model.parameters(), config.lr)
-    batches = global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
-    losses = [train_step([model], [optimizer], x, y).loss for x, y in batches]
+    losses, _ = naive_ranks.one_process("adam")
     for rank, result in enumerate(report):
         for strategy in who_works.STRATEGIES:
             run = result["who"][strategy]
@@ -48,13 +40,7 @@ def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed(
 @pytest.mark.timeout(300)
 def test_rank0_alone_trains_like_one_process_on_every_rank():
     report = naive_ranks.report()
-    config = naive_ranks.PS
-    torch.manual_seed(config.seed)
-    model = DigitsCNN(width=config.width)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    batches = global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
-    losses = [train_step([model], [optimizer], x, y).loss for x, y in batches]
-    expected = parameters_to_vector(model.parameters()).detach()
+    losses, expected = naive_ranks.one_process("sgd")
     for rank in report:  # rank 0 does all the work and broadcasts: the same training, on every rank
         assert torch.allclose(rank["rank0"]["params"], expected, atol=1e-6)
         assert rank["rank0"]["losses"] == pytest.approx(losses, rel=1e-5)
