@@ -220,7 +220,7 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None
         The average of ``loss`` over the ranks, or None if no loss was given.
     """
     world_size = dist.get_world_size(group)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = _gradients(model)
     extra = [loss.detach().reshape(1).to(grads[0].dtype if grads else torch.float32)] if loss is not None else []
     flat = torch.cat([g.reshape(-1) for g in grads] + extra)
     dist.all_reduce(flat, group=group)
