@@ -1,5 +1,5 @@
 """Plots for ``notebooks/02_large_batch.ipynb``: thin matplotlib views over the results of
-:mod:`course.noise_scale` and :mod:`course.lr_scaling` (which compute everything and are tested alone)."""
+:mod:`course.noise_scale` and :mod:`course.batch_sweep` (which compute everything and are tested alone)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from course.lr_scaling import RunResult
+from course.batch_sweep import RunResult
 from course.noise_scale import TrackPoint
 
 

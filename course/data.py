@@ -7,6 +7,7 @@ every machine and every rank. Taught in ``notebooks/00_start_here.ipynb`` and us
     splits = data.load()                         # digits
     splits = data.load("fashion-mnist", root="~/data/fashion")   # IDX files you downloaded yourself
     train_loader = data.loader(splits.train, batch_size=64)
+    batches = data.global_batches(splits.train, global_batch_size=256, steps=40)   # the same on every rank
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from course import world
 from course.validation import check_count
 
 DATASETS = ("digits", "fashion-mnist", "cifar10")
@@ -218,3 +220,31 @@ def loader(dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 
     batch_size = check_count("batch_size", batch_size, unit="number of samples")
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, **kwargs)
+
+
+def global_batches(dataset: Dataset, global_batch_size: int, steps: int, seed: int = 0
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``steps`` global batches of a seeded shuffled :func:`loader` (cycling epochs): the same on every
+    rank, each rank then taking its shard (:func:`course.data_parallel.split_batch`).
+
+    Args:
+        global_batch_size: samples per batch, all ranks (replicas) together. steps: number of batches.
+
+    Raises:
+        ValueError: ``global_batch_size`` or ``steps`` not a positive integer.
+    """
+    steps = check_count("steps", steps, unit="number of batches")
+    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+    epoch = 0
+    while len(batches) < steps:
+        batches += list(loader(dataset, global_batch_size, shuffle=True, seed=seed + epoch, drop_last=True))
+        epoch += 1
+    return batches[:steps]
+
+
+def tensors(dataset: TensorDataset, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A TensorDataset's ``(inputs, targets)`` on ``device`` (rank 0's device by default), for training on
+    whole tensors without a loader (``notebooks/02_large_batch.ipynb``)."""
+    device = device or world.device_for(0)
+    inputs, targets = dataset.tensors
+    return inputs.to(device), targets.to(device)

@@ -12,9 +12,6 @@ steps, each a small function:
 which is notebook 02's "k ranks x batch b == one process with batch k*b". On ranks, :func:`rank_step` is the same
 step, its average :func:`allreduce_gradients` with ``dist.all_reduce``. These two are the course's data-parallel
 step: notebook 02's equivalence and noise scale stand on them too. Taught in ``notebooks/03_naive_multi_gpu.ipynb``.
-
-Over 300 lines, for a reason: both settings of the one step (replicas in one process, ranks) and the primitives
-they share (split, replicate, average) sit side by side, so that a reader diffs them in one file.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course.timing import PhaseClock
 from course.validation import LossFn, check_choice, check_count
@@ -215,8 +211,8 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None
     """On ranks: average every gradient over the process group with **one** ``dist.all_reduce``.
 
     The gradients (and ``loss``, if given) are copied into one flat buffer, reduced in one call and copied
-    back: one message per step, as :func:`train_on_rank0` broadcasts one (every collective makes all ranks
-    wait for the slowest, which on shared cores costs more than the bytes). Each rank must have called
+    back: one message per step, as :func:`course.who_works.train_on_rank0` broadcasts one (every collective makes
+    all ranks wait for the slowest, which on shared cores costs more than the bytes). Each rank must have called
     ``backward`` on an equal-sized shard. Notebook 04b cuts the buffer into buckets so that communication can
     start during backward.
 
@@ -224,7 +220,7 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None
         The average of ``loss`` over the ranks, or None if no loss was given.
     """
     world_size = dist.get_world_size(group)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = _gradients(model)
     extra = [loss.detach().reshape(1).to(grads[0].dtype if grads else torch.float32)] if loss is not None else []
     flat = torch.cat([g.reshape(-1) for g in grads] + extra)
     dist.all_reduce(flat, group=group)
@@ -234,24 +230,6 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
     return float(flat[-1]) if loss is not None else None
-
-
-def global_batches(dataset: torch.utils.data.Dataset, global_batch_size: int, steps: int, seed: int = 0
-                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The first ``steps`` global batches of a seeded shuffled loader (cycling epochs): the same on every rank.
-
-    Args:
-        global_batch_size: samples per batch, all ranks (replicas) together. steps: number of batches.
-    """
-    from course.data import loader
-
-    steps = check_count("steps", steps, unit="number of batches")
-    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
-    epoch = 0
-    while len(batches) < steps:
-        batches += list(loader(dataset, global_batch_size, shuffle=True, seed=seed + epoch, drop_last=True))
-        epoch += 1
-    return batches[:steps]
 
 
 def make_optimizer(name: str, parameters: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -314,43 +292,6 @@ def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
     optimizer_ = make_optimizer(optimizer, model.parameters(), lr)
     clock = PhaseClock() if clock is None else clock
     return [rank_step(model, optimizer_, inputs, targets, clock=clock).loss for inputs, targets in batches]
-
-
-def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
-                   optimizer: str = "sgd", clock: PhaseClock | None = None) -> list[float]:
-    """Run inside a launched rank: the naive way to "use" several GPUs, for contrast with :func:`train_on_ranks`.
-
-    Rank 0 trains on every whole global batch and broadcasts the new parameters (one flat message per step);
-    the other ranks only wait for them. The result is one process's training (same losses, same parameters on
-    every rank), at one process's speed: one GPU computes, the others wait, which
-    ``notebooks/03_naive_multi_gpu.ipynb`` measures (``clock``) and watches with :mod:`course.monitor`.
-
-    Args:
-        optimizer, clock: as in :func:`train_on_ranks` (``"communicate"`` is the broadcast, waiting included).
-
-    Returns:
-        The global-batch losses (rank 0's, on every rank).
-    """
-    device = next(model.parameters()).device
-    optimizer_ = make_optimizer(optimizer, model.parameters(), lr)
-    clock = PhaseClock() if clock is None else clock
-    losses = []
-    for inputs, targets in batches:
-        clock.new_step()
-        loss = torch.zeros(1, device=device)
-        if dist.get_rank() == 0:
-            with clock.phase("compute"):
-                optimizer_.zero_grad(set_to_none=True)
-                step_loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
-                step_loss.backward()
-                optimizer_.step()
-                loss = step_loss.detach().reshape(1)
-        with clock.phase("communicate"):
-            flat = torch.cat([parameters_to_vector(model.parameters()).detach(), loss])  # one message per step
-            dist.broadcast(flat, src=0)
-            vector_to_parameters(flat[:-1], model.parameters())
-        losses.append(float(flat[-1]))
-    return losses
 
 
 def replica_devices(world_size: int) -> list[torch.device]:

@@ -1,5 +1,8 @@
 """A Horovod-style distributed optimizer, built from the course's own allreduce.
 
+Over 300 lines, for a reason: the gradient hooks, the communication thread and ``step()`` share one lock and one
+round of state, so the class is read, and checked for races, in one piece.
+
 Wrap any torch optimizer and data parallelism needs three more lines (the helpers are in ``course.horovod``)::
 
     rank = horovod.init()                                    # = course.world.init_from_env()

@@ -128,14 +128,13 @@ def two_batch_estimate(small_norm_sq: float, big_norm_sq: float, small_batch_siz
         ValueError: batch sizes not positive integers with ``small_batch_size < big_batch_size``, or a
             negative squared norm.
     """
-    small_batch_size = check_count("small_batch_size", small_batch_size, unit="number of samples")
-    big_batch_size = check_count("big_batch_size", big_batch_size, unit="number of samples")
-    if small_batch_size >= big_batch_size:
-        raise ValueError(f"small_batch_size ({small_batch_size}) must be smaller than big_batch_size "
-                         f"({big_batch_size}); with equal sizes the two equations are the same one.")
+    b_small = check_count("small_batch_size", small_batch_size, unit="number of samples")
+    b_big = check_count("big_batch_size", big_batch_size, unit="number of samples")
+    if b_small >= b_big:
+        raise ValueError(f"small_batch_size ({b_small}) must be smaller than big_batch_size ({b_big}); with "
+                         "equal sizes the two equations are the same one.")
     if small_norm_sq < 0 or big_norm_sq < 0:
         raise ValueError(f"squared norms cannot be negative, got {small_norm_sq} and {big_norm_sq}.")
-    b_small, b_big = int(small_batch_size), int(big_batch_size)
     grad_norm_sq = (b_big * big_norm_sq - b_small * small_norm_sq) / (b_big - b_small)
     trace_sigma = (small_norm_sq - big_norm_sq) / (1 / b_small - 1 / b_big)
     return NoiseScale(trace_sigma, grad_norm_sq)
@@ -184,7 +183,6 @@ def linear_regression_data(n: int, true_weight: torch.Tensor, noise_std: float,
         x = x @ torch.linalg.cholesky(input_cov.double()).T
     noise = noise_std * torch.randn(n, dtype=torch.float64, generator=generator)
     return x, x @ true_weight.double() + noise
-
 
 
 def from_step(stats: StepStats, world_size: int, global_batch_size: int) -> NoiseScale:

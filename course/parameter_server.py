@@ -11,19 +11,16 @@ which is exactly data-parallel SGD (tested), but every byte goes through the ser
 ``W·G`` in and ``W·P`` out per step (:func:`server_bytes_per_step`), growing with the number of workers,
 while a ring allreduce moves ``2(W-1)/W·G`` per rank whatever W is (notebook 04). The **asynchronous**
 variant lets the server apply each gradient as it arrives (Downpour SGD): nobody waits, but a gradient was
-computed on parameters that are already some updates old. :func:`train_with_staleness` measures what that
-staleness does to convergence, deterministically, in one process. Taught in
-``notebooks/03_naive_multi_gpu.ipynb``.
+computed on parameters that are already some updates old; :mod:`course.staleness` measures what that does to
+convergence. Taught in ``notebooks/03_naive_multi_gpu.ipynb``.
 """
 
 from __future__ import annotations
 
-import collections
 import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -31,11 +28,8 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course import cost_model, world
-from course.data_parallel import global_batches, split_batch, train_on_ranks
+from course.data_parallel import split_batch, train_on_ranks
 from course.validation import check_count
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
 
 SERVER = 0
 
@@ -94,8 +88,8 @@ def _check_world_size() -> int:
     return world_size
 
 
-def _worker_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Flat gradient of the shard's mean loss, and that loss."""
+def worker_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """A worker's job: the flat gradient ``(P,)`` of ``model``'s mean cross-entropy on ``(x, y)``, and that loss."""
     device = next(model.parameters()).device
     model.zero_grad(set_to_none=True)
     loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
@@ -103,8 +97,8 @@ def _worker_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tupl
     return parameters_to_vector(p.grad for p in model.parameters()), loss.item()
 
 
-def _apply(model: nn.Module, optimizer: torch.optim.Optimizer, flat_grad: torch.Tensor) -> None:
-    """Server: load a flat gradient into ``.grad`` and step."""
+def apply_gradient(model: nn.Module, optimizer: torch.optim.Optimizer, flat_grad: torch.Tensor) -> None:
+    """The server's job: load a flat gradient ``(P,)`` into ``model``'s ``.grad`` and take ``optimizer``'s step."""
     for p, g in zip(model.parameters(), _split_like(flat_grad, model), strict=True):
         p.grad = g.view_as(p).clone()
     optimizer.step()
@@ -142,12 +136,12 @@ def run_sync(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tenso
             for worker in range(1, world_size):
                 wire.recv(message, worker)                                  # push: [gradient, loss]
                 total += message * len(shards[worker - 1][1]) / len(targets)  # weight by shard size
-            _apply(model, optimizer, total[:-1].to(device))
+            apply_gradient(model, optimizer, total[:-1].to(device))
             losses.append(float(total[-1]))
         else:
             wire.recv(params, SERVER)
             vector_to_parameters(params.to(device), model.parameters())
-            grad, loss = _worker_gradient(model, *shards[rank - 1])
+            grad, loss = worker_gradient(model, *shards[rank - 1])
             wire.send(torch.cat([grad, grad.new_tensor([loss])]), SERVER)
     return {"losses": losses, "bytes_in": wire.bytes_in, "bytes_out": wire.bytes_out,
             "params": parameters_to_vector(model.parameters()).detach().cpu()}
@@ -184,7 +178,7 @@ def run_async(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tens
             wire.send(down, worker)
         while any(remaining.values()):
             sender = wire.recv(up)  # from whichever worker is first
-            _apply(model, optimizer, up[:-2].to(device))
+            apply_gradient(model, optimizer, up[:-2].to(device))
             result["staleness"].append(version - int(up[-2]))
             result["losses"].append(float(up[-1]))
             result["senders"].append(sender)
@@ -197,7 +191,7 @@ def run_async(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tens
         for inputs, targets in batches:
             wire.recv(down, SERVER)
             vector_to_parameters(down[:-1].to(device), model.parameters())
-            grad, loss = _worker_gradient(model, *split_batch(inputs, targets, workers)[rank - 1])
+            grad, loss = worker_gradient(model, *split_batch(inputs, targets, workers)[rank - 1])
             time.sleep(delay_s * (rank - 1))
             wire.send(torch.cat([grad, grad.new_tensor([float(down[-1]), loss])]), SERVER)
     result.update(bytes_in=wire.bytes_in, bytes_out=wire.bytes_out,
@@ -207,7 +201,7 @@ def run_async(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tens
 
 def batches(config: Config = Config()) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The experiment's global batches of digits (load them once, before launching, and pass them in)."""
-    from course.data import load
+    from course.data import global_batches, load
 
     return global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
 
@@ -241,47 +235,6 @@ def compare_on_ranks(config: Config = Config(), data: Sequence[tuple[torch.Tenso
             "parameter_bytes": sum(p.numel() * p.element_size() for p in initial.parameters())}
 
 
-def train_with_staleness(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
-                         staleness: int, eval_data: tuple[torch.Tensor, torch.Tensor], eval_every: int = 10
-                         ) -> list[tuple[int, float]]:
-    """SGD where each gradient is computed on the parameters of ``staleness`` updates ago (async SGD's model).
-
-    With W asynchronous workers of equal speed, each gradient is about W-1 updates stale. Staleness 0 is
-    plain SGD. Deterministic, in one process, so curves for several staleness values compare cleanly.
-
-    Args:
-        model: trained in place. batches: ``(inputs, targets)`` per update. lr: SGD learning rate.
-        staleness: updates between reading the parameters and applying the gradient, >= 0.
-        eval_data: ``(inputs, targets)`` on which the loss is measured every ``eval_every`` updates.
-
-    Returns:
-        ``[(update, loss on eval_data), ...]``, from update 0.
-
-    Raises:
-        ValueError: negative staleness.
-    """
-    staleness = check_count("staleness", staleness, minimum=0, unit="number of updates")
-    reader = copy.deepcopy(model)  # holds the stale parameters the gradient is computed on
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    history = collections.deque([parameters_to_vector(model.parameters()).detach().clone()], maxlen=staleness + 1)
-    curve = [(0, _loss(model, eval_data))]
-    for step, (x, y) in enumerate(batches, start=1):
-        vector_to_parameters(history[0], reader.parameters())
-        grad, _ = _worker_gradient(reader, x, y)
-        _apply(model, optimizer, grad)
-        history.append(parameters_to_vector(model.parameters()).detach().clone())
-        if step % eval_every == 0:
-            curve.append((step, _loss(model, eval_data)))
-    return curve
-
-
-@torch.no_grad()
-def _loss(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> float:
-    x, y = data
-    device = next(model.parameters()).device
-    return nn.functional.cross_entropy(model(x.to(device)), y.to(device)).item()
-
-
 def modelled_seconds_per_step(gradient_bytes: int, num_workers: int, link: cost_model.AlphaBeta) -> dict[str, float]:
     """Communication seconds per step on ``link`` (alpha-beta model): the server's link vs a ring allreduce.
 
@@ -291,18 +244,3 @@ def modelled_seconds_per_step(gradient_bytes: int, num_workers: int, link: cost_
     server = 2 * num_workers * (link.alpha_s + gradient_bytes * link.beta_s_per_byte)
     ring = float(cost_model.predict("ring", gradient_bytes, num_workers, link)) if num_workers > 1 else 0.0
     return {"parameter server": server, "ring allreduce": ring}
-
-
-def plot_curves(curves: dict[str, list[tuple[int, float]]], ax: Axes | None = None) -> Axes:
-    """Validation loss against updates, one line per label (e.g. per staleness)."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 3.4))
-    for label, curve in curves.items():
-        steps, losses = zip(*curve, strict=True)
-        ax.plot(steps, losses, label=label)
-    ax.set_xlabel("updates applied")
-    ax.set_ylabel("validation loss")
-    ax.legend()
-    return ax

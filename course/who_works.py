@@ -1,10 +1,10 @@
 """Who does the work: rank 0 alone vs data parallelism, measured on the ranks and modelled for real GPUs.
 
-Two ways to "use" n GPUs train the same model to the same parameters (:mod:`course.data_parallel`): rank 0
-computes every whole batch and broadcasts the result while the others wait (``"rank0"``), or every rank
-computes 1/n of each batch and the gradients are all-reduced (``"ranks"``). Each rank clocks, per step, its
-seconds of compute and of communication (waiting for the others included), so the split of the work is
-measured where it happens, not guessed from CPU%.
+Two ways to "use" n GPUs train the same model to the same parameters: rank 0 computes every whole batch and
+broadcasts the result while the others wait (``"rank0"``, :func:`train_on_rank0`), or every rank computes 1/n
+of each batch and the gradients are all-reduced (``"ranks"``, :func:`course.data_parallel.train_on_ranks`).
+Each rank clocks, per step, its seconds of compute and of communication (waiting for the others included), so
+the split of the work is measured where it happens, not guessed from CPU%.
 
 Emulated GPUs share this machine's cores, so the *time* data parallelism saves here is bounded by the
 cores (2 shared by 4 ranks), and a waiting gloo rank can still burn CPU. What four real GPUs would do is
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course import cost_model, data_parallel
 from course.timing import Estimate, PhaseClock, summarize
@@ -32,8 +33,46 @@ from course.validation import check_choice, check_count
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
+                   optimizer: str = "sgd", clock: PhaseClock | None = None) -> list[float]:
+    """Run inside a launched rank: the naive way to "use" several GPUs, for contrast with
+    :func:`course.data_parallel.train_on_ranks`.
+
+    Rank 0 trains on every whole global batch and broadcasts the new parameters (one flat message per step);
+    the other ranks only wait for them. The result is one process's training (same losses, same parameters on
+    every rank), at one process's speed: one GPU computes, the others wait (:func:`timed_training` clocks it).
+
+    Args:
+        optimizer, clock: as in :func:`course.data_parallel.train_on_ranks` (``"communicate"`` is the broadcast,
+            waiting included).
+
+    Returns:
+        The global-batch losses (rank 0's, on every rank).
+    """
+    device = next(model.parameters()).device
+    optimizer_ = data_parallel.make_optimizer(optimizer, model.parameters(), lr)
+    clock = PhaseClock() if clock is None else clock
+    losses = []
+    for inputs, targets in batches:
+        clock.new_step()
+        loss = torch.zeros(1, device=device)
+        if dist.get_rank() == 0:
+            with clock.phase("compute"):
+                optimizer_.zero_grad(set_to_none=True)
+                step_loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
+                step_loss.backward()
+                optimizer_.step()
+                loss = step_loss.detach().reshape(1)
+        with clock.phase("communicate"):
+            flat = torch.cat([parameters_to_vector(model.parameters()).detach(), loss])  # one message per step
+            dist.broadcast(flat, src=0)
+            vector_to_parameters(flat[:-1], model.parameters())
+        losses.append(float(flat[-1]))
+    return losses
+
+
 #: The two strategies, by the name :func:`timed_training` takes.
-STRATEGIES = {"rank0": data_parallel.train_on_rank0, "ranks": data_parallel.train_on_ranks}
+STRATEGIES = {"rank0": train_on_rank0, "ranks": data_parallel.train_on_ranks}
 LABELS = {"rank0": "rank 0 alone", "ranks": "data parallelism"}
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from course import data_parallel, model_parallel, parameter_server, who_works, world
+from course.data_parallel import make_optimizer, train_step
 from course.models import DigitsCNN
 from course.runtime.launch import launch
 
@@ -45,7 +46,7 @@ def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
     dist.barrier()
     torch.manual_seed(PS.seed)
     naive_model = DigitsCNN(width=PS.width).to(world.current().device)
-    naive = data_parallel.train_on_rank0(naive_model, ps_batches, PS.lr)
+    naive = who_works.train_on_rank0(naive_model, ps_batches, PS.lr)
     torch.manual_seed(PS.seed)
     who = who_works.compare_on_ranks(DigitsCNN(width=PS.width), ps_batches, PS.lr, optimizer="adam",
                                      then=(operator.add, (2, 3)))
@@ -53,6 +54,17 @@ def everything(ps_batches: list, pipe_batch: tuple) -> dict[str, Any]:
             "pipe": model_parallel.run_pipeline(PIPE, pipe_batch), "errors": errors,
             "rank0": {"losses": naive, "params": torch.nn.utils.parameters_to_vector(naive_model.parameters())
                       .detach().cpu()}}
+
+
+@functools.cache
+def one_process(optimizer: str) -> tuple[list[float], torch.Tensor]:
+    """The reference the ranks' runs are checked against: one process training :data:`PS`'s model on its global
+    batches with ``optimizer`` (``"sgd"`` or ``"adam"``); its losses and final flat parameters."""
+    torch.manual_seed(PS.seed)
+    model = DigitsCNN(width=PS.width)
+    optimizer_ = make_optimizer(optimizer, model.parameters(), PS.lr)
+    losses = [train_step([model], [optimizer_], x, y).loss for x, y in parameter_server.batches(PS)]
+    return losses, torch.nn.utils.parameters_to_vector(model.parameters()).detach()
 
 
 @functools.cache

@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from course import batch_plots  # noqa: E402
-from course.lr_scaling import RunResult  # noqa: E402
+from course.batch_sweep import RunResult  # noqa: E402
 from course.noise_scale import NoiseScale, TrackPoint  # noqa: E402
 
 pytestmark = pytest.mark.unit2

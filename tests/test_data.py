@@ -176,3 +176,25 @@ def test_loader_order_is_fixed_by_seed():
     again = [labels.tolist() for _, labels in data.loader(val, 32, seed=3)]
     other = [labels.tolist() for _, labels in data.loader(val, 32, seed=4)]
     assert first == again and first != other
+
+
+def test_global_batches_are_the_seeded_loader_cycling_its_epochs():
+    val = data.load().val  # 300 samples: 2 full batches of 128 per epoch (the rest dropped)
+    batches = data.global_batches(val, 128, steps=5, seed=7)
+    epochs = [list(data.loader(val, 128, seed=7 + epoch, drop_last=True)) for epoch in range(3)]
+    expected = [batch for epoch in epochs for batch in epoch][:5]
+    assert len(batches) == 5 and all(len(x) == len(y) == 128 for x, y in batches)
+    for (x, y), (want_x, want_y) in zip(batches, expected, strict=True):
+        assert torch.equal(x, want_x) and torch.equal(y, want_y)
+    assert not torch.equal(batches[0][1], batches[2][1])  # the second epoch is reshuffled
+
+
+def test_global_batches_refuse_a_bad_step_count():
+    with pytest.raises(ValueError, match="steps must be a positive integer number of batches, got 0"):
+        data.global_batches(data.load().val, 8, 0)
+
+
+def test_tensors_are_the_dataset_tensors_on_the_device():
+    val = data.load().val
+    inputs, targets = data.tensors(val, torch.device("cpu"))
+    assert torch.equal(inputs, val.tensors[0]) and torch.equal(targets, val.tensors[1])

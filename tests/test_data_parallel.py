@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.nn.utils import parameters_to_vector
 
 from course import data_parallel as dp
-from course.data import load
+from course.data import global_batches, load
 from course.models import MLP, DigitsCNN
 
 pytestmark = pytest.mark.unit3
@@ -124,7 +124,7 @@ def test_train_step_equals_one_process_on_the_whole_batch(one_thread, world_size
     replicas = dp.replicate(model, ["cpu"] * world_size)
     optimizers = [torch.optim.SGD(r.parameters(), lr=0.3, momentum=0.9) for r in replicas]
     single = torch.optim.SGD(reference.parameters(), lr=0.3, momentum=0.9)
-    batches = dp.global_batches(load("digits").train, global_batch_size, steps=5)
+    batches = global_batches(load("digits").train, global_batch_size, steps=5)
     for x, y in batches:
         loss = dp.train_step(replicas, optimizers, x, y).loss
         expected = dp.train_step([reference], [single], x, y).loss
@@ -161,27 +161,16 @@ def test_replicate_and_train_step_reject_bad_arguments():
         replicas = dp.replicate(MLP(), ["cpu"] * 2)
         dp.train_step(replicas, [torch.optim.SGD(replicas[0].parameters(), lr=0.1)], torch.zeros(4, 1, 8, 8),
                       torch.zeros(4, dtype=torch.int64))
-    with pytest.raises(ValueError, match="steps must be a positive integer number of batches, got 0"):
-        dp.global_batches(load("digits").train, 8, 0)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_allreduce_on_ranks_equals_one_process_and_ranks_stay_identical():
     report = naive_ranks.report()
-    config = naive_ranks.PS
-    torch.manual_seed(config.seed)
-    model = DigitsCNN(width=config.width)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    batches = dp.global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
-    losses = [dp.train_step([model], [optimizer], x, y).loss for x, y in batches]
-    expected = parameters_to_vector(model.parameters()).detach()
+    losses, expected = naive_ranks.one_process("sgd")
     for rank in report:
         assert torch.allclose(rank["ps"]["allreduce_params"], expected, atol=1e-6)
         assert rank["ps"]["allreduce"] == pytest.approx(losses, rel=1e-5)
-        # The naive way: rank 0 does all the work and broadcasts; the same training, on every rank.
-        assert torch.allclose(rank["rank0"]["params"], expected, atol=1e-6)
-        assert rank["rank0"]["losses"] == pytest.approx(losses, rel=1e-5)
     assert "does not split evenly over 4 ranks" in report[0]["errors"]["indivisible"]
 
 

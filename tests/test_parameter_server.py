@@ -1,16 +1,11 @@
 """course.parameter_server: the synchronous server equals data-parallel SGD; traffic matches the closed form."""
 
-import copy
-
 import naive_ranks
 import pytest
 import torch
 from groups import single_rank_group
-from torch.nn.utils import parameters_to_vector
 
-from course import data_parallel as dp
 from course import parameter_server as ps
-from course.data import load
 from course.models import DigitsCNN
 
 pytestmark = pytest.mark.unit3
@@ -22,36 +17,6 @@ def test_server_traffic_grows_with_workers_and_allreduce_traffic_does_not():
     assert ps.allreduce_bytes_per_rank(100, 64) < 200 < ps.server_bytes_per_step(100, 100, 2)[0] + 1
     with pytest.raises(ValueError, match="num_workers must be a positive integer number of workers"):
         ps.server_bytes_per_step(100, 100, 0)
-
-
-@pytest.fixture(scope="module")
-def stale_setup(one_thread):
-    torch.manual_seed(0)
-    data = load("digits")
-    batches = dp.global_batches(data.train, 32, steps=12)
-    return DigitsCNN(width=4), batches, data.val.tensors
-
-
-def test_staleness_zero_is_plain_sgd(stale_setup):
-    model, batches, val = stale_setup
-    stale, plain = copy.deepcopy(model), copy.deepcopy(model)
-    curve = ps.train_with_staleness(stale, batches, 0.2, 0, val, eval_every=4)
-    optimizer = torch.optim.SGD(plain.parameters(), lr=0.2)
-    for x, y in batches:
-        dp.train_step([plain], [optimizer], x, y)
-    assert [step for step, _ in curve] == [0, 4, 8, 12]
-    assert torch.allclose(parameters_to_vector(stale.parameters()), parameters_to_vector(plain.parameters()),
-                          atol=1e-6)
-
-
-def test_staleness_changes_the_trajectory_and_is_validated(stale_setup):
-    model, batches, val = stale_setup
-    fresh, stale = copy.deepcopy(model), copy.deepcopy(model)
-    ps.train_with_staleness(fresh, batches, 0.2, 0, val)
-    ps.train_with_staleness(stale, batches, 0.2, 3, val)
-    assert not torch.allclose(parameters_to_vector(fresh.parameters()), parameters_to_vector(stale.parameters()))
-    with pytest.raises(ValueError, match="staleness must be an integer >= 0 number of updates"):
-        ps.train_with_staleness(copy.deepcopy(model), batches, 0.2, -1, val)
 
 
 @pytest.fixture(scope="module")
@@ -102,18 +67,6 @@ def test_modelled_step_time_server_grows_linearly_ring_stays_flat():
     bandwidth_only = AlphaBeta(alpha_s=0.0, beta_s_per_byte=1e-9)  # ring bytes per link: 2(n-1)/n < 2 for any n
     ring = [ps.modelled_seconds_per_step(10**6, w, bandwidth_only)["ring allreduce"] for w in (2, 64)]
     assert ring[0] == pytest.approx(1e-3) and ring[1] == pytest.approx(2 * 63 / 64 * 1e-3)
-
-
-def test_plot_curves_draws_one_line_per_label():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ax = ps.plot_curves({"a": [(0, 2.0), (10, 1.0)], "b": [(0, 2.0), (10, 1.5)]})
-    assert [line.get_label() for line in ax.lines] == ["a", "b"]
-    assert list(ax.lines[1].get_ydata()) == [2.0, 1.5]
-    plt.close(ax.figure)
 
 
 def test_a_server_without_workers_is_refused():

@@ -7,9 +7,6 @@ import pytest
 import torch
 
 from course import cost_model, who_works
-from course.data import load
-from course.data_parallel import global_batches, make_optimizer, train_step
-from course.models import DigitsCNN
 from course.utilization import History, Reading
 
 pytestmark = pytest.mark.unit3
@@ -22,11 +19,7 @@ RATE, LINK = 0.5e12, cost_model.AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)  #
 def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed():
     report = naive_ranks.report()
     config = naive_ranks.PS
-    torch.manual_seed(config.seed)
-    model = DigitsCNN(width=config.width)
-    optimizer = make_optimizer("adam", model.parameters(), config.lr)
-    batches = global_batches(load("digits").train, config.global_batch_size, config.steps, config.seed)
-    losses = [train_step([model], [optimizer], x, y).loss for x, y in batches]
+    losses, _ = naive_ranks.one_process("adam")
     for rank, result in enumerate(report):
         for strategy in who_works.STRATEGIES:
             run = result["who"][strategy]
@@ -41,6 +34,16 @@ def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed(
         assert start < end <= result["who"]["phases"]["ranks"][0]
     shares = who_works.shares([r["who"]["rank0"] for r in report])
     assert shares[0].compute_fraction > 0 and all(s.compute_fraction == 0 for s in shares[1:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_rank0_alone_trains_like_one_process_on_every_rank():
+    report = naive_ranks.report()
+    losses, expected = naive_ranks.one_process("sgd")
+    for rank in report:  # rank 0 does all the work and broadcasts: the same training, on every rank
+        assert torch.allclose(rank["rank0"]["params"], expected, atol=1e-6)
+        assert rank["rank0"]["losses"] == pytest.approx(losses, rel=1e-5)
 
 
 def test_modelled_step_matches_the_closed_forms():
