@@ -25,7 +25,7 @@ from functools import partial
 import numpy as np
 import torch.distributed as dist
 
-from course import cost_model, timing
+from course import allreduce_timing, cost_model, timing
 from course.allreduce import naive_allreduce, ring_allreduce, tree_allreduce
 from course.runtime.launch import launch
 
@@ -40,17 +40,17 @@ def main() -> int:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16, 64])
     args = parser.parse_args()
     algorithms = {
-        cost_model.REFERENCE: dist.all_reduce, "naive": naive_allreduce, "ring": ring_allreduce,
+        allreduce_timing.REFERENCE: dist.all_reduce, "naive": naive_allreduce, "ring": ring_allreduce,
         "ring (check=False)": partial(ring_allreduce, check=False), "tree": tree_allreduce,
     }
     sizes = [mb * MB for mb in args.sizes_mb]
-    rounds = launch(cost_model.time_allreduce, args.world_size, sizes, algorithms, args.repeats, samples=True,
+    rounds = launch(allreduce_timing.time_allreduce, args.world_size, sizes, algorithms, args.repeats, samples=True,
                     calls=args.calls, timeout_s=1200)[0]
     times = {name: {size: float(np.median(r)) for size, r in by_size.items()} for name, by_size in rounds.items()}
 
     def ratios(name: str, size: int) -> np.ndarray:
         """Per round, reference time / this algorithm's time (> 1: faster than the reference)."""
-        return np.array(rounds[cost_model.REFERENCE][size]) / np.array(rounds[name][size])
+        return np.array(rounds[allreduce_timing.REFERENCE][size]) / np.array(rounds[name][size])
 
     def ratio(name: str, size: int) -> float:
         return float(np.median(ratios(name, size)))
@@ -82,7 +82,7 @@ def main() -> int:
                           for s in big for low, high in [intervals[name, s]])
         unsure = [s for s in big if intervals[name, s][0] < 1.0 <= intervals[name, s][1]]
         note = f"; 1.0x is inside the interval at {', '.join(f'{s // MB} MB' for s in unsure)}" if unsure else ""
-        print(f"{name} >= 1.0x {cost_model.REFERENCE} at 16 MB and above: {verdict} ({shown}{note})")
+        print(f"{name} >= 1.0x {allreduce_timing.REFERENCE} at 16 MB and above: {verdict} ({shown}{note})")
     ring_ok = bool(big) and min(ratio("ring", s) for s in big) >= 1.0
     naive_slower = ratio("naive", max(sizes)) < ratio("ring", max(sizes))
     print(f"naive slower than ring at {max(sizes) // MB} MB: {'PASS' if naive_slower else 'FAIL'}")

@@ -30,7 +30,7 @@ import numpy as np
 import torch.distributed as dist
 from shm_allreduce_ranks import PHASES, time_phases, time_rounds
 
-from course import cost_model, timing
+from course import allreduce_timing, cost_model, timing
 from course.runtime.launch import launch
 from course.shm_allreduce import copy_bandwidth, shm_allreduce
 
@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=3, help="allreduces back to back per timing")
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[1, 16])
     args = parser.parse_args()
-    algorithms = {cost_model.REFERENCE: dist.all_reduce, "shm": shm_allreduce,
+    algorithms = {allreduce_timing.REFERENCE: dist.all_reduce, "shm": shm_allreduce,
                   "shm (check=False)": partial(shm_allreduce, check=False)}
     n, sizes = args.world_size, [mb * MB for mb in args.sizes_mb]
     load_before = os.getloadavg()[0]
@@ -57,18 +57,18 @@ def main() -> int:
     print(f"memory copy bandwidth, all {n} ranks copying {4 * max(sizes) // MB} MB at once (each its fastest of 9): "
           f"{copy / 1e9:.2f} GB/s per rank (measured in this run)")
     print(f"{'size':>6}  {'algorithm':<19}{'median ms':>10}{'busbw GB/s':>11}{'busbw/copy':>11}"
-          f"{'CPU ms/call':>12}  ratio to {cost_model.REFERENCE} (paired, 95% interval)")
+          f"{'CPU ms/call':>12}  ratio to {allreduce_timing.REFERENCE} (paired, 95% interval)")
     verdicts = {}
     for size in sizes:
         run = runs[size]
         for name in algorithms:
             wall, cpu = np.array(run[name]["wall"]), np.array(run[name]["cpu"])
             bus = float(cost_model.busbw(size, float(np.median(wall)), n))
-            ratio = timing.summarize(np.array(run[cost_model.REFERENCE]["wall"]) / wall)
+            ratio = timing.summarize(np.array(run[allreduce_timing.REFERENCE]["wall"]) / wall)
             verdicts[name, size] = ratio
             print(f"{size // MB:>4}MB  {name:<19}{np.median(wall) * 1e3:>10.1f}{bus / 1e9:>11.3f}{bus / copy:>10.0%}"
                   f"{np.median(cpu) * 1e3:>12.1f}  {ratio.format_ratio()}")
-        cpu_ratio = np.median(run[cost_model.REFERENCE]["cpu"]) / np.median(run["shm"]["cpu"])
+        cpu_ratio = np.median(run[allreduce_timing.REFERENCE]["cpu"]) / np.median(run["shm"]["cpu"])
         print(f"{size // MB:>4}MB  CPU time of gloo / CPU time of shm: {cpu_ratio:.2f}x")
     _print_phases(launch(time_phases, n, 16 * MB, args.repeats, timeout_s=600)[0])
     passed = _verdicts(verdicts, n)
@@ -106,7 +106,7 @@ def _verdicts(verdicts: dict[tuple[str, int], timing.Estimate], n: int) -> bool:
         ratio = verdicts[name, 16 * MB]
         verdict = "PASS" if ratio.median >= TARGET else "FAIL"
         unsure = f"; {TARGET:g}x is inside the interval" if TARGET in ratio else ""
-        print(f"{name} >= {TARGET:g}x {cost_model.REFERENCE} at 16 MB on {n} ranks: {verdict} "
+        print(f"{name} >= {TARGET:g}x {allreduce_timing.REFERENCE} at 16 MB on {n} ranks: {verdict} "
               f"({ratio.format_ratio()}{unsure})")
         passed = passed and ratio.median >= TARGET
     return passed

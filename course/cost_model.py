@@ -21,7 +21,9 @@ The ring's bandwidth term, ``2(n-1)/n·N·β``, is the lower bound for any allre
 reports **bus bandwidth** ``busbw = algbw · 2(n-1)/n`` (``algbw = N / T``): it is the bandwidth each link
 actually sustained, comparable across world sizes and with the hardware's link speed. The model leaves
 out the time to add the numbers (a third term, γ per byte, small on GPUs) and contention between links
-that share hardware (large for CPU processes sharing two cores). Taught in ``notebooks/04_allreduce.ipynb``.
+that share hardware (large for CPU processes sharing two cores). The times it is fitted to and checked against
+are measured by :mod:`course.allreduce_timing`; everything here is arithmetic on them (no process group).
+Taught in ``notebooks/04_allreduce.ipynb``.
 
 **Two levels** (``notebooks/05b_nodes.ipynb``): ``m`` nodes of ``g`` ranks, a fast link inside a node
 (``α_in, β_in``) and a slow one between nodes (``α_x, β_x``). A flat ring over all ``n = g·m`` ranks waits for
@@ -40,25 +42,18 @@ others copy out), with no intra-node term when ``g = 1``. Across nodes it sends 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
-from course import world
 from course.allreduce import ALGORITHMS
+from course.allreduce_timing import REFERENCE
 from course.validation import check_count
 
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
     from matplotlib.figure import Figure
-
-#: Name under which measurements list the backend's own ``dist.all_reduce`` (gloo here, nccl on GPUs).
-REFERENCE = "dist.all_reduce"
-
 
 @dataclass(frozen=True)
 class AlphaBeta:
@@ -202,113 +197,6 @@ def crossover(small: str, large: str, world_size: int, link: AlphaBeta) -> float
     return latency_gap / bandwidth_gap
 
 
-# --- measuring, on every rank (run with course.runtime.launch.launch) -------------------------------------------
-
-
-def _time_per_call(fn: Callable[[torch.Tensor], object], tensor: torch.Tensor, calls: int = 1) -> float:
-    """The slowest rank's time per call for ``calls`` calls of ``fn(tensor)`` back to back, all ranks starting
-    together."""
-    tensor.fill_(world.current().rank)  # fresh values each time: repeated sums would overflow float16
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(tensor)
-    elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64, device=tensor.device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return elapsed.item()
-
-
-def time_allreduce(nbytes: Sequence[int],
-                   algorithms: Sequence[str] | Mapping[str, Callable] = (*ALGORITHMS, REFERENCE),
-                   repeats: int = 5, *, samples: bool = False, calls: int = 1) -> dict[str, dict[int, Any]]:
-    """Median seconds per allreduce of float32 tensors of each size, for each algorithm (on every rank).
-
-    Algorithms take turns within each repeat, so a noisy neighbour slows them all alike (ratios between
-    them are fairer than absolute times, and ratios within one round fairer still); the order rotates from
-    round to round, so none always follows the same one (a predecessor can leave memory or caches busy).
-
-    Args:
-        nbytes: tensor sizes in bytes.
-        algorithms: names from ``ALGORITHMS`` or ``REFERENCE`` (the backend's ``dist.all_reduce``), or a
-            ``{label: fn(tensor)}`` mapping of picklable functions, e.g. ``functools.partial(ring_allreduce,
-            check=False)``.
-        repeats: timings (rounds) per size and algorithm; the median is kept.
-        samples: return every round's time instead of the median (round ``i`` of every algorithm ran
-            back to back, for paired comparisons).
-        calls: allreduces back to back per timing, which reports seconds per call: 1 times a call that
-            starts cold (every rank idle until it), more times the throughput of a stream of calls, as a
-            training step's buckets make and as nccl-tests measures (keep it small: the values grow by
-            the world size each call).
-
-    Returns:
-        ``{label: {nbytes: seconds}}`` (or ``{label: {nbytes: [seconds per round]}}``), the same on every rank.
-    """
-    if not isinstance(algorithms, Mapping):
-        algorithms = {name: dist.all_reduce if name == REFERENCE else ALGORITHMS[name] for name in algorithms}
-    results: dict = {name: {} for name in algorithms}
-    for size in nbytes:
-        tensor = torch.empty(size // 4, dtype=torch.float32, device=world.current().device)
-        rounds: dict[str, list[float]] = {name: [] for name in algorithms}
-        names = list(algorithms)
-        for round_ in range(repeats):
-            shift = round_ % len(names)  # each round starts with the next one: no algorithm always runs first
-            for name in names[shift:] + names[:shift]:
-                rounds[name].append(_time_per_call(algorithms[name], tensor, calls))
-        for name in algorithms:
-            results[name][size] = list(rounds[name]) if samples else float(np.median(rounds[name]))
-    return results
-
-
-def ping_pong(nbytes: Sequence[int], repeats: int = 5, *, samples: bool = False) -> dict[int, Any]:
-    """One-way time of a message between ranks 0 and 1 (half a round trip), median of ``repeats``.
-
-    Other ranks wait at the barrier. This is the ``α + N·β`` of one link, the input :func:`fit` expects.
-    ``samples``: return every repeat's time instead of the median (for :func:`course.timing.summarize`).
-    """
-    me = world.current()
-    if me.world_size < 2:
-        raise ValueError(f"ping_pong needs at least 2 ranks, got world_size={me.world_size}.")
-    results = {}
-    for size in nbytes:
-        tensor = torch.zeros(size // 4, dtype=torch.float32, device=me.device)
-        times = []
-        for _ in range(repeats + 1):  # the first round trip also sets up the connection: not timed
-            dist.barrier()
-            start = time.perf_counter()
-            if me.rank == 0:
-                dist.send(tensor, 1)
-                dist.recv(tensor, 1)
-            elif me.rank == 1:
-                dist.recv(tensor, 0)
-                dist.send(tensor, 0)
-            times.append((time.perf_counter() - start) / 2)
-        results[size] = times[1:] if samples else float(np.median(times[1:]))
-    box = [results]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def measure(nbytes: Sequence[int], repeats: int = 5, compare_numel: int = 0, *, samples: bool = False) -> dict:
-    """Everything notebook 04 runs on several ranks, in one launch (starting ranks is the slow part).
-
-    Args:
-        nbytes: sizes for the ping-pong and allreduce timings. repeats: timings per size (median kept, or
-            every one with ``samples=True``: then each ``s`` below is a list of seconds).
-        compare_numel: if positive, also check every algorithm against ``dist.all_reduce`` on a tensor of
-            this many elements (:func:`course.allreduce.compare_with_reference`).
-
-    Returns:
-        ``{"world_size": n, "ping_pong": {nbytes: s}, "allreduce": {algorithm: {nbytes: s}},
-        "differences": {algorithm: largest difference from dist.all_reduce on this rank}}``.
-    """
-    from course.allreduce import compare_with_reference
-
-    return {"world_size": world.current().world_size,
-            "differences": compare_with_reference(compare_numel) if compare_numel > 0 else {},
-            "ping_pong": ping_pong(nbytes, repeats, samples=samples),
-            "allreduce": time_allreduce(nbytes, repeats=repeats, samples=samples)}
-
-
 def model_error(link: AlphaBeta, world_size: int, measured: Mapping[str, Mapping[int, float]]
                 ) -> dict[str, dict[int, float]]:
     """Measured time over modelled time, per algorithm and size (1.0: the model is exact; 4.0: 4x too fast).
@@ -339,29 +227,13 @@ def describe_fit(ratios: Mapping[str, Mapping[int, float]], tolerance: float = 0
     return f"measured/model ranges from {low:.2f} to {high:.2f}: the model does NOT fit here"
 
 
-def measured_crossover(nbytes: Sequence[float], small: Sequence[float], large: Sequence[float]) -> float | None:
-    """Where measured times of ``large`` first drop below those of ``small``, interpolated on log axes.
-
-    Args:
-        nbytes: increasing sizes; ``small``/``large``: the two algorithms' times at those sizes.
-
-    Returns:
-        The size in bytes, or None if ``large`` is never faster, or is faster already at the smallest size.
-    """
-    sizes, gap = np.log(np.asarray(nbytes, dtype=float)), np.log(np.asarray(large) / np.asarray(small))
-    for i in range(1, len(sizes)):
-        if gap[i - 1] > 0 >= gap[i]:
-            return float(np.exp(sizes[i - 1] + (sizes[i] - sizes[i - 1]) * gap[i - 1] / (gap[i - 1] - gap[i])))
-    return None
-
-
 def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]] | None = None,
          nbytes: Sequence[float] | None = None, title: str = "") -> Figure:
     """Predicted time per algorithm against size (lines), and measured times (dots) when given.
 
     Args:
         world_size: ranks in the model. link: α, β to predict with.
-        measured: ``{algorithm: {nbytes: seconds}}`` as :func:`time_allreduce` returns, or None.
+        measured: ``{algorithm: {nbytes: seconds}}`` as :func:`course.allreduce_timing.time_allreduce` returns, or None.
         nbytes: sizes to draw the lines over (default: the measured sizes, else 1 KB to 1 GB).
     """
     import matplotlib.pyplot as plt

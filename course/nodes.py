@@ -9,7 +9,8 @@ much slower than the link inside a node (``course.netns``). Every node runs the 
 with no ``--node_rank``: the rendezvous hands out node ranks in the order nodes arrive. On the 4 ranks this
 module's ``main`` checks :func:`course.hierarchical.hierarchical_allreduce` against ``dist.all_reduce``,
 times it against the flat ring (``course.allreduce.ring_allreduce`` over all 4 ranks) and measures the two
-links (shared memory inside a node, the cable between leaders) so that ``course.cost_model`` can predict both.
+links (shared memory inside a node, the cable between leaders; timed with ``course.allreduce_timing``) so that
+``course.cost_model`` can predict both.
 
 Namespaces need root and iproute2 (``ip``, ``tc``); without them :func:`run_two_nodes` runs the same two
 torchrun commands on loopback (no slow link), and says why.
@@ -28,8 +29,6 @@ import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-
-import numpy as np
 
 from course import cost_model
 from course.netns import (
@@ -160,7 +159,7 @@ def measure(nbytes: list[int], repeats: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from course import world
+    from course import allreduce_timing, world
     from course.allreduce import ring_allreduce
     from course.hierarchical import hierarchical_allreduce, node_groups
     from course.shm_allreduce import shm_allreduce
@@ -171,39 +170,16 @@ def measure(nbytes: list[int], repeats: int) -> dict:
     reference = mine.clone()
     dist.all_reduce(reference)
     difference = (hierarchical_allreduce(mine.clone()) - reference).abs().max().item()
-    times = cost_model.time_allreduce(nbytes, {"flat ring": ring_allreduce, "hierarchical": hierarchical_allreduce,
-                                               cost_model.REFERENCE: dist.all_reduce}, repeats)
-    shm = cost_model.time_allreduce(nbytes, {"shm": partial(shm_allreduce, group=nodes.local)}, repeats)["shm"]
+    algorithms = {"flat ring": ring_allreduce, "hierarchical": hierarchical_allreduce,
+                  allreduce_timing.REFERENCE: dist.all_reduce}
+    times = allreduce_timing.time_allreduce(nbytes, algorithms, repeats)
+    shm = allreduce_timing.time_allreduce(nbytes, {"shm": partial(shm_allreduce, group=nodes.local)}, repeats)["shm"]
     leaders = [ranks[0] for ranks in nodes.members]
-    one_way = _ping_pong(leaders[0], leaders[1], nbytes, repeats)
+    one_way = allreduce_timing.ping_pong(nbytes, repeats, between=(leaders[0], leaders[1]))
     inside = cost_model.fit_allreduce("shm", len(nodes.members[0]), nbytes, [shm[n] for n in nbytes])
     between = cost_model.fit(nbytes, [one_way[n] for n in nbytes])
     return {"nodes": [list(ranks) for ranks in nodes.members], "max_diff": difference, "times": times,
             "inside": asdict(inside), "between": asdict(between)}
-
-
-def _ping_pong(first: int, second: int, nbytes: list[int], repeats: int) -> dict[int, float]:
-    """One-way seconds of a message between global ranks ``first`` and ``second`` (median; the others wait)."""
-    import torch
-    import torch.distributed as dist
-
-    rank, results = dist.get_rank(), {}
-    for size in nbytes:
-        tensor, times = torch.zeros(size // 4), []
-        for _ in range(repeats + 1):  # the first round trip also connects: not timed
-            dist.barrier()
-            start = time.perf_counter()
-            if rank == first:
-                dist.send(tensor, second)
-                dist.recv(tensor, second)
-            elif rank == second:
-                dist.recv(tensor, first)
-                dist.send(tensor, first)
-            times.append((time.perf_counter() - start) / 2)
-        results[size] = float(np.median(times[1:]))
-    box = [results]
-    dist.broadcast_object_list(box, src=first)
-    return box[0]
 
 
 def main() -> None:

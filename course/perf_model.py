@@ -1,5 +1,8 @@
 """A performance model of data-parallel training on real GPUs: what one step costs, and what n GPUs buy.
 
+It stays one module of ~300 lines because every function is a term of the one step formula below (layer,
+comm, the one-link schemes, step) or reads its result (scaling curve, timeline), checked against it in one place.
+
 Every number it returns is **modelled**, not measured. One step on each of ``n`` GPUs (per-rank batch ``B``):
 
     layer  = max(FLOPs x B / (peak x compute_efficiency), bytes moved / (memory bandwidth x memory_efficiency))

@@ -1,7 +1,6 @@
 """course.cost_model: the alpha-beta formulas, the fit, bus bandwidth and the crossover, against closed forms."""
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -9,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course import cost_model as cm
-from course.runtime.launch import launch
+from course.allreduce_timing import REFERENCE
 
 pytestmark = pytest.mark.unit4
 
@@ -94,28 +93,12 @@ def test_no_crossover_when_one_algorithm_is_faster_everywhere():
     assert cm.crossover("ring", "naive", 8, link) is None
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_measure_on_two_ranks_gives_positive_times_for_everything():
-    sizes = [4096, 65536]
-    result = launch(cm.measure, 2, sizes, 2, timeout_s=150)
-    assert result[0] == result[1]  # every rank returns the same report
-    report = result[0]
-    assert report["world_size"] == 2
-    assert set(report["ping_pong"]) == set(sizes) and all(t > 0 for t in report["ping_pong"].values())
-    assert set(report["allreduce"]) == {"naive", "ring", "tree", cm.REFERENCE}
-    assert all(t > 0 for times in report["allreduce"].values() for t in times.values())
-    every = launch(cm.measure, 2, sizes, 3, samples=True, timeout_s=150)[0]  # every repeat, for intervals
-    assert all(len(t) == 3 and min(t) > 0 for t in every["ping_pong"].values())
-    assert all(len(t) == 3 for times in every["allreduce"].values() for t in times.values())
-
-
 @given(link=links, world_size=st.integers(2, 16), scale=st.floats(0.1, 10))
 def test_model_error_is_measured_over_modelled_and_describe_fit_follows_it(link, world_size, scale):
     sizes = [1 << 10, 1 << 20]
     measured = {name: {n: scale * float(cm.predict(name, n, world_size, link)) for n in sizes}
                 for name in ("ring", "tree")}
-    measured[cm.REFERENCE] = {n: 1.0 for n in sizes}  # not in the model: skipped
+    measured[REFERENCE] = {n: 1.0 for n in sizes}  # not in the model: skipped
     ratios = cm.model_error(link, world_size, measured)
     assert set(ratios) == {"ring", "tree"}
     assert all(r == pytest.approx(scale) for by_size in ratios.values() for r in by_size.values())
@@ -132,56 +115,13 @@ def test_describe_fit_says_when_errors_go_both_ways_and_refuses_nothing():
         cm.describe_fit({})
 
 
-def test_measured_crossover_interpolates_where_the_curves_cross():
-    sizes = [1e3, 1e4, 1e5]
-    assert cm.measured_crossover(sizes, [1, 1, 1], [2, 1.0000001, 0.5]) == pytest.approx(1e4, rel=1e-3)
-    assert cm.measured_crossover(sizes, [1, 1, 1], [2, 2, 2]) is None
-    assert cm.measured_crossover(sizes, [1, 1, 1], [0.5, 0.5, 0.5]) is None
-
-
 def test_plot_draws_the_model_and_the_measurements():
     import matplotlib
 
     matplotlib.use("Agg")
-    measured = {name: {1000: 1e-3, 10000: 2e-3} for name in ("naive", "ring", "tree", cm.REFERENCE)}
+    measured = {name: {1000: 1e-3, 10000: 2e-3} for name in ("naive", "ring", "tree", REFERENCE)}
     fig = cm.plot(4, cm.AlphaBeta(1e-4, 1e-9), measured)
     assert len(fig.axes[0].lines) == 7
-
-
-@pytest.mark.timeout(120)
-def test_time_allreduce_gives_medians_or_every_round():
-    medians, rounds = launch(_both_kinds, 2, timeout_s=100)[0]
-    assert set(medians) == set(rounds) == {"ring", cm.REFERENCE}
-    for name in medians:
-        assert set(medians[name]) == set(rounds[name]) == {4096, 65536}
-        for size in (4096, 65536):
-            assert medians[name][size] > 0
-            assert len(rounds[name][size]) == 3 and all(t > 0 for t in rounds[name][size])
-
-
-def _both_kinds():
-    return (cm.time_allreduce([4096, 65536], ["ring", cm.REFERENCE], repeats=3),
-            cm.time_allreduce([4096, 65536], ["ring", cm.REFERENCE], repeats=3, samples=True))
-
-
-@pytest.mark.timeout(120)
-def test_time_allreduce_back_to_back_calls_report_seconds_per_call():
-    calls, seconds = launch(_three_calls_a_round, 2, timeout_s=100)[0]
-    assert calls == 2 * 3  # 2 rounds of 3 calls
-    assert 0.01 <= seconds < 0.02  # each call sleeps 10 ms: per call, not per round of 3
-
-
-_CALLS: list[int] = []
-
-
-def _sleepy_allreduce(tensor):
-    _CALLS.append(1)
-    time.sleep(0.01)
-
-
-def _three_calls_a_round():
-    medians = cm.time_allreduce([4096], {"sleepy": _sleepy_allreduce}, repeats=2, calls=3)
-    return len(_CALLS), medians["sleepy"][4096]
 
 
 def test_shm_costs_two_barriers_and_three_copies():
