@@ -293,7 +293,7 @@ def scaling_curve(workload: Workload, batch_size: int | None, world_sizes: tuple
 
 
 def to_history(step: StepTime, steps: int = 3, samples_per_step: int = 50) -> object:
-    """The timeline as a :class:`course.utilization.History` of kind ``"modelled"``: ``course.monitor`` can
+    """The timeline as a :class:`course.utilization.History` of kind ``"modelled"``: ``course.monitor_report`` can
     replay it. Utilization of a device = percent of each sampling interval it spends computing."""
     from course.utilization import History, Reading
 

@@ -145,10 +145,10 @@ def watch_both(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Ten
 
 
 def plot_monitor(history: Any, phases: dict[str, tuple[float, float]]) -> Figure:
-    """:func:`course.monitor.plot_timeline` with the two runs shaded and named (the rest is start-up)."""
-    from course import monitor
+    """:func:`course.monitor_report.plot_timeline` with the two runs shaded and named (the rest is start-up)."""
+    from course import monitor_report
 
-    fig = monitor.plot_timeline(history)
+    fig = monitor_report.plot_timeline(history)
     for ax in fig.axes:
         for color, (name, (start, end)) in zip(("tab:red", "tab:blue"), phases.items(), strict=True):
             ax.axvspan(start, end, color=color, alpha=0.15, label=LABELS[name])

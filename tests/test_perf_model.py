@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course import cost_model, hardware, utilization, workloads
+from course import cost_model, hardware, utilization_summary, workloads
 from course import perf_model as pm
 
 pytestmark = pytest.mark.unit5
@@ -133,17 +133,17 @@ def test_history_replays_the_compute_fraction():
     step = pm.step_time(R50, 32, 4, ONE_NODE, "naive", A)
     history = pm.to_history(step, steps=2, samples_per_step=200)
     assert history.kind == "modelled" and "modelled" in history.labels[0]
-    mean = {s.device: s.mean_utilization for s in utilization.summarize(history)}
+    mean = {s.device: s.mean_utilization for s in utilization_summary.summarize(history)}
     assert mean[0] == pytest.approx(100 * step.compute_s / step.step_s, rel=0.02)
 
 
 def test_monitor_labels_a_modelled_history_as_modelled():
-    from course import monitor
+    from course import monitor_report
 
     history = pm.to_history(pm.step_time(R50, 32, 2, ONE_NODE), steps=1)
-    text = monitor.format_summary(history)
+    text = monitor_report.format_summary(history)
     assert text.startswith("Modelled GPUs") and "Not a measurement" in text and "MiB" not in text
-    assert utilization.busy_threshold(history, cpu_count=1) == 50.0  # a modelled GPU can reach 100%
+    assert utilization_summary.busy_threshold(history, cpu_count=1) == 50.0  # a modelled GPU can reach 100%
 
 
 def test_the_assumptions_read_as_a_sentence_not_a_dataclass_repr():
