@@ -10,7 +10,8 @@ exactly what ``dist.all_reduce(tensor)`` does. The three algorithms share one si
 
 so a student can diff them. Taught in ``notebooks/04_allreduce.ipynb``; ``course.allreduce_sim`` replays the
 same steps in one process and draws them; ``course.cost_model`` says what each one costs. How ranks address
-each other and agree on the call (``agreement``) is :mod:`course.allreduce_protocol`.
+each other, agree on the call (``agreement``) and check its arguments is
+:mod:`course.allreduce_protocol`.
 
 - **naive** (the parameter-server pattern): everyone sends its tensor to rank 0, rank 0 adds them up and
   sends the result back. Rank 0's link carries 2(n-1) full tensors: it does not scale.
@@ -30,11 +31,8 @@ import torch
 import torch.distributed as dist
 
 from course import world
-from course.allreduce_protocol import ALGORITHM_NAMES, DTYPES, OPS, Agreement, Comm, call_metadata
+from course.allreduce_protocol import ALGORITHM_NAMES, Agreement, Comm, Op, call_metadata, op_name, validate_tensor
 
-#: ``op`` may also be torch's own constant, as in ``dist.all_reduce(tensor, op=dist.ReduceOp.SUM)``.
-REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
-Op = str | dist.ReduceOp | dist.ReduceOp.RedOpType
 #: The ring cuts each chunk into pieces of about this many bytes and passes a piece on as soon as it is
 #: reduced, while the next piece is still arriving (pipelining: the sends of piece k overlap the adding of
 #: piece k+1). Fewer pieces cost fewer messages, more pieces overlap more. On emulated GPUs, where every
@@ -266,7 +264,7 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGrou
            ) -> tuple[torch.Tensor, Comm, Agreement]:
     """Validate the arguments, find this rank in ``group``, start the agreement check (also on which
     ``algorithm`` every rank runs: their messages differ), and view the tensor as 1-D."""
-    op = _op_name(op)
+    op = op_name(op)
     validate_tensor(tensor)
     if group is None and not dist.is_initialized():
         comm = Comm(0, 1, None)  # no process group: a world of one, like course.world.current()
@@ -281,37 +279,7 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGrou
     return tensor.view(-1), comm, agreement
 
 
-def validate_tensor(tensor: torch.Tensor, caller: str = "allreduce") -> None:
-    """Raise unless ``tensor`` is one an in-place allreduce can take: a contiguous torch.Tensor of a dtype in
-    ``DTYPES``. ``caller`` names the function in the message (``course.shm_allreduce`` shares this check).
-
-    Raises:
-        TypeError: not a tensor. ValueError: another dtype, or not contiguous (each message says the fix).
-    """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{caller} needs a torch.Tensor, got {type(tensor).__name__}.")
-    if tensor.dtype not in DTYPES:
-        raise ValueError(f"{caller} supports dtypes {[str(d) for d in DTYPES]}, got {tensor.dtype}. "
-                         "Convert with tensor.float() (and copy back) first.")
-    if not tensor.is_contiguous():
-        raise ValueError(f"{caller} works in place on a contiguous tensor, got one with strides "
-                         f"{tensor.stride()} for shape {tuple(tensor.shape)}. Reduce t = x.contiguous(), "
-                         "then x.copy_(t).")
-
-
-def _op_name(op: Op) -> str:
-    """``"sum"`` or ``"avg"`` for either spelling of ``op``; raise naming the allowed values otherwise."""
-    if isinstance(op, str) and op in OPS:
-        return op
-    if isinstance(op, dist.ReduceOp | dist.ReduceOp.RedOpType):  # not ints: ReduceOp.SUM == 0 is True
-        for name, reduce_op in REDUCE_OPS.items():
-            if op == reduce_op:
-                return name
-    raise ValueError(f"op must be one of {OPS} or dist.ReduceOp.SUM / dist.ReduceOp.AVG, got {op!r}. "
-                     "(max, min and product are not taught here: use dist.all_reduce for them.)")
-
-
 def _finish(tensor: torch.Tensor, op: Op, comm: Comm) -> torch.Tensor:
-    if _op_name(op) == "avg" and comm.world_size > 1:
+    if op_name(op) == "avg" and comm.world_size > 1:
         tensor.div_(comm.world_size)
     return tensor

@@ -3,8 +3,10 @@
 :class:`Comm` is one rank's point-to-point calls, addressed by group rank. :class:`Agreement` is the check
 that every rank makes the same allreduce call (numel, dtype, op, algorithm, shape) before or, for a repeated
 ring call, while its data moves, so that a mismatch is an error naming the rank instead of a hang or a gloo
-abort. The algorithms themselves are in :mod:`course.allreduce`, which is what ``notebooks/04_allreduce.ipynb``
-teaches; this module is what makes them safe to call wrong.
+abort. :func:`validate_tensor` and :func:`op_name` check what a call is given (every allreduce of the course
+shares them: ``course.allreduce``, ``course.shm_allreduce``, ``course.hierarchical``). The algorithms themselves
+are in :mod:`course.allreduce`, which is what ``notebooks/04_allreduce.ipynb`` teaches; this module is what makes
+them safe to call wrong.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from course import world
 
 OPS = ("sum", "avg")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: ``op`` may also be torch's own constant, as in ``dist.all_reduce(tensor, op=dist.ReduceOp.SUM)``.
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
+Op = str | dist.ReduceOp | dist.ReduceOp.RedOpType
 #: The algorithms of ``course.allreduce.ALGORITHMS``, in its order: a call names its algorithm by index.
 ALGORITHM_NAMES = ("naive", "ring", "tree")
 #: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
@@ -60,6 +65,36 @@ class Comm:
                 if tensor.numel()]
         for work in dist.batch_isend_irecv(ops) if ops else []:
             work.wait()
+
+
+def validate_tensor(tensor: torch.Tensor, caller: str = "allreduce") -> None:
+    """Raise unless ``tensor`` is one an in-place allreduce can take: a contiguous torch.Tensor of a dtype in
+    ``DTYPES``. ``caller`` names the function in the message (``course.allreduce``, ``course.shm_allreduce``).
+
+    Raises:
+        TypeError: not a tensor. ValueError: another dtype, or not contiguous (each message says the fix).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{caller} needs a torch.Tensor, got {type(tensor).__name__}.")
+    if tensor.dtype not in DTYPES:
+        raise ValueError(f"{caller} supports dtypes {[str(d) for d in DTYPES]}, got {tensor.dtype}. "
+                         "Convert with tensor.float() (and copy back) first.")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{caller} works in place on a contiguous tensor, got one with strides "
+                         f"{tensor.stride()} for shape {tuple(tensor.shape)}. Reduce t = x.contiguous(), "
+                         "then x.copy_(t).")
+
+
+def op_name(op: Op) -> str:
+    """``"sum"`` or ``"avg"`` for either spelling of ``op``; raise naming the allowed values otherwise."""
+    if isinstance(op, str) and op in OPS:
+        return op
+    if isinstance(op, dist.ReduceOp | dist.ReduceOp.RedOpType):  # not ints: ReduceOp.SUM == 0 is True
+        for name, reduce_op in REDUCE_OPS.items():
+            if op == reduce_op:
+                return name
+    raise ValueError(f"op must be one of {OPS} or dist.ReduceOp.SUM / dist.ReduceOp.AVG, got {op!r}. "
+                     "(max, min and product are not taught here: use dist.all_reduce for them.)")
 
 
 #: The ring's message loop, ``ring(flat, comm, hear_left, talk_right)`` (``course.allreduce._ring``).

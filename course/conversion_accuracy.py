@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from course import data, ddp, models, root_cause, train
+from course import data, ddp_scripts, models, root_cause, train
 
 _SETTINGS = re.compile(r"^(?:(\d+) rank\(s\), global )?batch (\d+), lr (\S+)$", re.MULTILINE)
 _EPOCH = re.compile(r"^epoch (\d+): val loss \S+, val accuracy (\S+)$", re.MULTILINE)
@@ -86,7 +86,7 @@ def run_single_device(script: str | Path, script_args: tuple[str, ...] = (),
     """
     command = [sys.executable, str(script), *script_args]
     # One thread: the course CNN is too small to gain from more, and on shared cores they only contend.
-    env = {**ddp.torchrun_environment(1), "OMP_NUM_THREADS": "1"}
+    env = {**ddp_scripts.torchrun_environment(1), "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as expired:

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from course import world
-from course.allreduce import ALGORITHMS, Op, _op_name
+from course.allreduce import ALGORITHMS
+from course.allreduce_protocol import Op, op_name
 from course.shm_allreduce import shm_broadcast, shm_reduce, validate_host_tensor
 from course.shm_group import host
 from course.validation import check_count
@@ -123,7 +124,7 @@ def hierarchical_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.Pro
     Raises:
         ValueError: bad arguments, or ranks that disagree (with ``check``).
     """
-    op = _op_name(op)
+    op = op_name(op)
     validate_host_tensor(tensor)
     if across not in ALGORITHMS:
         raise ValueError(f"across must be one of {sorted(ALGORITHMS)}, got {across!r}.")

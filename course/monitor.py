@@ -38,7 +38,7 @@ def watch(target: subprocess.Popen | int | None = None, interval_s: float = 0.5,
     Args:
         target: a running ``subprocess.Popen`` (torchrun), a pid, or ``None`` for this process's own children
             (wrap a blocking call that starts the ranks: :func:`course.runtime.launch.launch`, or
-            :func:`course.ddp.run_torchrun`).
+            :func:`course.ddp_scripts.run_torchrun`).
         interval_s: seconds between readings.
         display: show the live view (widgets in Jupyter, text lines elsewhere); ``False`` only records.
         nvml: a pynvml-like module to use instead of ``pynvml`` (tests inject a fake one).

@@ -54,7 +54,7 @@ def node_commands(endpoint: str, rdzv_id: str, script_args: tuple[str, ...] = ()
     """The command each node runs: the same torchrun line (c10d rendezvous, no --node_rank), inside its
     namespace if given (where this machine's name resolves to the node's address), else on loopback (with
     ``--local_addr=127.0.0.1``, so that no rank is reached at another of this machine's addresses)."""
-    from course.ddp import torchrun_command
+    from course.ddp_scripts import torchrun_command
 
     commands = []
     for node in range(NODES):
@@ -111,7 +111,7 @@ def predictions(inside: cost_model.AlphaBeta, between: cost_model.AlphaBeta, nby
 
 def _start_and_wait(commands: list[list[str]], interfaces: tuple[str, str], timeout_s: float) -> list[str]:
     """Start every node's command, wait for all (bounded), stop all as soon as one fails; the commands as typed."""
-    from course.ddp import torchrun_environment
+    from course.ddp_scripts import torchrun_environment
 
     processes, logs = [], []
     with tempfile.TemporaryDirectory(prefix="course-nodes-logs-") as scratch:

@@ -37,7 +37,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course.allreduce import DTYPES, OPS, Op, _op_name, validate_tensor
+from course.allreduce_protocol import DTYPES, OPS, Op, op_name, validate_tensor
 from course.shm_group import HEADER_ROW, SharedGroup, shared_group
 
 #: Header row per rank: numel, dtype, op, kind, dim, then up to _CHECKED_DIMS sizes (later ones folded).
@@ -115,7 +115,7 @@ def _begin(kind: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | N
     """Validate; write my call into the header and (unless a broadcast) my tensor into my slot; first barrier;
     compare the calls. Returns the group's shared memory and the flat tensor, or ``(None, flat)`` when there is
     nothing to move (a world of one, or no elements)."""
-    op = _op_name(op)
+    op = op_name(op)
     validate_host_tensor(tensor)
     flat, nbytes = tensor.view(-1), tensor.numel() * tensor.element_size()
     if group is None and not dist.is_initialized():
@@ -179,7 +179,7 @@ def _reduce_my_chunk(shared: SharedGroup, flat: torch.Tensor) -> None:
 def _copy_out(shared: SharedGroup, flat: torch.Tensor, op: Op) -> None:
     """Step 5: the whole result into my tensor, divided by the world size on the way for ``"avg"``."""
     result = shared.slot(shared.world_size, flat.numel(), flat.dtype)
-    if _op_name(op) == "avg":
+    if op_name(op) == "avg":
         torch.div(result, shared.world_size, out=flat)
     else:
         flat.copy_(result)

@@ -1,5 +1,9 @@
 """The record format: what the probes write on the record channel and the grader reads, declared once.
 
+Over ~300 lines on purpose: every record kind is declared here and nowhere else, each with all its fields
+written out (so the kinds look alike: that likeness is the format), next to the one parser that checks them;
+splitting the kinds from their parser would bring back a format written in two places.
+
 Every line on the channel (:mod:`grader.channel`) carries one record, a JSON object whose ``kind`` names one
 of the dataclasses below and whose other keys are that dataclass's fields. The probes
 (:mod:`grader.probes`, inside the student's ranks) build these records and write :meth:`Record.to_dict`;
@@ -20,9 +24,6 @@ anything (see :mod:`grader.channel`). :func:`parse` refuses, with :class:`Malfor
 not an object, names an unknown kind or version, lacks a field, has one the kind does not declare, or has one
 of the wrong type; the grader then counts it against integrity instead of reading it. Used by the grader
 of notebook 06.
-
-Over ~300 lines on purpose: every record kind is declared here and nowhere else, next to the one parser that
-checks them; splitting the kinds from their parser would bring back a format written in two places.
 """
 
 from __future__ import annotations

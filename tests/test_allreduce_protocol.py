@@ -1,13 +1,23 @@
-"""course.allreduce_protocol: how a call is described to the other ranks (the multi-rank agreement itself is
-exercised on 8 ranks by tests/test_allreduce.py)."""
+"""course.allreduce_protocol: what a call may be given, and how it is described to the other ranks (the multi-rank
+agreement itself is exercised on 8 ranks by tests/test_allreduce.py)."""
 
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
 from course.allreduce import ALGORITHMS
-from course.allreduce_protocol import _CHECKED_DIMS, ALGORITHM_NAMES, DTYPES, OPS, call_metadata, describe
+from course.allreduce_protocol import (
+    _CHECKED_DIMS,
+    ALGORITHM_NAMES,
+    DTYPES,
+    OPS,
+    call_metadata,
+    describe,
+    op_name,
+    validate_tensor,
+)
 
 pytestmark = pytest.mark.unit4
 
@@ -28,3 +38,18 @@ def test_dimensions_past_the_checked_ones_fold_into_the_last_slot():
     deep, flat = torch.zeros(2, 1, 1, 1, 1, 3, 5), torch.zeros(2, 1, 1, 1, 1, 15)
     assert call_metadata(deep, "sum", "ring")[5:] == call_metadata(flat, "sum", "ring")[5:]
     assert call_metadata(deep, "sum", "ring")[4] == 7 and call_metadata(flat, "sum", "ring")[4] == 6
+
+
+def test_both_spellings_of_an_op_name_the_same_op_and_others_are_refused():
+    assert [op_name(op) for op in ("sum", "avg", dist.ReduceOp.SUM, dist.ReduceOp.AVG)] == ["sum", "avg", "sum", "avg"]
+    for bad in ("max", dist.ReduceOp.MAX, 0):  # 0 == dist.ReduceOp.SUM in torch, but it is no op
+        with pytest.raises(ValueError, match="op must be one of"):
+            op_name(bad)
+
+
+def test_a_tensor_that_cannot_be_reduced_in_place_is_refused_in_the_callers_name():
+    validate_tensor(torch.zeros(2, 3, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^shm_allreduce supports dtypes"):
+        validate_tensor(torch.zeros(3, dtype=torch.int32), "shm_allreduce")
+    with pytest.raises(TypeError, match="^allreduce needs a torch.Tensor, got list"):
+        validate_tensor([1.0])

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course import conversion_accuracy as ca
-from course import data, ddp, lr_scaling, models, train
+from course import data, ddp_scripts, lr_scaling, models, train
 
 pytestmark = pytest.mark.unit5
 
@@ -109,7 +109,7 @@ def _independent_test_accuracy(checkpoint):
 
 @pytest.mark.timeout(120)
 def test_a_single_device_run_is_read_from_its_real_output(tmp_path):
-    done = ca.run_single_device(ddp.step_scripts()[0], ("--out-dir", str(tmp_path), "--epochs", "1",
+    done = ca.run_single_device(ddp_scripts.step_scripts()[0], ("--out-dir", str(tmp_path), "--epochs", "1",
                                                          "--batch-size", "64", "--lr", "0.03"), timeout_s=100)
     run = ca.read_run("1 device", done.stdout, tmp_path / "checkpoint.pt")
     printed = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("epoch ")]
@@ -122,7 +122,8 @@ def test_a_single_device_run_is_read_from_its_real_output(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_ddp_run_is_read_from_its_real_output_with_the_linear_rule_applied(tmp_path):
-    done = ddp.run_torchrun(ddp.step_scripts()[-1], 2, ("--out-dir", str(tmp_path), "--epochs", "2"), timeout_s=220)
+    done = ddp_scripts.run_torchrun(ddp_scripts.step_scripts()[-1], 2, ("--out-dir", str(tmp_path), "--epochs", "2"),
+                                    timeout_s=220)
     run = ca.read_run("2 ranks", done.stdout, tmp_path / "checkpoint.pt")
     printed = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("epoch ")]
     assert (run.world_size, run.global_batch_size) == (2, 64)  # the script's default 32 per rank

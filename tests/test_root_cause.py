@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course import ddp
+from course import ddp_scripts
 from course.root_cause import explain, root_cause
 
 pytestmark = pytest.mark.unit6
@@ -88,8 +88,8 @@ def test_a_real_torchrun_failure_is_traced_to_the_rank_that_raised(tmp_path):
         dist.barrier()
         world.shutdown()
     """))
-    done = subprocess.run(ddp.torchrun_command(script, 4), capture_output=True, text=True, timeout=100,
-                          env=ddp.torchrun_environment(4))
+    done = subprocess.run(ddp_scripts.torchrun_command(script, 4), capture_output=True, text=True, timeout=100,
+                          env=ddp_scripts.torchrun_environment(4))
     assert done.returncode != 0 and "started" in done.stdout
     cause = root_cause(done.stderr)
     assert (cause.rank, cause.error) == (2, "AttributeError: 'DigitsCNN' object has no attribute 'module'"), \

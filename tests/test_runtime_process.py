@@ -1,6 +1,5 @@
 """course.runtime: one run() with a capped reader, one tree kill, one classifier of how a run ended."""
 
-import io
 import signal
 import sys
 import threading
@@ -10,7 +9,6 @@ import pytest
 from processes import live_children
 
 from course.runtime import outcome, process
-from course.runtime.capture import Capped
 from course.runtime.outcome import Limits
 
 pytestmark = pytest.mark.unit0
@@ -43,14 +41,6 @@ def test_the_output_kept_is_a_head_and_a_tail_with_the_dropped_size_between():
     assert done.stdout.startswith("head\nxxx") and done.stdout.endswith("xxx\nthe end\n")
     dropped = int(done.stdout.split("[")[1].split()[0])
     assert dropped == len("head\n") + 10001 + len("the end\n") - 1000
-
-
-def test_the_capped_reader_counts_every_byte_and_keeps_the_first_whole_when_it_fits():
-    whole = Capped(io.BufferedReader(io.BytesIO(b"abc" * 10)))
-    assert whole.text() == "abc" * 10 and whole.total == 30
-    capped = Capped(io.BufferedReader(io.BytesIO(bytes(range(100)))), head_bytes=10, tail_bytes=5, marker="|{dropped}|")
-    assert capped.text().encode() == bytes(range(10)) + b"|85|" + bytes(range(95, 100))
-    assert (capped.total, capped.kept) == (100, 15)
 
 
 def test_a_limit_the_watchdog_sees_broken_stops_the_run_with_its_status():

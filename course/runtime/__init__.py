@@ -6,13 +6,15 @@ process group it starts).
 
 * :mod:`~course.runtime.process` -- ``run(argv, timeout_s, limits, capture) -> Outcome``: start a command in its own
   session, read its output through a capped reader, stop it (and everything it started) at the time limit;
-* :mod:`~course.runtime.capture` -- the one capped output reader (keeps a head and a tail, counts the rest);
+* :mod:`~course.runtime.capture` -- the one capped output reader (keeps a head and a tail, counts the rest), of a pipe
+  or of a file read as it grows;
 * :mod:`~course.runtime.outcome` -- the one classifier of how a run ended (ok, error, timeout, out of memory,
   too many processes, killed by a signal, ...) and the :class:`~course.runtime.outcome.Limits` it is judged by;
 * :mod:`~course.runtime.process_tree` -- the one process-tree kill, and the ``/proc`` reader it and the
   watchdog share;
 * :mod:`~course.runtime.launch` -- ``launch(fn, world_size)``: a library function on N ranks from a notebook,
-  with :mod:`~course.runtime.rank_stacks` (where a hung rank is stuck) and :mod:`~course.runtime.ports`.
+  with :mod:`~course.runtime.rank_output` (each rank's output in the notebook, prefixed by rank),
+  :mod:`~course.runtime.rank_stacks` (where a hung rank is stuck) and :mod:`~course.runtime.ports`.
 
 A subpackage of ``course``, not a top-level ``runtime`` package: a generic top-level name would be shadowed by
 any ``runtime.py`` next to a notebook (the notebook's folder comes first on ``sys.path``) and would claim a common

@@ -10,17 +10,14 @@ them and where. No process is left behind either way. Taught in ``notebooks/00_s
 
 ``fn`` must be importable (defined in a module, not in a notebook cell): each rank is a fresh process.
 
-Longer than the course's usual ~300 lines because the three ways a launch ends (results; a failure traced to
-the rank that caused it; a timeout blamed on the ranks the others waited for) share the loop that watches the
-ranks. A rank's stderr goes to a file, not a pipe (:mod:`course.runtime.capture`): it is streamed to the notebook
-as it grows, in full, and a DataLoader worker the rank started can keep writing there after the rank is gone
-without blocking on a pipe nobody drains.
+A rank's output reaches the notebook through :mod:`course.runtime.rank_output`. The three ways a launch ends
+(results; a failure traced to the rank that caused it; a timeout blamed on the ranks the others waited for) stay
+here: they share the loop that watches the ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import pickle
 import queue
@@ -41,6 +38,7 @@ from course import world
 from course.runtime import rank_stacks
 from course.runtime.ports import free_port
 from course.runtime.process_tree import kill_tree
+from course.runtime.rank_output import RankOutput, StderrRelay, stderr_to
 
 
 class RankFailed(RuntimeError):
@@ -93,30 +91,6 @@ def _why(ranks: list[int], waiting: dict[int, str]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-class _RankOutput(io.TextIOBase):
-    """Stands in for a rank's stdout: sends each completed line to the launcher, prefixed by rank."""
-
-    def __init__(self, rank: int, channel: Any) -> None:
-        self._prefix = f"[rank {rank}] "
-        self._channel = channel
-        self._partial = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        lines = (self._partial + text).split("\n")
-        self._partial = lines.pop()
-        for line in lines:
-            self._channel.put(("out", self._prefix + line + "\n"))
-        return len(text)
-
-    def flush(self) -> None:
-        if self._partial:
-            self._channel.put(("out", self._prefix + self._partial + "\n"))
-            self._partial = ""
-
-
 def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout_s: float,
               arguments: bytes, channel: Any, stacks_path: str) -> None:
     """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``."""
@@ -126,7 +100,7 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, tim
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
     )
-    sys.stdout = _RankOutput(rank, channel)
+    sys.stdout = RankOutput(rank, channel)
     try:
         world.init_from_env(timeout_s=timeout_s)
         # Plain pickle copies tensors by value: the queue's own pickler would share their memory, which
@@ -151,53 +125,6 @@ def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], run_
     at_fault = [rank for rank in unfinished if rank not in waiting] or unfinished
     waiting.update({rank: "finished" for rank in results if rank not in left and processes[rank].is_alive()})
     return RankTimeout(at_fault, timeout_s, waiting)
-
-
-@contextlib.contextmanager
-def _stderr_to(path: str):
-    """Point this process's fd 2 at ``path`` while a rank starts: the rank, and all it starts, write there."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(path, "ab") as target:
-        os.dup2(target.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-class _StderrRelay:
-    """Copies each rank's stderr file to ``sys.stderr`` (so it reaches a notebook), each line prefixed by rank."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-        self.sent = [0] * len(paths)
-
-    def relay(self, final: bool = False, failed: int | None = None) -> None:
-        """Write what the ranks added since the last call; whole lines only, unless ``final``.
-
-        After rank ``failed`` failed, the other ranks' new lines are the echo of its failure (gloo's
-        "Connection reset by peer" as its peers were stopped): they are counted, not shown.
-        """
-        for rank, path in enumerate(self.paths):
-            with contextlib.suppress(OSError), open(path, "rb") as handle:
-                handle.seek(self.sent[rank])
-                new = handle.read()
-                new = new if final else new[:new.rfind(b"\n") + 1]
-                self.sent[rank] += len(new)
-                lines = new.decode(errors="replace").splitlines()
-                if failed is not None and rank != failed and lines:
-                    sys.stderr.write(f"[rank {rank}] ({len(lines)} line(s) of stderr written as it was stopped "
-                                     f"after rank {failed} failed: not shown)\n")
-                    continue
-                for line in lines:
-                    sys.stderr.write(f"[rank {rank}] {line}\n")
-
-    def tail(self, rank: int, lines: int = 40) -> str:
-        """The end of a rank's stderr, from its last traceback if it printed one."""
-        text = rank_stacks.read_text(self.paths[rank]).rstrip()
-        return "\n".join(text[max(0, text.rfind("Traceback (most recent call last)")):].splitlines()[-lines:])
 
 
 def _stop(processes: list[Any]) -> None:
@@ -260,7 +187,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
                               os.path.join(run_dir, f"rank-{rank}.stacks")))
         for rank in range(world_size)
     ]
-    stderr = _StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
+    stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
     results: dict[int, Any] = {}
     left: set[int] = set()  # ranks that have left the process group after reporting
     failed: int | None = None  # the rank blamed by RankFailed: its peers' last stderr is the echo of its failure
@@ -268,7 +195,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     try:
         resource_tracker.ensure_running()  # started now, it keeps this process's stderr, not a rank's
         for rank, process in enumerate(processes):
-            with _stderr_to(stderr.paths[rank]):
+            with stderr_to(stderr.paths[rank]):
                 process.start()
         deadline = time.monotonic() + timeout_s
         while len(results) < world_size:
@@ -321,7 +248,7 @@ def _let_exit(processes: list[Any], channel: Any, deadline: float, left: set[int
             left.add(message[1])
 
 
-def _root_cause(rank: int, remote_traceback: str, processes: list[Any], stderr: _StderrRelay, run_dir: str,
+def _root_cause(rank: int, remote_traceback: str, processes: list[Any], stderr: StderrRelay, run_dir: str,
                 wait_s: float = 1.0) -> RankFailed:
     """The failure to report: a rank that died silently first makes its peers fail in collectives, so blame it."""
     deadline = time.monotonic() + wait_s
@@ -335,7 +262,7 @@ def _root_cause(rank: int, remote_traceback: str, processes: list[Any], stderr: 
 
 
 def _check_silent_deaths(processes: list[Any], results: dict[int, Any], silent_since: dict[int, float],
-                         stderr: _StderrRelay, run_dir: str, grace_s: float = 2.0) -> None:
+                         stderr: StderrRelay, run_dir: str, grace_s: float = 2.0) -> None:
     """Raise for a rank whose process ended without reporting (killed, segfault, ``os._exit``).
 
     A rank that exits normally has already queued its report; the grace period lets it arrive.
@@ -348,7 +275,7 @@ def _check_silent_deaths(processes: list[Any], results: dict[int, Any], silent_s
             raise _died(rank, process.exitcode, stderr, run_dir)
 
 
-def _died(rank: int, exitcode: int, stderr: _StderrRelay, run_dir: str, then: str = "") -> RankFailed:
+def _died(rank: int, exitcode: int, stderr: StderrRelay, run_dir: str, then: str = "") -> RankFailed:
     """RankFailed for a rank that ended without reporting: how it ended, the end of its stderr, and the likely fix."""
     how = f"exited with code {exitcode}"
     if exitcode < 0:
