@@ -25,7 +25,7 @@ ALL = {c.name for c in CHECKS}
 SCORED = {c.name for c in CHECKS if c.points > 0}
 BASE = GradingConfig(straggler_s=10.0)
 CONFIGS = {
-    "infinite_loop": replace(BASE, limits=Limits(wall_s=30.0)),
+    "infinite_loop": replace(BASE, limits=Limits(wall_s=20.0)),
     "hang_in_collective": replace(BASE, limits=Limits(wall_s=45.0)),
     "memory_bomb": replace(BASE, limits=Limits(memory_bytes=2**30)),
 }
