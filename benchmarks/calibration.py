@@ -1,7 +1,7 @@
 """Target of notebook 05's calibration: fitted on 1 and 2 emulated ranks, it predicts the held-out
 configurations (4 ranks at batch sizes it saw, every rank count at one it never saw) within 20%.
 
-    .venv/bin/python benchmarks/calibration.py [--runs 3] [--rounds 10]
+    .venv/bin/python benchmarks/calibration.py [--runs 3] [--rounds 20]
 
 Each run launches 4 ranks once and times DDP steps of DigitsCNN at per-rank batches 16, 32 and 64 on 1, 2 and 4
 ranks, and gloo's allreduce on 2 and 4 ranks, in turns (``course.calibration.measure``); it fits the model on
@@ -55,7 +55,7 @@ def one_run(rounds: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="independent launches (the spread between them)")
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds per launch (2 steps each)")
+    parser.add_argument("--rounds", type=int, default=20, help="timed rounds per launch (2 steps each)")
     args = parser.parse_args()
     worst = [one_run(args.rounds) for _ in range(args.runs)]
     median = float(np.median(worst))
