@@ -158,15 +158,16 @@ class StepStats:
     global_grad_norm_sq: float
 
 
-def forward_backward(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
-                     targets: torch.Tensor, loss_fn: LossFn = nn.functional.cross_entropy) -> torch.Tensor:
-    """Zero the gradients, then the loss of ``model`` on a batch (moved to the model's device) and its backward.
+def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                     loss_fn: LossFn = nn.functional.cross_entropy) -> torch.Tensor:
+    """Zero ``model``'s gradients, then its loss on a batch (moved to the model's device) and its backward: what
+    every worker computes, here, on a parameter server's worker (:mod:`course.parameter_server`) or in DDP.
 
     Returns:
         The loss, detached.
     """
     device = next(model.parameters()).device
-    optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     loss = loss_fn(model(inputs.to(device)), targets.to(device))
     loss.backward()
     return loss.detach()
@@ -189,8 +190,7 @@ def train_step(replicas: Sequence[nn.Module], optimizers: Sequence[torch.optim.O
         raise ValueError(f"expected one optimizer per replica ({len(replicas)}), got {len(optimizers)}.")
     shards = split_batch(inputs, targets, len(replicas))
     weights = [len(y) / len(targets) for _, y in shards]  # shards may differ by one sample
-    losses = [forward_backward(replica, optimizer, x, y, loss_fn)
-              for replica, optimizer, (x, y) in zip(replicas, optimizers, shards, strict=True)]
+    losses = [forward_backward(replica, x, y, loss_fn) for replica, (x, y) in zip(replicas, shards, strict=True)]
     local_norm_sq = sum(squared_norm(_gradients(replica)) for replica in replicas) / len(replicas)
     average_gradients(replicas, weights)
     for optimizer in optimizers:
@@ -264,7 +264,7 @@ def rank_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.
     clock = PhaseClock() if clock is None else clock
     clock.new_step()
     with clock.phase("compute"):
-        loss = forward_backward(model, optimizer, x, y, loss_fn)
+        loss = forward_backward(model, x, y, loss_fn)
     local_norm_sq = squared_norm(_gradients(model))
     with clock.phase("communicate"):
         loss = allreduce_gradients(model, loss=loss)

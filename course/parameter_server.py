@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from course import cost_model, world
-from course.data_parallel import split_batch, train_on_ranks
+from course.data_parallel import forward_backward, split_batch, train_on_ranks
 from course.validation import check_count
 
 SERVER = 0
@@ -90,10 +90,7 @@ def _check_world_size() -> int:
 
 def worker_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
     """A worker's job: the flat gradient ``(P,)`` of ``model``'s mean cross-entropy on ``(x, y)``, and that loss."""
-    device = next(model.parameters()).device
-    model.zero_grad(set_to_none=True)
-    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
-    loss.backward()
+    loss = forward_backward(model, x, y)
     return parameters_to_vector(p.grad for p in model.parameters()), loss.item()
 
 
