@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course import train
 from course.timing import PhaseClock
-from course.validation import LossFn, check_choice, check_count
+from course.validation import LossFn, check_count
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor | None, world_size: int, *, equal: bool = False
@@ -232,16 +233,6 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None
     return float(flat[-1]) if loss is not None else None
 
 
-def make_optimizer(name: str, parameters: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """``"sgd"`` (plain SGD) or ``"adam"`` over ``parameters``, at learning rate ``lr``.
-
-    Raises:
-        ValueError: another name.
-    """
-    choices = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
-    return choices[check_choice("optimizer", name, choices)](parameters, lr=lr)
-
-
 def rank_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
               loss_fn: LossFn = nn.functional.cross_entropy, clock: PhaseClock | None = None) -> StepStats:
     """Run inside a launched rank: one data-parallel step with ``dist.all_reduce``, what :func:`train_step` does in
@@ -281,7 +272,8 @@ def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
     ``r`` of each, so the ranks stay identical and equal one process on the whole batch.
 
     Args:
-        optimizer: ``"sgd"`` or ``"adam"`` (:func:`make_optimizer`). clock: as in :func:`rank_step`.
+        optimizer: ``"sgd"``, ``"momentum"`` or ``"adam"`` (:func:`course.train.make_optimizer`).
+        clock: as in :func:`rank_step`.
 
     Returns:
         The global-batch losses.
@@ -289,7 +281,7 @@ def train_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
     Raises:
         ValueError: a global batch size not divisible by the world size.
     """
-    optimizer_ = make_optimizer(optimizer, model.parameters(), lr)
+    optimizer_ = train.make_optimizer(optimizer, model.parameters(), lr)
     clock = PhaseClock() if clock is None else clock
     return [rank_step(model, optimizer_, inputs, targets, clock=clock).loss for inputs, targets in batches]
 

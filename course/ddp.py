@@ -19,10 +19,11 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, exercise, world
+from course import data, exercise, train, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
+from course.validation import check_choice
 
 
 def bucket_report(model: nn.Module, bucket_cap_mb: float = 25.0) -> dict[str, float]:
@@ -66,15 +67,11 @@ def _batch(images: torch.Tensor, labels: torch.Tensor, index: int, batch_size: i
     return images[rows].to(me.device), labels[rows].to(me.device)
 
 
-def _optimizer(name: str, params) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=1e-3)
-    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {name!r}.")
+#: The learning rate :func:`compare_with_ddp` trains each optimizer at.
+_LR = {"sgd": 0.05, "momentum": 0.05, "adam": 1e-3}
 
 
-def compare_with_ddp(optimizer: str = "sgd", steps: int = 3, batch_size: int = 16, seed: int = 0,
+def compare_with_ddp(optimizer: str = "momentum", steps: int = 3, batch_size: int = 16, seed: int = 0,
                      **options) -> dict[str, float]:
     """Rank function: train one model with DDP and a copy with :class:`DistributedOptimizer`, side by side.
 
@@ -95,14 +92,16 @@ def compare_with_ddp(optimizer: str = "sgd", steps: int = 3, batch_size: int = 1
         ddp.register_comm_hook(None, _sum_hook)
     if options.get("compression", "none") == "fp16":
         ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
-    ddp_optimizer = _optimizer(optimizer, ddp.parameters())
-    our_optimizer = DistributedOptimizer(_optimizer(optimizer, ours.parameters()), ours.named_parameters(), **options)
+    lr = _LR[check_choice("optimizer", optimizer, _LR)]
+    ddp_optimizer = train.make_optimizer(optimizer, ddp.parameters(), lr)
+    our_optimizer = DistributedOptimizer(train.make_optimizer(optimizer, ours.parameters(), lr),
+                                         ours.named_parameters(), **options)
     passes = options.get("backward_passes_per_step", 1)
-    train = data.load().train
+    digits = data.load().train
     try:
         for step in range(steps):
             for micro in range(passes):
-                images, labels = _batch(*train.tensors, step * passes + micro, batch_size, me)
+                images, labels = _batch(*digits.tensors, step * passes + micro, batch_size, me)
                 with ddp.no_sync() if micro < passes - 1 else contextlib.nullcontext():
                     nn.functional.cross_entropy(ddp(images), labels).backward()
                 nn.functional.cross_entropy(ours(images), labels).backward()

@@ -13,20 +13,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from course import train
 from course.memory_budget import Budget
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def make_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 0.01) -> torch.optim.Optimizer:
-    """The optimizer :class:`course.memory_budget.Setup` names: ``"sgd"``, ``"momentum"`` (0.9) or ``"adam"``."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    raise ValueError(f"optimizer must be 'sgd', 'momentum' or 'adam', got {name!r}.")
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
@@ -55,7 +45,7 @@ def measure(model: nn.Module, optimizer: torch.optim.Optimizer) -> Budget:
 
 def fp32_step(model: nn.Module, optimizer_name: str, inputs: torch.Tensor, labels: torch.Tensor) -> Budget:
     """One real fp32 training step of ``model``, then its measured model states (gradients kept, as after backward)."""
-    optimizer = make_optimizer(optimizer_name, model.parameters())
+    optimizer = train.make_optimizer(optimizer_name, model.parameters())
     nn.functional.cross_entropy(model(inputs), labels).backward()
     optimizer.step()
     return measure(model, optimizer)
@@ -73,7 +63,7 @@ def mixed_precision_step(model: nn.Module, optimizer_name: str, inputs: torch.Te
         raise ValueError(f"precision must be one of {sorted(DTYPES)}, got {precision!r}.")
     model.to(DTYPES[precision])
     masters = [p.detach().float() for p in model.parameters()]
-    optimizer = make_optimizer(optimizer_name, masters)
+    optimizer = train.make_optimizer(optimizer_name, masters)
     nn.functional.cross_entropy(model(inputs.to(DTYPES[precision])), labels).backward()
     for master, param in zip(masters, model.parameters(), strict=True):
         master.grad = param.grad.float()  # one tensor at a time on a GPU; freed right after the step

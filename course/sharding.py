@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from course import memory_budget, memory_measure, world
+from course import memory_budget, memory_measure, train, world
 from course.models import MLP
 
 LR = 1e-3
@@ -49,7 +49,7 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, batch
 
 def _ddp_reference(seed: int, optimizer: str, steps: int, batch_size: int, me: world.Rank) -> nn.Module:
     model = DistributedDataParallel(_model(seed))
-    _train(model, memory_measure.make_optimizer(optimizer, model.parameters(), LR), steps, batch_size, me)
+    _train(model, train.make_optimizer(optimizer, model.parameters(), LR), steps, batch_size, me)
     return model.module
 
 
@@ -130,7 +130,7 @@ def _fully_sharded_vs_ddp(optimizer: str, steps: int, batch_size: int, seed: int
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fsdp_optimizer = memory_measure.make_optimizer(optimizer, model.parameters(), LR)
+    fsdp_optimizer = train.make_optimizer(optimizer, model.parameters(), LR)
     _train(model, fsdp_optimizer, steps, batch_size, me)
     full = [p.full_tensor() for p in model.parameters()]
     measured = memory_measure.measure(model, fsdp_optimizer)

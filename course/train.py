@@ -6,11 +6,28 @@ Taught in ``notebooks/00_start_here.ipynb``; notebook 05 and the assignment turn
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
+
+from course.validation import check_choice
+
+#: The optimizers the course builds by name: plain SGD, SGD with momentum 0.9, Adam.
+OPTIMIZERS = {"sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
+              "momentum": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+              "adam": lambda params, lr: torch.optim.Adam(params, lr=lr)}
+
+
+def make_optimizer(name: str, params: Iterable[torch.Tensor], lr: float = 0.01) -> torch.optim.Optimizer:
+    """The optimizer called ``name`` (:data:`OPTIMIZERS`: ``"sgd"``, ``"momentum"`` or ``"adam"``) over ``params``.
+
+    Raises:
+        ValueError: another name, listing the names there are.
+    """
+    return OPTIMIZERS[check_choice("optimizer", name, OPTIMIZERS)](params, lr)
 
 
 def seed_everything(seed: int) -> None:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from course import cost_model, data_parallel
+from course import cost_model, data_parallel, train
 from course.timing import Estimate, PhaseClock, summarize
 from course.validation import check_choice, check_count
 
@@ -50,7 +50,7 @@ def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
         The global-batch losses (rank 0's, on every rank).
     """
     device = next(model.parameters()).device
-    optimizer_ = data_parallel.make_optimizer(optimizer, model.parameters(), lr)
+    optimizer_ = train.make_optimizer(optimizer, model.parameters(), lr)
     clock = PhaseClock() if clock is None else clock
     losses = []
     for inputs, targets in batches:
@@ -88,9 +88,9 @@ def timed_training(strategy: str, model: nn.Module, batches: Sequence[tuple[torc
         ``{"losses": [...], "compute_s": [...], "communicate_s": [...], "step_s": [...]}``: losses for every
         step, seconds for every step after the warm-up.
     """
-    train = STRATEGIES[check_choice("strategy", strategy, STRATEGIES)]
+    run_strategy = STRATEGIES[check_choice("strategy", strategy, STRATEGIES)]
     clock = PhaseClock()
-    losses = train(model, batches, lr, optimizer=optimizer, clock=clock)
+    losses = run_strategy(model, batches, lr, optimizer=optimizer, clock=clock)
     kept = slice(min(warmup_steps, len(batches) - 1), None)
     return {"losses": losses, "compute_s": clock.seconds("compute")[kept],
             "communicate_s": clock.seconds("communicate")[kept], "step_s": clock.seconds()[kept]}

@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 
 from course import data_parallel, model_parallel, parameter_server, who_works, world
-from course.data_parallel import make_optimizer, train_step
+from course.data_parallel import train_step
 from course.models import DigitsCNN
 from course.runtime.launch import launch
+from course.train import make_optimizer
 
 WORLD_SIZE = 4
 PS = parameter_server.Config(steps=4, global_batch_size=24, lr=0.2, width=4, seed=1)

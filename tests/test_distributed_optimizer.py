@@ -19,13 +19,13 @@ pytestmark = pytest.mark.unit4
 
 #: Each config is compared with DDP (and its matching comm hook or no_sync) after 3 steps.
 CONFIGS = [
-    dict(optimizer="sgd"),                                                  # one 25 MB bucket
+    dict(optimizer="momentum"),                                                  # one 25 MB bucket
     dict(optimizer="adam", bucket_bytes=1),                                 # one bucket per tensor
-    dict(optimizer="sgd", bucket_bytes=600, algorithm="tree"),
+    dict(optimizer="momentum", bucket_bytes=600, algorithm="tree"),
     dict(optimizer="adam", bucket_bytes=5000, algorithm="naive"),
-    dict(optimizer="sgd", op="sum", bucket_bytes=2000),
-    dict(optimizer="sgd", compression="fp16", bucket_bytes=3000),             # vs DDP fp16_compress_hook
-    dict(optimizer="sgd", backward_passes_per_step=2, bucket_bytes=1000),
+    dict(optimizer="momentum", op="sum", bucket_bytes=2000),
+    dict(optimizer="momentum", compression="fp16", bucket_bytes=3000),             # vs DDP fp16_compress_hook
+    dict(optimizer="momentum", backward_passes_per_step=2, bucket_bytes=1000),
 ]
 
 

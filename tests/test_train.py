@@ -40,3 +40,13 @@ def test_seed_everything_repeats_initialisation():
     train.seed_everything(7)
     again = models.DigitsCNN().state_dict()
     assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_an_optimizer_is_built_by_name_and_a_wrong_name_lists_the_names():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert type(train.make_optimizer("sgd", params, 0.1)) is torch.optim.SGD
+    momentum = train.make_optimizer("momentum", params, 0.1)
+    assert momentum.defaults["momentum"] == 0.9 and momentum.defaults["lr"] == 0.1
+    assert type(train.make_optimizer("adam", params)) is torch.optim.Adam
+    with pytest.raises(ValueError, match=r"optimizer must be one of \['sgd', 'momentum', 'adam'\], got 'lamb'"):
+        train.make_optimizer("lamb", params)
