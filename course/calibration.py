@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from course import cost_model, data, world
-from course.models import DigitsCNN
+from course.models import DigitsCNN, gradient_bytes
 from course.timing import Estimate, summarize
 
 
@@ -50,7 +50,8 @@ class Calibration:
         link: α and β of gloo's allreduce (ring) from 2 ranks, with a core per rank: the extrapolation that
             :func:`held_out_allreduce` checks (the step does not use it).
         gradient_bytes: N, the bytes DDP allreduces per step.
-        allreduce_alone_s: ``{n: seconds}``, gloo's allreduce of the N gradient bytes timed alone on n ranks.
+        allreduce_alone_s: ``{n: seconds}``, gloo's allreduce of the N gradient bytes on n ranks (2: read off the
+            α-β line through the sizes timed; more: timed alone).
         cores: the cores the ranks get (at most the usable cores; fewer while other programs take some).
         fitted_batches: the per-rank batch sizes whose 1- and 2-rank steps the fit used.
     """
@@ -222,11 +223,6 @@ def summarize_all(measured: Measurements) -> tuple[dict[tuple[int, int], Estimat
 
 
 # --- measuring, on every rank (run with course.runtime.launch.launch) -------------------------------------------
-
-
-def gradient_bytes(model: nn.Module) -> int:
-    """Bytes of the gradients of ``model``'s trainable parameters (what DDP allreduces every step)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def measure(world_sizes: tuple[int, ...] = (1, 2, 4), batch_sizes: tuple[int, ...] = (16, 64),
