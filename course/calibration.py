@@ -36,8 +36,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from course import cost_model, data, world
-from course.models import DigitsCNN, gradient_bytes
+from course import cost_model, data, models, world
 from course.timing import Estimate, summarize
 
 
@@ -50,8 +49,8 @@ class Calibration:
         link: α and β of gloo's allreduce (ring) from 2 ranks, with a core per rank: the extrapolation that
             :func:`held_out_allreduce` checks (the step does not use it).
         gradient_bytes: N, the bytes DDP allreduces per step.
-        allreduce_alone_s: ``{n: seconds}``, gloo's allreduce of the N gradient bytes on n ranks (2: read off the
-            α-β line through the sizes timed; more: timed alone).
+        allreduce_alone_s: ``{n: seconds}``, gloo's allreduce of the N gradient bytes timed alone on n > 2 ranks
+            (on 2 ranks :meth:`allreduce_s` reads it off :attr:`link`, the line through every size timed).
         cores: the cores the ranks get (at most the usable cores; fewer while other programs take some).
         fitted_batches: the per-rank batch sizes whose 1- and 2-rank steps the fit used.
     """
@@ -78,13 +77,15 @@ class Calibration:
         return float(cost_model.predict("ring", nbytes, world_size, self.link)) * self.share(world_size)
 
     def allreduce_s(self, world_size: int) -> float:
-        """The gradients' allreduce on ``world_size`` ranks, as timed alone (0 on 1 rank).
+        """The gradients' allreduce on ``world_size`` ranks: 0 on 1 rank, the α-β line on 2, as timed alone on more.
 
         Raises:
             ValueError: it was not timed on ``world_size`` ranks.
         """
         if world_size == 1:
             return 0.0
+        if world_size == 2:
+            return self.ring_s(2, self.gradient_bytes)
         if world_size not in self.allreduce_alone_s:
             raise ValueError(f"no allreduce of the gradients was timed on {world_size} ranks (timed on "
                              f"{sorted(self.allreduce_alone_s)}); measure with allreduce_world_sizes including it.")
@@ -135,8 +136,8 @@ def fit(steps: dict[tuple[int, int], Estimate], allreduce: dict[tuple[int, int],
     fitted = tuple(b for b, _ in ones)
     shared = cost_model.fit_allreduce("ring", 2, [s for s, _ in twos], [t for _, t in twos])  # as 2 ranks got it
     alone = {n: t.median for (n, size), t in allreduce.items() if size == gradient_bytes and n > 2}
-    alone[2] = float(cost_model.predict("ring", gradient_bytes, 2, shared))  # the line through all four sizes
-    got = _cores_got(steps, fitted, fixed, per_sample, alone[2], cores)
+    two = float(cost_model.predict("ring", gradient_bytes, 2, shared))  # the line through every size, at N
+    got = _cores_got(steps, fitted, fixed, per_sample, two, cores)
     share = max(1.0, 2 / got)
     link = cost_model.AlphaBeta(shared.alpha_s / share, shared.beta_s_per_byte / share)  # with a core per rank
     return Calibration(float(fixed), float(per_sample), link, gradient_bytes, got, alone, fitted)
@@ -250,7 +251,7 @@ def measure(world_sizes: tuple[int, ...] = (1, 2, 4), batch_sizes: tuple[int, ..
     sizes = sorted({*world_sizes, *allreduce_world_sizes})
     groups = {n: dist.new_group(list(range(n))) for n in sizes}  # every rank must call new_group
     trainers = {n: _trainer(groups[n]) for n in world_sizes if me.rank < n}
-    nbytes = gradient_bytes(DigitsCNN())
+    nbytes = models.gradient_bytes(models.DigitsCNN())
     tensors = {size: torch.ones(size // 4, device=me.device) for size in (nbytes // 8, nbytes // 2, nbytes, 2 * nbytes)}
     steps: dict[tuple[int, int], list[float]] = {(n, b): [] for n in world_sizes for b in batch_sizes}
     reduces: dict[tuple[int, int], list[float]] = {(n, 4 * t.numel()): [] for n in allreduce_world_sizes
@@ -273,7 +274,7 @@ def _trainer(group: dist.ProcessGroup) -> tuple[nn.Module, torch.optim.Optimizer
     me = world.current()
     torch.manual_seed(0)
     device_ids = [me.device.index] if me.device.type == "cuda" else None
-    model = DistributedDataParallel(DigitsCNN().to(me.device), device_ids=device_ids, process_group=group)
+    model = DistributedDataParallel(models.DigitsCNN().to(me.device), device_ids=device_ids, process_group=group)
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 

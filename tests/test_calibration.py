@@ -13,9 +13,8 @@ pytestmark = pytest.mark.unit5
 
 
 def _model(fixed=1e-3, per_sample=1e-4, alpha=1e-4, beta=1e-9, nbytes=1_000_000, cores=2, alone_4=5e-3):
-    link = cost_model.AlphaBeta(alpha, beta)
-    two = float(cost_model.predict("ring", nbytes, 2, link)) * max(1, 2 / cores)  # as the α-β gives it on 2 ranks
-    return calibration.Calibration(fixed, per_sample, link, nbytes, cores, {2: two, 4: alone_4}, (16, 64))
+    return calibration.Calibration(fixed, per_sample, cost_model.AlphaBeta(alpha, beta), nbytes, cores, {4: alone_4},
+                                   (16, 64))
 
 
 def test_prediction_matches_the_closed_form_by_hand():
@@ -34,7 +33,7 @@ def test_prediction_is_shared_compute_plus_the_allreduce_timed_alone(fixed, per_
                                                                       batch):
     model = _model(fixed, per_sample, nbytes=359_720, cores=cores, alone_4=alone_4)
     n = world_size
-    allreduce = {1: 0.0, 2: model.allreduce_alone_s[2], 4: alone_4}[n]
+    allreduce = {1: 0.0, 2: model.ring_s(2, 359_720), 4: alone_4}[n]  # on 2 ranks: the α-β line
     assert model.predict(n, batch) == pytest.approx((fixed + per_sample * batch) * max(1, n / cores) + allreduce)
 
 
@@ -152,8 +151,8 @@ def test_measure_times_steps_and_allreduces_on_subgroups():
 def test_the_two_rank_allreduce_is_read_off_the_line_through_every_size_not_one_noisy_size():
     truth = _model(nbytes=359_720)
     steps, allreduce = _measurements_of(truth)
-    on_line = truth.allreduce_alone_s[2]
+    on_line = truth.allreduce_s(2)
     allreduce[2, truth.gradient_bytes] = timing.summarize([3 * on_line])  # one slow size among four
     fitted = calibration.fit(steps, allreduce, truth.gradient_bytes, 2, batch_sizes=(16, 64))
-    assert on_line < fitted.allreduce_alone_s[2] < 3 * on_line
+    assert on_line < fitted.allreduce_s(2) < 3 * on_line
     assert fitted.allreduce_alone_s[4] == truth.allreduce_alone_s[4]  # more ranks: as timed alone

@@ -26,7 +26,7 @@ def test_modelled_plots_draw_without_error():
 def test_measured_plot_draws_medians_intervals_and_calibration():
     timings = {(n, b): timing.summarize([0.001 * n * b, 0.0011 * n * b, 0.0012 * n * b]) for n in (1, 2, 4)
                for b in (16, 64)}
-    model = calibration.Calibration(1e-3, 1e-4, cost_model.AlphaBeta(1e-4, 1e-9), 359_720, 2, {2: 1e-3, 4: 4e-3},
+    model = calibration.Calibration(1e-3, 1e-4, cost_model.AlphaBeta(1e-4, 1e-9), 359_720, 2, {4: 4e-3},
                                     (16, 64))
     figure = scaling.plot_measured(timings, model)
     assert len(figure.axes[0].lines) >= 4  # a measured line and a calibration line per batch size
