@@ -33,6 +33,7 @@ from course.validation import check_choice, check_count
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+
 def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
                    optimizer: str = "sgd", clock: PhaseClock | None = None) -> list[float]:
     """Run inside a launched rank: the naive way to "use" several GPUs, for contrast with
@@ -58,11 +59,8 @@ def train_on_rank0(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch
         loss = torch.zeros(1, device=device)
         if dist.get_rank() == 0:
             with clock.phase("compute"):
-                optimizer_.zero_grad(set_to_none=True)
-                step_loss = nn.functional.cross_entropy(model(inputs.to(device)), targets.to(device))
-                step_loss.backward()
+                loss = data_parallel.forward_backward(model, inputs, targets).reshape(1)
                 optimizer_.step()
-                loss = step_loss.detach().reshape(1)
         with clock.phase("communicate"):
             flat = torch.cat([parameters_to_vector(model.parameters()).detach(), loss])  # one message per step
             dist.broadcast(flat, src=0)
