@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -95,6 +96,7 @@ class LabResult:
     results: tuple[CheckResult, ...]
     elapsed_s: float
     hidden: bool = False
+    runs: int = 0  # runs done (the rest are skipped once the stub is found in place)
 
     @property
     def score(self) -> int:
@@ -114,13 +116,17 @@ class LabResult:
 
     def report(self) -> str:
         """The printed report: one line per check, the first failure of each under it, the score."""
-        runs = len(self.lab.runs) + (len(self.lab.hidden_runs) if self.hidden else 0)
-        lines = [f"Lab {self.lab.name!r}: {self.lab.title} ({self.path}), {runs} run(s) in {self.elapsed_s:.1f} s"]
+        lines = [f"Lab {self.lab.name!r}: {self.lab.title} ({self.path}), {self.runs} run(s) in "
+                 f"{self.elapsed_s:.1f} s"]
+        messages = {result.message for result in self.results}
+        once = len(self.results) > 1 and len(messages) == 1 and "" not in messages  # e.g. the stub: say it once
         for result in self.results:
             verdict = "PASS" if result.passed else "FAIL"
             lines.append(f"  {verdict}  {result.check.title}  [{result.score}/{result.check.points}]")
-            if result.message:
+            if result.message and not once:
                 lines.append(f"        {result.message}")
+        if once:
+            lines.append(f"  Every check: {messages.pop()}")
         advice = "every check passed." if self.passed else "fix the first FAIL above, then run this check again."
         lines.append(f"Score: {self.score}/{self.max_score}: {advice}")
         return "\n".join(lines)
@@ -255,8 +261,11 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
     checks = [check for check in lab.checks if hidden or not check.hidden]
     first_failure: dict[str, str] = {}
     seen: set[str] = set()
-    start = time.monotonic()
+    start, runs = time.monotonic(), 0
     for config in lab.runs + (lab.hidden_runs if hidden else ()):
+        runs += 1
+        if config.get("seed") == "jitter":  # a new seed at every grading: no answer can be learned by heart
+            config = {**config, "seed": random.randrange(2**31)}
         findings, stub = _run_once(lab, path, config)
         for finding in findings:
             ids = [check.id for check in checks] if finding.check == "*" else [finding.check]
@@ -270,4 +279,4 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
         CheckResult(check, check.id in seen and check.id not in first_failure,
                     first_failure.get(check.id, "" if check.id in seen else "not checked: no run reported on it"))
         for check in checks)
-    return LabResult(lab, path, results, time.monotonic() - start, hidden)
+    return LabResult(lab, path, results, time.monotonic() - start, hidden, runs)
