@@ -2,6 +2,7 @@
 and :mod:`grader.reports`.
 
     grader check train_4gpu.py               the student's self-check: the visible checks, with feedback
+    grader check ring ring_allreduce.py      a lab's self-check (course.labs): its visible checks, with feedback
     grader grade SUBMISSIONS_DIR -o OUT      an instructor grades a class (CSV, Gradescope JSON, feedback)
     grader report OUT [--submissions DIR]    re-render OUT's gradebook from its saved raw results
     grader gradescope                        inside Gradescope: /autograder/submission -> results.json
@@ -24,8 +25,9 @@ from pathlib import Path
 
 from grader import reports
 from grader.gradebook import GRADER_ERROR, graded_before, output_keys, report, save, scan, submissions_in
+from grader.labs import grade_labs
 from grader.results import Results
-from grader.runner import INTERRUPTED, GradingConfig, grade, not_run
+from grader.runner import BAD, INTERRUPTED, GradingConfig, grade, not_run
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -70,14 +72,29 @@ def check(path: Path, config: GradingConfig | None = None) -> Results:
 DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (README)
 
 
+def check_lab(lab: str, path: Path) -> bool:
+    """A lab's self-check: its visible checks on ``path``, the report printed; True if every check passed."""
+    from course import labs
+
+    return labs.check(lab, str(path)).passed
+
+
 def _grade_safely(path: Path, config: GradingConfig) -> Results | None:
-    """``grade``, turning the grader's own exceptions into a ``grader error`` result; None if stopped before."""
+    """``grade``, turning the grader's own exceptions into a ``grader error`` result; None if stopped before.
+
+    The labs found in the submission (:mod:`grader.labs`) are graded after the assignment, into ``labs``.
+    """
     if config.stop is not None and config.stop.is_set():
         return None
     try:
-        return grade(path, config)
+        results = grade(path, config)
     except Exception as error:  # noqa: BLE001  (one submission must never stop the batch)
-        return not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
+        results = not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
+    try:
+        results.labs = grade_labs(path, hidden=not config.visible_only, isolation=config.isolation, stop=config.stop)
+    except Exception as error:  # noqa: BLE001  (a lab's grader failure must not lose the assignment's grade)
+        results.detail += f" (the labs could not be graded: {type(error).__name__}: {error})"
+    return results
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | None = None,
@@ -139,6 +156,9 @@ def run_autograder(submission: Path = Path("/autograder/submission"),
     with stopping_on_signals(config) as config:
         results = _grade_safely(Path(submission), config) or not_run(Path(submission).name, INTERRUPTED,
                                                                        "the grader was stopped before it started")
+    if results.labs and results.status == BAD:  # a lab submitted on its own: the assignment's checks do not apply
+        results = replace(results, checks=[], status="ok", detail=f"graded the lab(s) submitted: "
+                          f"{', '.join(results.labs)} (no assignment script: {results.detail})")
     reports.write_gradescope(results, Path(results_path))
     return results
 
@@ -146,8 +166,10 @@ def run_autograder(submission: Path = Path("/autograder/submission"),
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grader", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p_check = sub.add_parser("check", help="self-check one script on the visible checks")
-    p_check.add_argument("file", type=Path)
+    p_check = sub.add_parser("check", help="self-check one script (or, given a lab's name first, a lab file) on the "
+                                           "visible checks")
+    p_check.add_argument("file", type=Path, nargs="+", metavar="[LAB] FILE",
+                         help="the assignment's script, or a lab's name (e.g. ring) and your file for it")
     p_grade = sub.add_parser("grade", help="grade a folder of submissions")
     p_grade.add_argument("submissions", type=Path)
     p_grade.add_argument("-o", "--out", type=Path, default=Path("grading_out"))
@@ -167,7 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     p_gs.add_argument("--results", type=Path, default=Path("/autograder/results/results.json"))
     args = parser.parse_args(argv)
     if args.command == "check":
-        results = check(args.file)
+        if len(args.file) == 2:
+            try:
+                return 0 if check_lab(str(args.file[0]), args.file[1]) else 1
+            except ValueError as error:  # no such lab
+                print(f"grader: {error}", file=sys.stderr)
+                return 2
+        if len(args.file) > 2:
+            parser.error("check takes FILE, or LAB FILE")
+        results = check(args.file[0])
         return 0 if all(c.passed for c in results.checks) else 1
     if args.command == "grade":
         try:

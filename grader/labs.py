@@ -93,3 +93,42 @@ def _verdict(lab: Lab, path: str, raw: bytes, result: Any, hidden: bool) -> dict
             "elapsed_s": round(result.elapsed_s, 2), "status": result.status, "report": message,
             "checks": [{"id": c.id, "title": c.title, "passed": False, "score": 0, "max_score": c.points,
                         "hidden": c.hidden, "message": message} for c in checks]}
+
+
+# Rendering: what the gradebook, the feedback and Gradescope show of Results.labs (lab name -> grade_lab's dict).
+
+def columns() -> list[str]:
+    """The gradebook's lab columns, one per registered lab."""
+    return [f"lab {name}" for name in LABS]
+
+
+def points_possible() -> list[int]:
+    """Each lab column's points possible (every check, hidden ones included: ``grade`` runs them)."""
+    return [sum(check.points for check in lab.checks) for lab in LABS.values()]
+
+
+def scores(labs: dict[str, dict[str, Any]]) -> list[Any]:
+    """Each lab column's cell: the lab's score, or empty when it was not submitted."""
+    return [labs[name]["score"] if name in labs else "" for name in LABS]
+
+
+def feedback(labs: dict[str, dict[str, Any]]) -> list[str]:
+    """The feedback's lab sections: each lab's report, as the self-check prints it."""
+    lines = []
+    for name, lab in labs.items():
+        lines += ["", f"Lab {name}: {lab['score']:g} / {lab['max_score']:g} points (graded from {lab['path']})",
+                  lab.get("report", "")]
+    return lines
+
+
+def gradescope_tests(labs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Gradescope tests, one per lab check, named ``lab <name>: <check title>``."""
+    return [{"name": f"lab {name}: {check['title']}", "score": check["score"], "max_score": check["max_score"],
+             "visibility": "after_published" if check.get("hidden") else "visible",
+             "status": "passed" if check["passed"] else "failed", "output": check["message"]}
+            for name, lab in labs.items() for check in lab["checks"]]
+
+
+def total(labs: dict[str, dict[str, Any]]) -> float:
+    """The labs' points together."""
+    return float(sum(lab["score"] for lab in labs.values()))

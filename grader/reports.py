@@ -10,6 +10,7 @@ import csv
 import json
 from pathlib import Path
 
+from grader import labs
 from grader.checks import CHECKS
 from grader.results import Results
 
@@ -33,6 +34,7 @@ def feedback(results: Results, visible_only: bool = False) -> str:
         lines += [f"  [NOT RUN] {c.title} (0/{c.max_score:g})" for c in not_run]
     if results.output.strip():
         lines += ["", results.output.rstrip()]
+    lines += labs.feedback(results.labs)
     return "\n".join(lines) + "\n"
 
 
@@ -46,7 +48,7 @@ def withheld(results: Results) -> str:
 def gradescope(results: Results) -> dict:
     """The Gradescope autograder ``results.json`` for one submission."""
     return {
-        "score": results.score,
+        "score": results.score + labs.total(results.labs),
         "execution_time": round(results.elapsed_s, 1),
         "output": (f"status: {results.grade_status}. " + (f"{withheld(results)} " if results.violation else "")
                    + results.detail),
@@ -54,7 +56,9 @@ def gradescope(results: Results) -> dict:
         "stdout_visibility": "hidden",
         "tests": [{"name": c.title, "number": str(i + 1), "score": c.score, "max_score": c.max_score,
                    "visibility": c.visibility, "status": "passed" if c.passed else "failed", "output": c.message}
-                  for i, c in enumerate(results.checks)],
+                  for i, c in enumerate(results.checks)]
+                 + [{**test, "number": str(len(results.checks) + i + 1)}
+                    for i, test in enumerate(labs.gradescope_tests(results.labs))],
     }
 
 
@@ -66,7 +70,7 @@ def write_gradescope(results: Results, path: Path) -> None:
 
 def gradebook_columns() -> list[str]:
     return ["submission", "status", "score", "max_score", "raw_score", *(c.name for c in CHECKS), "test_accuracy",
-            "elapsed_s", "detail"]
+            "elapsed_s", "detail", *labs.columns()]
 
 
 def write_gradebook(all_results: list[Results], path: Path) -> None:
@@ -82,12 +86,12 @@ def write_gradebook(all_results: list[Results], path: Path) -> None:
         writer.writerow(gradebook_columns())
         possible = sum(c.points for c in CHECKS)
         writer.writerow(["points possible", "", possible, possible, possible, *(c.points for c in CHECKS),
-                         "", "", ""])
+                         "", "", "", *labs.points_possible()])
         for results in sorted(all_results, key=lambda r: r.submission):
             scores = {c.name: c.score for c in results.checks}
             accuracy = "" if results.test_accuracy is None else f"{results.test_accuracy:.4f}"
             detail = f"{withheld(results)} {results.detail}" if results.violation else results.detail
             writer.writerow([results.submission, results.grade_status, results.score, results.max_score,
                              results.raw_score, *(scores.get(c.name, 0.0) for c in CHECKS), accuracy,
-                             f"{results.elapsed_s:.1f}", detail])
+                             f"{results.elapsed_s:.1f}", detail, *labs.scores(results.labs)])
     tmp.replace(path)
