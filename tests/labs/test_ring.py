@@ -6,6 +6,8 @@ dtype and op).
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -70,3 +72,10 @@ def test_the_solution_equals_dist_all_reduce_on_drawn_inputs(world_size, cases, 
     lab = dataclasses.replace(ring.LAB, runs=({"world_size": world_size, "seed": seed, "cases": cases},))
     result = run_lab(lab, SOLUTION)
     assert result.passed, result.report()
+
+
+def test_the_solution_runs_under_torchrun():
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          SOLUTION], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "ring_allreduce on 2 ranks: [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0, 24.0, 27.0]" in run.stdout
