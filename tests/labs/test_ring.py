@@ -64,7 +64,7 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
 CASE = st.tuples(st.integers(1, 300), st.sampled_from(sorted(ring.DTYPES)), st.sampled_from(["sum", "avg"]))
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(world_size=st.integers(2, 8), cases=st.lists(CASE.map(list), min_size=1, max_size=4),
        seed=st.integers(0, 2**20))
 def test_the_solution_equals_dist_all_reduce_on_drawn_inputs(world_size, cases, seed):
