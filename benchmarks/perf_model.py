@@ -2,15 +2,15 @@
 
     .venv/bin/python benchmarks/perf_model.py
 
-Everything printed is modelled (course.perf_model) or published (each row's source); nothing is timed here.
-Exit status 1 if any row's ratio leaves [0.85, 1.15], the tolerance ``tests/test_perf_validation.py`` asserts.
+Everything printed is modelled (course.perf.model) or published (each row's source); nothing is timed here.
+Exit status 1 if any row's ratio leaves [0.85, 1.15], the tolerance ``tests/perf/test_published.py`` asserts.
 """
 
 from __future__ import annotations
 
 import sys
 
-from course import perf_validation
+from course.perf import published as perf_validation
 
 TOLERANCE = 0.15
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course.validation import check_count
+from course.arguments import check_count
 
 #: Bootstrap resamples per interval: enough for a stable 95% interval, cheap (a few ms).
 RESAMPLES = 2000

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from course.validation import check_count
+from course.arguments import check_count
 
 #: Each emulated GPU is a whole process; past this many, a 2-core laptop only thrashes.
 MAX_EMULATED_WORLD_SIZE = 64
@@ -229,7 +229,7 @@ def shutdown(barrier: bool = True) -> None:
     Every process group must be freed here, while Python still runs: a group that outlives this call (held by
     a module's cache) keeps gloo's worker threads alive until the interpreter exits, and one of them can then
     free the last reference to a tensor Python owns, find the interpreter gone and abort the rank ("terminate
-    called without an active exception", about 1 run in 10 of ``course.nodes``'s demo). So the caches
+    called without an active exception", about 1 run in 10 of ``course.multinode.nodes``'s demo). So the caches
     registered with :func:`forget_on_shutdown` are cleared and the groups collected, which joins their threads.
 
     Args:
