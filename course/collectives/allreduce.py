@@ -3,15 +3,19 @@
 Every rank holds a tensor; afterwards every rank holds the element-wise sum (or average) of all of them,
 exactly what ``dist.all_reduce(tensor)`` does. The three algorithms share one signature and one shape::
 
-    flat, comm, agreement = _begin("tree", tensor, op, group, check)  # validate, view as 1-D, post shapes
-    agreement.verify()                                               # every rank has the same shape
+    flat, comm, agreement = begin("tree", tensor, op, group, check)  # validate, view as 1-D, post shapes
+    agreement.verify()                                              # every rank has the same shape
     ... the algorithm, on comm.send / recv / isend / irecv ...
-    return _finish(tensor, op, comm)                                 # divide by world_size for "avg"
+    return finish(tensor, op, comm)                                 # divide by world_size for "avg"
 
-so a student can diff them. Taught in ``notebooks/04_allreduce.ipynb``; ``course.collectives.simulation`` replays the
-same steps in one process and draws them; ``course.collectives.cost_model`` says what each one costs. How ranks address
-each other, agree on the call (``agreement``) and check its arguments is
-:mod:`course.collectives.protocol`.
+so a student can diff them. Each is one row of :data:`ALGORITHMS` (bottom of this module): its name, the function,
+its cost coefficients and its schedule for the simulation. **Adding an algorithm** is one function of that shape
+and one ``register(Algorithm(...))`` row; the protocol, the simulation, the cost model, the performance model, the
+timing and the distributed optimizer all read the table (``tests/collectives/test_adding_an_algorithm.py`` adds one).
+
+Taught in ``notebooks/04_allreduce.ipynb``; :mod:`course.collectives.simulation` replays the same steps in one
+process and draws them; :mod:`course.collectives.cost_model` says what each one costs. How ranks address each other,
+agree on the call (``agreement``) and check its arguments is :mod:`course.collectives.protocol`.
 
 - **naive** (the parameter-server pattern): everyone sends its tensor to rank 0, rank 0 adds them up and
   sends the result back. Rank 0's link carries 2(n-1) full tensors: it does not scale.
@@ -31,7 +35,18 @@ import torch
 import torch.distributed as dist
 
 from course import world
-from course.collectives.protocol import ALGORITHM_NAMES, Agreement, Comm, Op, call_metadata, op_name, validate_tensor
+from course.collectives.protocol import (
+    ALGORITHMS,
+    Agreement,
+    Algorithm,
+    Comm,
+    Op,
+    call_metadata,
+    op_name,
+    register,
+    validate_tensor,
+)
+from course.collectives.simulation import naive_schedule, ring_schedule, tree_schedule
 
 #: The ring cuts each chunk into pieces of about this many bytes and passes a piece on as soon as it is
 #: reduced, while the next piece is still arriving (pipelining: the sends of piece k overlap the adding of
@@ -99,7 +114,7 @@ def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGro
         ValueError: bad ``op``, dtype or layout, or (with ``check``) ranks that disagree on the shape,
             dtype, op or algorithm, naming them.
     """
-    flat, comm, agreement = _begin("naive", tensor, op, group, check)
+    flat, comm, agreement = begin("naive", tensor, op, group, check)
     agreement.verify()  # before any message: rank 0 would wait for a tensor of the wrong size
     if comm.world_size > 1 and flat.numel() > 0:
         if comm.rank == 0:
@@ -112,7 +127,7 @@ def naive_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGro
         else:
             comm.send(flat, 0)
             comm.recv(flat, 0)
-    return _finish(tensor, op, comm)
+    return finish(tensor, op, comm)
 
 
 def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
@@ -129,11 +144,11 @@ def ring_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
 
     Args, returns and raises: as :func:`naive_allreduce`.
     """
-    flat, comm, agreement = _begin("ring", tensor, op, group, check)
+    flat, comm, agreement = begin("ring", tensor, op, group, check)
     agreement.verify()  # a call the group has not verified yet: everyone's before any data moves (fast: no-op)
     _ring(flat, comm, before_waiting=agreement.answer_left)
     agreement.verify(flat)  # a repeated call moved its data at once: the result shows whether a rank stood in
-    return _finish(tensor, op, comm)
+    return finish(tensor, op, comm)
 
 
 def _ring(flat: torch.Tensor, comm: Comm, hear_left: bool = True, talk_right: bool = True,
@@ -199,7 +214,7 @@ def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
 
     Args, returns and raises: as :func:`naive_allreduce`.
     """
-    flat, comm, agreement = _begin("tree", tensor, op, group, check)
+    flat, comm, agreement = begin("tree", tensor, op, group, check)
     agreement.verify()  # before any message
     n, rank = comm.world_size, comm.rank
     if n > 1 and flat.numel() > 0:
@@ -221,12 +236,19 @@ def tree_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGrou
             if rank + bit < n:
                 comm.send(flat, rank + bit)
             bit >>= 1
-    return _finish(tensor, op, comm)
+    return finish(tensor, op, comm)
 
 
-#: In the order of ``allreduce_protocol.ALGORITHM_NAMES``, by which a call names its algorithm to the others.
-ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = dict(
-    zip(ALGORITHM_NAMES, (naive_allreduce, ring_allreduce, tree_allreduce), strict=True))
+def _depth(world_size: int) -> int:
+    """Rounds of the binomial tree: ⌈log2 n⌉."""
+    return math.ceil(math.log2(world_size)) if world_size > 1 else 0
+
+
+# The table (course.collectives.protocol.ALGORITHMS): name, function, cost (a, b) on n ranks, schedule.
+# The cost model's docstring explains each (a, b).
+register(Algorithm("naive", naive_allreduce, lambda n: (2 * (n - 1), 2 * (n - 1)), naive_schedule))
+register(Algorithm("ring", ring_allreduce, lambda n: (2 * (n - 1), 2 * (n - 1) / n), ring_schedule))
+register(Algorithm("tree", tree_allreduce, lambda n: (2 * _depth(n), 2 * _depth(n)), tree_schedule))
 
 
 def _landings(like: torch.Tensor, count: int) -> list[torch.Tensor]:
@@ -260,10 +282,15 @@ def _pieces(chunk: torch.Tensor) -> list[tuple[int, int]]:
     return chunk_bounds(chunk.numel(), count)
 
 
-def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | None, check: bool
-           ) -> tuple[torch.Tensor, Comm, Agreement]:
-    """Validate the arguments, find this rank in ``group``, start the agreement check (also on which
-    ``algorithm`` every rank runs: their messages differ), and view the tensor as 1-D."""
+def begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGroup | None, check: bool
+          ) -> tuple[torch.Tensor, Comm, Agreement]:
+    """How every allreduce starts: validate the arguments, find this rank in ``group``, start the agreement check
+    (also on which ``algorithm`` every rank runs: their messages differ), and view the tensor as 1-D.
+
+    Returns:
+        ``(flat, comm, agreement)``: ``tensor`` as 1-D (a view: writing it writes ``tensor``), this rank's
+        point-to-point calls, and the check to ``verify()`` before (or while) the data moves.
+    """
     op = op_name(op)
     validate_tensor(tensor)
     if group is None and not dist.is_initialized():
@@ -279,7 +306,8 @@ def _begin(algorithm: str, tensor: torch.Tensor, op: Op, group: dist.ProcessGrou
     return tensor.view(-1), comm, agreement
 
 
-def _finish(tensor: torch.Tensor, op: Op, comm: Comm) -> torch.Tensor:
+def finish(tensor: torch.Tensor, op: Op, comm: Comm) -> torch.Tensor:
+    """How every allreduce ends: divide by the world size for ``"avg"``; returns ``tensor``."""
     if op_name(op) == "avg" and comm.world_size > 1:
         tensor.div_(comm.world_size)
     return tensor

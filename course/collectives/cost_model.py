@@ -4,7 +4,7 @@ Sending one message of ``N`` bytes over one link costs ``T = α + N·β``: ``α`
 every message pays, ``β`` (seconds per byte) is one over the link's bandwidth. An allreduce of ``N``
 bytes over ``n`` ranks is a sequence of steps; each step costs ``α`` plus the bytes its busiest link
 carries times ``β``, so every algorithm costs ``T = a·α + b·N·β`` with its own ``a`` and ``b``
-(:func:`coefficients`):
+(:func:`coefficients`; the allreduce algorithms' rows of ``course.collectives.allreduce.ALGORITHMS`` hold them):
 
 =========  ==================  ======================  =============================================
 algorithm  a (steps)           b (bytes per N, busiest  why
@@ -53,6 +53,9 @@ from course.arguments import check_count
 from course.collectives.allreduce import ALGORITHMS
 from course.collectives.timing_ranks import REFERENCE
 
+#: The shared-memory allreduce (``course.collectives.shm_allreduce``): not in ``ALGORITHMS``, it runs in one host.
+SHM = "shm"
+
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
     from matplotlib.figure import Figure
 
@@ -78,18 +81,18 @@ class AlphaBeta:
 
 
 def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
-    """``(a, b)`` such that the algorithm costs ``a·α + b·N·β`` on ``world_size`` ranks (module table).
+    """``(a, b)`` such that the algorithm costs ``a·α + b·N·β`` on ``world_size`` ranks (module table): an
+    algorithm of ``ALGORITHMS``, or ``"shm"`` (the shared-memory allreduce, which runs inside one host only).
 
     Raises:
         ValueError: unknown algorithm or world size below 1.
     """
     n = check_count("world_size", world_size, unit="number of ranks")
-    depth = math.ceil(math.log2(n)) if n > 1 else 0
-    table = {"naive": (2 * (n - 1), 2 * (n - 1)), "ring": (2 * (n - 1), 2 * (n - 1) / n),
-             "tree": (2 * depth, 2 * depth), "shm": (2, 3) if n > 1 else (0, 0)}
-    if algorithm not in table:
-        raise ValueError(f"algorithm must be one of {sorted(table)}, got {algorithm!r}.")
-    a, b = table[algorithm]
+    if algorithm == SHM:
+        return (2.0, 3.0) if n > 1 else (0.0, 0.0)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {sorted([*ALGORITHMS, SHM])}, got {algorithm!r}.")
+    a, b = ALGORITHMS[algorithm].cost(n)
     return float(a), float(b)
 
 
@@ -244,7 +247,9 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
         nbytes = sorted(next(iter(measured.values()))) if measured else np.logspace(3, 9, 50)
     sizes = np.logspace(np.log10(min(nbytes)), np.log10(max(nbytes)), 50)
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for color, name in zip(("tab:red", "tab:blue", "tab:green"), ("naive", "ring", "tree"), strict=True):
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, name in enumerate(ALGORITHMS):
+        color = colors[index % len(colors)]
         ax.plot(sizes, predict(name, sizes, world_size, link), color=color, label=f"{name} (model)")
         if measured and name in measured:
             points = sorted(measured[name].items())

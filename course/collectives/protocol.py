@@ -5,10 +5,12 @@ that every rank makes the same allreduce call (numel, dtype, op, algorithm, shap
 ring call, while its data moves, so that a mismatch is an error naming the rank instead of a hang or a gloo
 abort. :func:`validate_tensor` and :func:`op_name` check what a call is given (every allreduce of the course
 shares them: ``course.collectives.allreduce``, ``course.collectives.shm_allreduce``,
-``course.collectives.hierarchical``). The algorithms themselves
-are in :mod:`course.collectives.allreduce`, which is what ``notebooks/04_allreduce.ipynb`` teaches; this module is
-what makes
-them safe to call wrong.
+``course.collectives.hierarchical``). The algorithms themselves are in :mod:`course.collectives.allreduce`, which
+is what ``notebooks/04_allreduce.ipynb`` teaches; this module is what makes them safe to call wrong.
+
+:data:`ALGORITHMS` is the one table of the allreduce algorithms (:class:`Algorithm`: name, function, cost,
+schedule). :mod:`course.collectives.allreduce` fills it; a call names its algorithm to the other ranks by its
+position in it, the simulation plays its schedules, the cost model and the performance model read its costs.
 """
 
 from __future__ import annotations
@@ -27,8 +29,47 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: ``op`` may also be torch's own constant, as in ``dist.all_reduce(tensor, op=dist.ReduceOp.SUM)``.
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG}
 Op = str | dist.ReduceOp | dist.ReduceOp.RedOpType
-#: The algorithms of ``course.collectives.allreduce.ALGORITHMS``, in its order: a call names its algorithm by index.
-ALGORITHM_NAMES = ("naive", "ring", "tree")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One allreduce algorithm, as everything that lists the algorithms reads it.
+
+    Attributes:
+        name: what callers pass as ``algorithm`` (``"ring"``).
+        run: ``run(tensor, op="sum", group=None, *, check=True) -> tensor`` on every rank, in place, as
+            ``course.collectives.allreduce.ring_allreduce``.
+        cost: ``cost(world_size) -> (a, b)``: the algorithm costs ``a·α + b·N·β`` for ``N`` bytes
+            (:func:`course.collectives.cost_model.coefficients`).
+        schedule: ``schedule(world_size) -> list[Step]``, its messages step by step
+            (:mod:`course.collectives.simulation`); None if it has none to show.
+    """
+
+    name: str
+    run: Callable[..., torch.Tensor]
+    cost: Callable[[int], tuple[float, float]]
+    schedule: Callable[[int], list] | None = None
+
+    def __call__(self, tensor: torch.Tensor, op: Op = "sum", group: dist.ProcessGroup | None = None, *,
+                 check: bool = True) -> torch.Tensor:
+        return self.run(tensor, op, group, check=check)
+
+
+#: The allreduce algorithms by name, in the order they were registered: a call names its algorithm to the other
+#: ranks by its position here, so every rank must register the same algorithms in the same order.
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    """Add one row to :data:`ALGORITHMS`.
+
+    Raises:
+        ValueError: an algorithm of that name is registered already.
+    """
+    if algorithm.name in ALGORITHMS:
+        raise ValueError(f"an allreduce algorithm named {algorithm.name!r} is registered already; pick another name.")
+    ALGORITHMS[algorithm.name] = algorithm
+    return algorithm
 #: Shape dimensions sent in the agreement check; later ones are folded into the last slot.
 _CHECKED_DIMS = 6
 
@@ -108,14 +149,14 @@ def call_metadata(tensor: torch.Tensor, op: str, algorithm: str) -> list[int]:
     shape = list(tensor.shape[:_CHECKED_DIMS]) + [0] * max(0, _CHECKED_DIMS - tensor.dim())
     if tensor.dim() > _CHECKED_DIMS:
         shape[-1] = math.prod(tensor.shape[_CHECKED_DIMS - 1:])
-    return [tensor.numel(), DTYPES.index(tensor.dtype), OPS.index(op), ALGORITHM_NAMES.index(algorithm),
+    return [tensor.numel(), DTYPES.index(tensor.dtype), OPS.index(op), list(ALGORITHMS).index(algorithm),
             tensor.dim(), *shape]
 
 
 def describe(metadata: list[int]) -> str:
     numel, dtype, op, algorithm, dim, *shape = metadata
     return (f"numel {numel}, shape {tuple(shape[:dim])}, {DTYPES[dtype]}, op {OPS[op]!r}, "
-            f"{ALGORITHM_NAMES[algorithm]} allreduce")
+            f"{list(ALGORITHMS)[algorithm]} allreduce")
 
 
 _CALL_TAG, _ANSWER_TAG, _EVERYONE_TAG = 1, 2, 3  # the data goes on tag 0
@@ -207,7 +248,7 @@ class Agreement:
                  for peer in range(self.comm.world_size)]
         odd = [r for r, call in enumerate(calls) if call != calls[0]]
         if not odd:
-            if ALGORITHM_NAMES[self.mine[3]] == "ring":  # the only one that has a fast path
+            if list(ALGORITHMS)[self.mine[3]] == "ring":  # the only one that has a fast path
                 verified[self.comm.group] = self.mine
             return
         verified.pop(self.comm.group, None)

@@ -32,7 +32,8 @@ from course.collectives import cost_model
 from course.perf.catalog import Gpu, Link
 from course.perf.workloads import Layer, Workload
 
-SCHEMES = ("ring", "tree", "hierarchical", "naive", "parameter_server")
+# the flat allreduces of course.collectives.allreduce.ALGORITHMS ("naive" here is nn.DataParallel's hub, below)
+SCHEMES = (*(name for name in cost_model.ALGORITHMS if name != "naive"), "hierarchical", "naive", "parameter_server")
 KINDS = ("compute", "communication", "data wait", "idle")  # what a modelled device is doing
 
 
@@ -149,8 +150,9 @@ def allreduce_seconds(nbytes: float, world_size: int, cluster: Cluster, scheme: 
     Flat ``ring``/``tree`` run at the slowest link they cross; ``hierarchical`` is a ring inside each node
     (``gpus_per_node`` GPUs on ``intra``) plus a ring between nodes on ``inter``, one adapter per node.
     """
-    if scheme not in ("ring", "tree", "hierarchical"):
-        raise ValueError(f"allreduce scheme must be 'ring', 'tree' or 'hierarchical', got {scheme!r}.")
+    if scheme == "naive" or scheme not in (*cost_model.ALGORITHMS, "hierarchical"):
+        raise ValueError(f"allreduce scheme must be one of {sorted(set(cost_model.ALGORITHMS) - {'naive'})} or "
+                         f"'hierarchical', got {scheme!r}.")
     nodes = cluster.nodes(world_size)
     if nodes == 1:
         return float(cost_model.predict("ring" if scheme == "hierarchical" else scheme, nbytes, world_size,

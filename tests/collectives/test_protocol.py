@@ -10,18 +10,30 @@ from hypothesis import strategies as st
 from course.collectives.allreduce import ALGORITHMS
 from course.collectives.protocol import (
     _CHECKED_DIMS,
-    ALGORITHM_NAMES,
     DTYPES,
     OPS,
+    Algorithm,
     call_metadata,
     describe,
     op_name,
+    register,
     validate_tensor,
 )
 
+ALGORITHM_NAMES = tuple(ALGORITHMS)
 
-def test_a_call_names_its_algorithm_by_its_place_in_allreduce_algorithms():
-    assert tuple(ALGORITHMS) == ALGORITHM_NAMES
+
+def test_a_call_names_its_algorithm_by_its_place_in_the_table():
+    assert ALGORITHM_NAMES[:3] == ("naive", "ring", "tree")
+    for index, name in enumerate(ALGORITHM_NAMES):
+        assert call_metadata(torch.zeros(2), "sum", name)[3] == index
+
+
+def test_a_name_is_registered_once():
+    ring = ALGORITHMS["ring"]
+    with pytest.raises(ValueError, match="'ring' is registered already"):
+        register(Algorithm("ring", ring.run, ring.cost, ring.schedule))
+    assert ALGORITHMS["ring"] is ring
 
 
 @given(shape=st.lists(st.integers(0, 3), max_size=_CHECKED_DIMS), dtype=st.sampled_from(DTYPES),
