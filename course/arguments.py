@@ -4,7 +4,9 @@ A model built for one input shape, given data of another, fails several calls de
 ``conv2d`` with a message about matrix sizes; a class label above the model's number of outputs fails inside
 ``cross_entropy`` (and on a GPU as an asynchronous device assert). :func:`check_model_fits_data` runs one sample
 through the model and the loss up front and says, in a ``ValueError``, what was expected, what it got and
-how to fix it. :func:`check_count` accepts any integer type (``5``, ``np.int64(5)``), never a bool or a float.
+how to fix it. :func:`check_count` accepts any integer type (``5``, ``np.int64(5)``), never a bool or a float;
+:func:`check_choice` a name from a set; :func:`check_batch` a batch of inputs and targets; :func:`check_lr` a
+learning rate.
 """
 
 from __future__ import annotations
@@ -94,3 +96,27 @@ def check_model_fits_data(model: nn.Module, loss_fn: LossFn, inputs: torch.Tenso
             f"({targets.dtype}); torch said: {str(error).splitlines()[0]} Expected class labels (int64, shape "
             f"(N,)) for cross-entropy, or targets of the output's shape for a regression loss."
         ) from error
+
+
+def check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    """Validate a batch and return its size.
+
+    Raises:
+        ValueError: the batch is empty or ``inputs`` and ``targets`` hold different numbers of samples.
+    """
+    if inputs.dim() == 0 or targets.dim() == 0:
+        raise ValueError(f"inputs and targets need a batch dimension, got shapes {tuple(inputs.shape)} and "
+                         f"{tuple(targets.shape)}.")
+    if len(inputs) != len(targets):
+        raise ValueError(f"inputs hold {len(inputs)} samples but targets hold {len(targets)}: they must match "
+                         f"(got shapes {tuple(inputs.shape)} and {tuple(targets.shape)}).")
+    if len(inputs) == 0:
+        raise ValueError("the batch is empty (batch size 0): give at least one sample.")
+    return len(inputs)
+
+
+def check_lr(lr: float) -> float:
+    """Validate a learning rate. Raises ValueError unless ``lr`` is a finite number >= 0."""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (0 <= lr < float("inf")):
+        raise ValueError(f"lr must be a finite number >= 0, got {lr!r}.")
+    return float(lr)

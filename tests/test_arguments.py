@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from course import models
-from course.arguments import check_choice, check_count, check_model_fits_data
+from course.arguments import check_batch, check_choice, check_count, check_lr, check_model_fits_data
 
 pytestmark = pytest.mark.unit1
 
@@ -67,3 +67,18 @@ def test_check_choice_returns_an_allowed_value_and_lists_them_otherwise():
     assert check_choice("op", "avg", ("avg", "sum")) == "avg"
     with pytest.raises(ValueError, match=r"op must be one of \['avg', 'sum'\], got 'max'"):
         check_choice("op", "max", ("avg", "sum"))
+
+
+def test_check_batch_returns_the_batch_size_and_names_a_mismatch():
+    assert check_batch(torch.zeros(5, 3), torch.zeros(5, dtype=torch.long)) == 5
+    with pytest.raises(ValueError, match="inputs hold 5 samples but targets hold 4"):
+        check_batch(torch.zeros(5, 3), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch size 0"):
+        check_batch(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("inf"), float("nan"), True, "0.1"])
+def test_check_lr_accepts_finite_non_negative_numbers_only(bad):
+    assert check_lr(0) == 0.0 and check_lr(3) == 3.0
+    with pytest.raises(ValueError, match="lr must be a finite number >= 0"):
+        check_lr(bad)

@@ -20,8 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from course import models
-from course.arguments import check_count, check_model_fits_data
-from course.optimization.large_batch import check_batch
+from course.arguments import check_batch, check_count, check_model_fits_data
 from course.optimization.lars import LARS
 from course.optimization.lr_scaling import RULES, scaled_lr, warmup_scheduler
 
@@ -33,7 +32,7 @@ class SweepConfig:
     (hundreds of steps at the base batch) to halve a few times before the rate stops helping."""
 
     global_batch_sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024)  # global batch sizes
-    rules: tuple[str, ...] = RULES
+    rules: tuple[str, ...] = tuple(RULES)
     warmup_steps: tuple[int, ...] = (0, 10)  # each rule is run with each of these warmups
     base_lr: float = 0.01  # a rate tuned at base_batch_size
     base_batch_size: int = 8

@@ -22,35 +22,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from course import world
-from course.arguments import LossFn, check_model_fits_data
+from course.arguments import LossFn, check_batch, check_lr, check_model_fits_data
 from course.data_parallel import rank_step, replicate, split_batch, train_step
 from course.runtime import launch
 
 Parameters = dict[str, torch.Tensor]
-
-
-def check_batch(inputs: torch.Tensor, targets: torch.Tensor) -> int:
-    """Validate a batch and return its size.
-
-    Raises:
-        ValueError: the batch is empty or ``inputs`` and ``targets`` hold different numbers of samples.
-    """
-    if inputs.dim() == 0 or targets.dim() == 0:
-        raise ValueError(f"inputs and targets need a batch dimension, got shapes {tuple(inputs.shape)} and "
-                         f"{tuple(targets.shape)}.")
-    if len(inputs) != len(targets):
-        raise ValueError(f"inputs hold {len(inputs)} samples but targets hold {len(targets)}: they must match "
-                         f"(got shapes {tuple(inputs.shape)} and {tuple(targets.shape)}).")
-    if len(inputs) == 0:
-        raise ValueError("the batch is empty (batch size 0): give at least one sample.")
-    return len(inputs)
-
-
-def check_lr(lr: float) -> float:
-    """Validate a learning rate. Raises ValueError unless ``lr`` is a finite number >= 0."""
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (0 <= lr < float("inf")):
-        raise ValueError(f"lr must be a finite number >= 0, got {lr!r}.")
-    return float(lr)
 
 
 def parameters(model: nn.Module) -> Parameters:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from course.optimization.large_batch import check_lr
+from course.arguments import check_lr
 
 
 def trust_ratio(weight_norm: float, grad_norm: float, trust_coefficient: float, weight_decay: float,

@@ -28,9 +28,8 @@ from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
 from course import exercise
-from course.arguments import LossFn, check_count, check_model_fits_data
+from course.arguments import LossFn, check_batch, check_count, check_lr, check_model_fits_data
 from course.data_parallel import StepStats, replicate, split_batch, train_step
-from course.optimization.large_batch import check_batch, check_lr
 
 
 @dataclass(frozen=True)
