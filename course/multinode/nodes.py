@@ -23,9 +23,7 @@ import argparse
 import json
 import os
 import secrets
-import subprocess
 import tempfile
-import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -40,7 +38,7 @@ from course.multinode.netns import (
     two_node_network,
 )
 from course.runtime.ports import free_port
-from course.runtime.process_tree import kill_tree
+from course.runtime.process import run_together
 
 RANKS_PER_NODE = 2
 NODES = 2
@@ -110,38 +108,22 @@ def predictions(inside: cost_model.AlphaBeta, between: cost_model.AlphaBeta, nby
 
 
 def _start_and_wait(commands: list[list[str]], interfaces: tuple[str, str], timeout_s: float) -> list[str]:
-    """Start every node's command, wait for all (bounded), stop all as soon as one fails; the commands as typed."""
+    """Run every node's command (:func:`course.runtime.process.run_together`: all stopped as soon as one fails);
+    the commands as typed."""
     from course.ddp.scripts import torchrun_environment
 
-    processes, logs = [], []
-    with tempfile.TemporaryDirectory(prefix="course-nodes-logs-") as scratch:
-        try:
-            for node, (command, interface) in enumerate(zip(commands, interfaces, strict=True)):
-                env = torchrun_environment(RANKS_PER_NODE)
-                env.update(GLOO_SOCKET_IFNAME=interface, COURSE_EMULATE="1")
-                logs.append(open(os.path.join(scratch, f"node{node}.log"), "w+"))  # noqa: SIM115 - closed below
-                processes.append(subprocess.Popen(command, stdout=logs[-1], stderr=subprocess.STDOUT, text=True,
-                                                  env=env, start_new_session=True))
-            deadline = time.monotonic() + timeout_s
-            while any(process.poll() is None for process in processes):
-                failed = [n for n, process in enumerate(processes) if process.poll() not in (None, 0)]
-                if failed:
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the nodes did not finish within {timeout_s:g} s; both were stopped.")
-                time.sleep(0.1)
-            for node, process in enumerate(processes):
-                if process.poll() not in (None, 0):
-                    logs[node].seek(0)
-                    raise RuntimeError(f"node {node} failed (exit {process.returncode}); the other was stopped. Its "
-                                       f"output ends:\n{logs[node].read()[-3000:]}")
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    kill_tree(process, own_group=True)
-                    process.wait(timeout=10)
-            for log in logs:
-                log.close()
+    envs = []
+    for interface in interfaces:
+        env = torchrun_environment(RANKS_PER_NODE)
+        env.update(GLOO_SOCKET_IFNAME=interface, COURSE_EMULATE="1")
+        envs.append(env)
+    outcomes = run_together(commands, timeout_s, envs=envs, capture=8000)
+    if any(outcome.status == "timeout" for outcome in outcomes):
+        raise RuntimeError(f"the nodes did not finish within {timeout_s:g} s; both were stopped.")
+    for node, outcome in enumerate(outcomes):
+        if outcome.status not in ("ok", "interrupted"):
+            raise RuntimeError(f"node {node} failed (exit {outcome.returncode}); the other was stopped. Its "
+                               f"output ends:\n{(outcome.stdout + outcome.stderr)[-3000:]}")
     return [" ".join(["torchrun", *command[command.index("torch.distributed.run") + 1:]]) for command in commands]
 
 

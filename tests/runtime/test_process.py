@@ -79,3 +79,26 @@ def test_bad_arguments_are_refused_before_anything_starts():
         process.run(python("pass"), 0)
     with pytest.raises(ValueError, match="non-empty list of strings"):
         process.run([], 10)
+
+
+def test_commands_run_together_end_together_when_one_fails():
+    failing = python("import sys; print('gone', file=sys.stderr); sys.exit(3)")
+    waiting = python("import time; print('up', flush=True); time.sleep(120)")  # a node waiting for its dead peer
+    first, second = process.run_together([failing, waiting], 100)
+    assert (first.status, first.returncode, first.stderr.strip()) == ("error", 3, "gone")
+    assert second.status == "interrupted" and second.stdout.strip() == "up"
+    assert second.elapsed_s < 60  # stopped, not waited for: its own sleep is 120 s
+
+
+def test_commands_run_together_keep_each_ones_output_and_environment():
+    env = {"PATH": "/usr/bin:/bin"}
+    outcomes = process.run_together([python("import os; print(os.environ.get('NODE'))")] * 2, 60,
+                                    envs=[{**env, "NODE": "0"}, {**env, "NODE": "1"}])
+    assert [(o.status, o.stdout.strip()) for o in outcomes] == [("ok", "0"), ("ok", "1")]
+
+
+def test_commands_run_together_stop_all_at_the_time_limit():
+    statuses = [o.status for o in process.run_together([python("import time; time.sleep(120)")] * 2, 2)]
+    assert "timeout" in statuses and set(statuses) <= {"timeout", "interrupted"}  # the second may be stopped first
+    with pytest.raises(ValueError, match="at least one command"):
+        process.run_together([], 10)
