@@ -10,7 +10,7 @@ the notebook cell that asks it, or, for a published figure, carries its ``source
 gives the answer and the explanation only once the student has answered. :func:`ask` shows the question as a
 widget (choices or a text box, a "Check" button, the feedback under them); without ipywidgets it prints the
 question and how to answer it with :meth:`Question.check`. Displaying never blocks, so a notebook runs top to
-bottom unattended (nbval). Used by every notebook in ``notebooks/``.
+bottom unattended (nbval). Every notebook asks its questions with it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A Horovod-style distributed optimizer, built from the course's own allreduce.
 
-Over 300 lines, for a reason: the gradient hooks, the communication thread and ``step()`` share one lock and one
-round of state, so the class is read, and checked for races, in one piece.
+The gradient hooks, the communication thread and ``step()`` share one lock and one round of state: read the
+class, and check it for races, in one piece.
 
 Wrap any torch optimizer and data parallelism needs three more lines (the helpers are in ``course.ddp.horovod``)::
 

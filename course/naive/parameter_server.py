@@ -208,8 +208,8 @@ def compare_on_ranks(config: Config = Config(), data: Sequence[tuple[torch.Tenso
                      async_delay_s: float = 0.002) -> dict:
     """Run inside a launched rank: allreduce data parallelism, then the sync and async parameter servers.
 
-    All three start from the same model (seeded) and see the same global batches. Used by notebook 03 and
-    its tests; one launch does all three, since starting ranks is the slow part.
+    All three start from the same model (seeded) and see the same global batches (notebook 03); one launch
+    does all three, since starting ranks is the slow part.
 
     Args:
         data: :func:`batches` of ``config``, loaded by the caller (each rank loading the dataset itself is slow).

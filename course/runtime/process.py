@@ -8,9 +8,8 @@ watchdog here stops it at the time limit, or when it breaks one of ``limits`` (t
 volume), or when ``stop`` is set; then :func:`~course.runtime.process_tree.kill_tree` stops it and everything it
 started, and :mod:`~course.runtime.outcome` says how it ended. Every process it started is gone when ``run``
 returns, whatever the command did. :class:`Running` is the same in two halves, for a caller that needs the
-process while it runs (:func:`course.monitor.watch.run_and_watch` samples it). Used by
-:func:`course.ddp.scripts.run_torchrun`, :func:`course.monitor.watch.run_and_watch` and :mod:`grader.sandbox`
-(notebooks 05 and 06).
+process while it runs (:func:`course.monitor.watch.run_and_watch` samples it). :func:`run_together` runs commands
+that need each other (two nodes of one job) and stops them all as soon as one fails. Notebooks 05, 05b and 06.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 When one rank of a ``torchrun`` job raises, the others fail a moment later in their next collective
 ("Connection closed by peer"), and torchrun adds its own ``ChildFailedError`` traceback at the end. The error
 to read is the first rank's. torchrun prefixes each rank's stderr lines with ``[rankN]:`` and names the
-"Root Cause (first observed failure)" in its summary; :func:`root_cause` reads both. Used by
-``notebooks/06_assignment.ipynb`` (the run cell) and :func:`course.ddp.scripts.run_torchrun`.
+"Root Cause (first observed failure)" in its summary; :func:`root_cause` reads both. Shown in
+``notebooks/06_assignment.ipynb`` (the run cell).
 """
 
 from __future__ import annotations
