@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from course.perf import published as perf_validation
+from course.perf import published
 
 TOLERANCE = 0.15
 
 
 def main() -> int:
-    rows = perf_validation.validation_table()
-    print(perf_validation.format_table(rows))
+    rows = published.validation_table()
+    print(published.format_table(rows))
     outside = [row for row in rows if abs(row.ratio - 1) > TOLERANCE]
     worst = max(rows, key=lambda row: abs(row.ratio - 1))
     print(f"\n{len(rows)} published figures; largest deviation {abs(worst.ratio - 1):.0%} ({worst.claim}); "

@@ -94,7 +94,7 @@ def _internal(filename: str) -> bool:
 def warn_moved(old: str, new: str) -> None:
     """Warn, from the caller's line (the notebook cell), that ``old`` moved to ``new``."""
     level, frame = 2, sys._getframe(1)
-    while frame is not None and _internal(frame.f_code.co_filename):
+    while frame is not None and (_internal(frame.f_code.co_filename) or frame.f_code.co_name == "__getattr__"):
         if "_bootstrap" not in frame.f_code.co_filename:
             level += 1
         frame = frame.f_back

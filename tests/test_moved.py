@@ -81,3 +81,12 @@ def test_new_paths_and_unknown_names_do_not_warn():
             course.no_such_module  # noqa: B018
         with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
             course.ddp.no_such_name  # noqa: B018
+
+
+def test_a_renamed_function_warns_and_forwards():
+    from course.monitor import summary_plot
+
+    with pytest.warns(DeprecationWarning, match=r"summary_plot\.report moved to course\.monitor\.summary_plot\.show") \
+            as seen:
+        assert summary_plot.report is summary_plot.show
+    assert seen[0].filename == __file__

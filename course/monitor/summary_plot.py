@@ -1,10 +1,10 @@
 """After a watched run: how busy each GPU was, as a line of text per GPU and a timeline plot.
 
-:func:`report` prints :func:`format_summary` (mean utilization, share of the time busy, peak memory, from
+:func:`show` prints :func:`format_summary` (mean utilization, share of the time busy, peak memory, from
 :func:`course.monitor.summary.summarize`) and shows :func:`plot_timeline` under it::
 
     run = monitor.run_and_watch([...])
-    monitor_report.report(run.history)
+    summary_plot.show(run.history)
 
 Used in ``notebooks/05_ddp.ipynb`` and ``notebooks/06_assignment.ipynb``; :func:`course.naive.who_works.plot_monitor`
 shades the runs of ``notebooks/03_naive_multi_gpu.ipynb`` on :func:`plot_timeline`.
@@ -73,7 +73,7 @@ def plot_timeline(history: History, threshold: float | None = None) -> Any:
     return fig
 
 
-def report(history: History, threshold: float | None = None) -> None:
+def show(history: History, threshold: float | None = None) -> None:
     """Print :func:`format_summary` and, in Jupyter, show :func:`plot_timeline` under it."""
     import matplotlib.pyplot as plt
 
@@ -83,3 +83,13 @@ def report(history: History, threshold: float | None = None) -> None:
         plt.show()
     else:  # a script has nowhere to show it; plot_timeline is there to save one
         plt.close(fig)
+
+
+def __getattr__(name: str):
+    """``report`` was this function's name before the layout of issue 21 (it meant five things): warn, forward."""
+    if name == "report":
+        from course import _moved
+
+        _moved.warn_moved("course.monitor.summary_plot.report", "course.monitor.summary_plot.show")
+        return show
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

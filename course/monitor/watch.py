@@ -7,7 +7,7 @@ records, :mod:`course.monitor.views` draws; this module runs and watches::
     run = monitor.run_and_watch([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                  "--nproc_per_node=4", "train_4gpu.py"], cwd="runs")
     print(run.stdout)
-    monitor_report.report(run.history)  # mean utilization and busy time per GPU, and the timeline
+    summary_plot.show(run.history)  # mean utilization and busy time per GPU, and the timeline
 
 or around a process you started yourself: ``with monitor.watch(popen) as history: popen.wait()``.
 Used in ``notebooks/05_ddp.ipynb`` and ``notebooks/06_assignment.ipynb``.

@@ -145,9 +145,9 @@ def watch_both(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Ten
 
 def plot_monitor(history: Any, phases: dict[str, tuple[float, float]]) -> Figure:
     """:func:`course.monitor.summary_plot.plot_timeline` with the two runs shaded and named (the rest is start-up)."""
-    from course.monitor import summary_plot as monitor_report
+    from course.monitor import summary_plot
 
-    fig = monitor_report.plot_timeline(history)
+    fig = summary_plot.plot_timeline(history)
     for ax in fig.axes:
         for color, (name, (start, end)) in zip(("tab:red", "tab:blue"), phases.items(), strict=True):
             ax.axvspan(start, end, color=color, alpha=0.15, label=LABELS[name])

@@ -1,6 +1,7 @@
 """course.monitor.watch: real runs watched to the end, timeouts and interruptions, and no process left behind.
 
-The measurement is tested in test_utilization*.py, the drawing in test_monitor_views.py and test_monitor_report.py.
+The measurement is tested in test_sampling.py, test_sources.py and test_summary.py, the drawing in test_views.py
+and test_summary_plot.py.
 """
 
 from __future__ import annotations

@@ -139,10 +139,10 @@ def test_history_replays_the_compute_fraction():
 
 
 def test_monitor_labels_a_modelled_history_as_modelled():
-    from course.monitor import summary_plot as monitor_report
+    from course.monitor import summary_plot
 
     history = pm.to_history(pm.step_time(R50, 32, 2, ONE_NODE), steps=1)
-    text = monitor_report.format_summary(history)
+    text = summary_plot.format_summary(history)
     assert text.startswith("Modelled GPUs") and "Not a measurement" in text and "MiB" not in text
     assert utilization_summary.busy_threshold(history, cpu_count=1) == 50.0  # a modelled GPU can reach 100%
 

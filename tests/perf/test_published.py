@@ -2,9 +2,9 @@
 
 import pytest
 
-from course.perf import published as perf_validation
+from course.perf import published
 
-ROWS = perf_validation.validation_table()
+ROWS = published.validation_table()
 
 
 def test_at_least_eight_published_figures_from_several_sources():
@@ -14,7 +14,7 @@ def test_at_least_eight_published_figures_from_several_sources():
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.claim[:40] for row in ROWS])
 def test_each_row_within_15_percent(row):
-    assert 0.85 <= row.ratio <= 1.15, perf_validation.format_table([row])
+    assert 0.85 <= row.ratio <= 1.15, published.format_table([row])
 
 
 def test_every_row_states_its_source_and_assumptions():
@@ -23,5 +23,5 @@ def test_every_row_states_its_source_and_assumptions():
 
 
 def test_table_prints_every_row():
-    text = perf_validation.format_table(ROWS)
+    text = published.format_table(ROWS)
     assert all(row.source in text for row in ROWS)
