@@ -18,7 +18,7 @@ from pathlib import Path
 from course import world
 from course.runtime import process, root_cause
 
-STEPS_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "ddp_steps"
+STEPS_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "ddp_steps"
 
 
 # -- the scripts ------------------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
 def torchrun_environment(nproc_per_node: int) -> dict[str, str]:
     """This process's environment for a torchrun job: the course importable, each rank its share of the cores."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds the course package
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     # torchrun would otherwise set 1 and warn about it
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
