@@ -59,6 +59,7 @@ MOVED: dict[str, str] = {
     "scaling": "ddp.scaling",
     "ddp": "ddp.internals",
     "ddp_scripts": "ddp.scripts",
+    "ddp_hooks": "ddp.hooks",
     "nodes": "multinode.nodes",
     "netns": "multinode.netns",
     "perf_model": "perf.model",
