@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from course.labs import ring
 from course.labs.core import run_lab
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.unit4]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "ring_allreduce.py")
