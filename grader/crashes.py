@@ -20,8 +20,7 @@ from course.root_cause import PEER_LOST, TRACEBACK, trim  # PEER_LOST: how a ran
 from grader.evidence import RunRecords
 
 # frames of the grader's own code between the student's script and the interpreter: not the student's concern
-_HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "grader/probed_data.py",
-                  "grader/fingerprints.py", "grader/records.py", "<frozen runpy>")
+_HIDDEN_FRAMES = ("grader/inrank/", "<frozen runpy>")  # inrank: everything the grader runs in a rank
 MAX_TRACEBACK_LINES, MAX_TRACEBACK_CHARS = 30, 2500
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grader.assignment import Assignment
 from grader.evidence import Evidence, fingerprints_equal
-from grader.records import Report, Save
+from grader.inrank.records import Report, Save
 
 Outcome = tuple[bool, str]
 

@@ -1,7 +1,7 @@
 """The integrity check: the grader's probes were left alone and their records agree with what it measured.
 
 Failed, it withholds the whole score (``voids_score``): every other check rests on these records. A rank's
-process can sign records as that rank (see :mod:`grader.channel`), so where its records can be checked
+process can sign records as that rank (see :mod:`grader.inrank.channel`), so where its records can be checked
 against what the grader measured itself (the checkpoint's parameters and validation accuracy), they are.
 """
 

@@ -1,4 +1,4 @@
-"""grader.launcher, graded for real: a rank can read neither the launcher's memory (the run's key) nor the
+"""grader.inrank.launcher, graded for real: a rank can read neither the launcher's memory (the run's key) nor the
 instructor's secret."""
 
 import os

@@ -1,7 +1,7 @@
 """The last step into a sandboxed command: its rlimits, its identity, then exec. Standard library only.
 
-Both isolation backends of :mod:`grader.sandbox` end here: bubblewrap runs ``python -I sandbox_exec.py CONFIG``
-as its command, and the in-house fallback (:mod:`grader.sandbox_namespaces`) calls :func:`exec_command` in
+Both isolation backends of :mod:`grader.sandbox` end here: bubblewrap runs ``python -I exec.py CONFIG``
+as its command, and the in-house fallback (:mod:`grader.sandbox.namespaces`) calls :func:`exec_command` in
 the process it forked for the command. Never a ``preexec_fn``, which is unsafe when the grader runs threads.
 A setup error is printed on stderr and the process exits 127 (the sandbox's classifier reads it).
 """

@@ -4,9 +4,9 @@ Over ~300 lines on purpose: every record kind is declared here and nowhere else,
 written out (so the kinds look alike: that likeness is the format), next to the one parser that checks them;
 splitting the kinds from their parser would bring back a format written in two places.
 
-Every line on the channel (:mod:`grader.channel`) carries one record, a JSON object whose ``kind`` names one
+Every line on the channel (:mod:`grader.inrank.channel`) carries one record, a JSON object whose ``kind`` names one
 of the dataclasses below and whose other keys are that dataclass's fields. The probes
-(:mod:`grader.probes`, inside the student's ranks) build these records and write :meth:`Record.to_dict`;
+(:mod:`grader.inrank.probes`, inside the student's ranks) build these records and write :meth:`Record.to_dict`;
 the launcher writes :class:`RankExit`; the grader turns each verified line back into a typed record with
 :func:`parse` (:func:`grader.evidence.collect`), and the checks read only those.
 
@@ -16,11 +16,11 @@ the launcher writes :class:`RankExit`; the grader turns each verified line back 
 
 Format version :data:`VERSION` is written in every record as ``"v"``; a record without it is read as
 version 1 (the launcher's exit records do not state it). Envelope fields, added on the way and not by the
-record's writer: ``seq`` (its number in its signer's stream, :class:`grader.channel.Writer`) and ``signer``
-(who signed it, :class:`grader.channel.Reader`). Optional fields left at their default are not written.
+record's writer: ``seq`` (its number in its signer's stream, :class:`grader.inrank.channel.Writer`) and ``signer``
+(who signed it, :class:`grader.inrank.channel.Reader`). Optional fields left at their default are not written.
 
 A signed record can still be malformed: code in a rank's process can reach that rank's writer and sign
-anything (see :mod:`grader.channel`). :func:`parse` refuses, with :class:`MalformedRecord`, a record that is
+anything (see :mod:`grader.inrank.channel`). :func:`parse` refuses, with :class:`MalformedRecord`, a record that is
 not an object, names an unknown kind or version, lacks a field, has one the kind does not declare, or has one
 of the wrong type; the grader then counts it against integrity instead of reading it. Used by the grader
 of notebook 06.
@@ -91,7 +91,7 @@ class Initial(Record):
     """The parameters before the rank's first optimizer step."""
 
     kind: ClassVar[str] = "initial"
-    fingerprint: tuple[float, ...]  # grader.fingerprints.fingerprint
+    fingerprint: tuple[float, ...]  # grader.inrank.fingerprints.fingerprint
     device: str  # of the first parameter, e.g. "cpu", "cuda:1"
 
 
@@ -108,9 +108,9 @@ class Step(Record):
     optimizer: str | None = None  # class name
     world_size: int | None = None
     backend: str | None = None
-    digests: tuple[str, ...] | None = None  # rank 0: grader.fingerprints.digests after the step
+    digests: tuple[str, ...] | None = None  # rank 0: grader.inrank.fingerprints.digests after the step
     digests_before: tuple[str, ...] | None = None  # rank 0: ... before it
-    params_before: str | None = None  # rank 0, first steps: grader.fingerprints.encode of the parameters
+    params_before: str | None = None  # rank 0, first steps: grader.inrank.fingerprints.encode of the parameters
     shapes: tuple[tuple[int, ...], ...] | None = None  # ... and their shapes
     grads: str | None = None  # ... and the gradients the step applied
     hyper: dict[str, Any] | None = None  # ... and the first param group's settings

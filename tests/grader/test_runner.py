@@ -14,7 +14,7 @@ from grader.secret import submission_seed
 from grader.submission import SKELETON, STARTER, BadSubmission, find_script
 
 pytestmark = pytest.mark.unit6
-SUBMISSIONS = Path(__file__).parent / "submissions"
+SUBMISSIONS = Path(__file__).resolve().parents[1] / "submissions"
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

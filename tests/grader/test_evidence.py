@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 
 from course import models
-from grader import probes
 from grader.evidence import Checkpoint, Evidence, RunRecords, bind_checkpoint, judge_checkpoint
-from grader.records import End, Step
+from grader.inrank import probes
+from grader.inrank.records import End, Step
 
 pytestmark = pytest.mark.unit6
 

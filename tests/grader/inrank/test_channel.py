@@ -1,4 +1,4 @@
-"""grader.channel: only records signed with the run's key get through; JSON only."""
+"""grader.inrank.channel: only records signed with the run's key get through; JSON only."""
 
 import io
 import os
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grader import channel
+from grader.inrank import channel
 
 pytestmark = pytest.mark.unit6
 
@@ -71,7 +71,7 @@ def test_the_writer_keeps_no_copy_of_the_key():
 
 def test_a_write_from_outside_the_trusted_modules_is_reported_not_written():
     key = channel.new_key()
-    lines = written(key, [{"kind": "report", "rank": 0, "val_accuracy": 0.99}], callers=("/grader/probes.py",))
+    lines = written(key, [{"kind": "report", "rank": 0, "val_accuracy": 0.99}], callers=("/grader/inrank/probes.py",))
     record = channel.unseal(key, lines[0])
     assert record["kind"] == "forgery" and record["forged_kind"] == "report" and record["caller"] == __file__
     assert "val_accuracy" not in record

@@ -12,14 +12,14 @@ import pytest
 from grader import reports, runner
 from grader.crashes import MAX_TRACEBACK_LINES, first_failure, trimmed_traceback
 from grader.evidence import RunRecords
-from grader.records import parse
+from grader.inrank.records import parse
 from grader.results import Results
 from grader.sandbox import SandboxResult
 
 pytestmark = pytest.mark.unit6
 WARNING = "[W1124 06:12:26.326470272 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.\n"
 HARNESS = """Traceback (most recent call last):
-  File "/work/course/grader/harness.py", line 52, in main
+  File "/work/course/grader/inrank/harness.py", line 52, in main
     runpy.run_path(script, run_name="__main__")
   File "<frozen runpy>", line 291, in run_path
   File "<frozen runpy>", line 98, in _run_module_code
@@ -131,10 +131,10 @@ def test_output_without_a_traceback_keeps_its_last_lines():
 
 
 def test_the_probes_frames_around_the_students_data_loading_are_hidden():
-    """An error in the student's dataset surfaces through the probes' loader wrapper (grader/probed_data.py)."""
+    """An error in the student's dataset surfaces through the probes' loader wrapper (grader/inrank/probed_data.py)."""
     text = trimmed_traceback(HARNESS + """  File "/tmp/grade-x/run/train_4gpu.py", line 40, in main
     for images, labels in train_loader:
-  File "/work/course/grader/probed_data.py", line 63, in record_batches
+  File "/work/course/grader/inrank/probed_data.py", line 63, in record_batches
     for item in original(loader):
   File "/work/course/.venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 701, in __next__
     data = self._next_data()

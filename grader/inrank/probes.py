@@ -1,6 +1,6 @@
 """Trusted probes: what the student's training really did, recorded on every rank as it happens.
 
-The harness (:mod:`grader.harness`) installs these before the student's script runs. They record, per rank
+The harness (:mod:`grader.inrank.harness`) installs these before the student's script runs. They record, per rank
 and per optimizer step: world size and backend (from the process group itself), the training-sample
 indices the rank fetched and in which epoch, the learning rate, a fingerprint of the parameters before
 the first step and after every step, on rank 0 a digest of every parameter tensor before and after every
@@ -8,7 +8,7 @@ step (the checkpoint must hold a state this chain of steps reached: :func:`grade
 and the full parameters and gradients of the first steps (the grader replays them in one process on the union
 batch). They also record each collective called from Python, every ``course.report.report`` call with the
 true validation accuracy of the model at that moment, and every checkpoint written. Records leave through
-:mod:`grader.channel`; the student's printed numbers are never used.
+:mod:`grader.inrank.channel`; the student's printed numbers are never used.
 
 The probes also hold the data split fixed: ``data.load`` with another split seed (or other validation /
 test sizes) is refused, since it would move held-out samples into training; and the test split the
@@ -33,9 +33,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import data, report
-from grader import probed_data, records
-from grader.channel import Writer
-from grader.fingerprints import digests, encode, fingerprint, projection
+from grader.inrank import probed_data, records
+from grader.inrank.channel import Writer
+from grader.inrank.fingerprints import digests, encode, fingerprint, projection
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "all_to_all",
@@ -64,7 +64,7 @@ class Probes:
         self._val: TensorDataset | None = None
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Write one record (:mod:`grader.records` declares each kind's fields); from outside this module, a
+        """Write one record (:mod:`grader.inrank.records` declares each kind's fields); from outside this module, a
         ``forgery`` record naming the caller instead."""
         if self.silent:
             return

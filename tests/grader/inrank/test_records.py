@@ -1,4 +1,4 @@
-"""grader.records: every record kind survives JSON and back unchanged; anything else is refused, saying why."""
+"""grader.inrank.records: every record kind survives JSON and back unchanged; anything else is refused, saying why."""
 
 import json
 import math
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grader import records
-from grader.records import KINDS, VERSION, MalformedRecord, from_json, parse
+from grader.inrank import records
+from grader.inrank.records import KINDS, VERSION, MalformedRecord, from_json, parse
 
 pytestmark = pytest.mark.unit6
 TEXT = st.text(max_size=20)

@@ -2,7 +2,7 @@
 
 :mod:`grader.sandbox` uses bubblewrap where the host has it (``apt-get install bubblewrap``); this module is
 what it does without, and what ``isolation="namespaces"`` or ``"process-tree"`` asks for. The command runs under
-``python -I sandbox_namespaces.py CONFIG`` (standard library and psutil only, no grader import), three levels:
+``python -I namespaces.py CONFIG`` (standard library and psutil only, no grader import), three levels:
 
 * the *supervisor* (this script): as root, or in a user namespace mapping the user to themself where the
   kernel allows unprivileged ones, it enters new mount, pid, IPC and network namespaces (the network has only
@@ -13,9 +13,9 @@ what it does without, and what ``isolation="namespaces"`` or ``"process-tree"`` 
   kills every process of the namespace, escapees included. Without a pid namespace init is a child subreaper
   instead, which keeps double-forked escapees in the tree the watchdog kills, and the network is not
   contained: the reported notes say so;
-* the *command*: :func:`grader.sandbox_exec.exec_command` (rlimits, uid, exec).
+* the *command*: :func:`grader.sandbox.exec.exec_command` (rlimits, uid, exec).
 
-Its tests are tests/test_sandbox.py, run over both backends where bubblewrap is installed.
+Its tests are tests/grader/sandbox/test_sandbox.py, run over both backends where bubblewrap is installed.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import psutil
 
-if __name__ == "__main__":  # run as a script with -I: its sibling is not importable as grader.sandbox_exec
+if __name__ == "__main__":  # run as a script with -I: its sibling is not importable as grader.sandbox.exec
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from sandbox_exec import exec_command
+    from exec import exec_command
 else:
-    from grader.sandbox_exec import exec_command
+    from grader.sandbox.exec import exec_command
 
 
 # ---------------------------------------------------------------------------------------------- parent side

@@ -176,7 +176,7 @@ def test_a_submitted_notebook_is_pointed_to_the_script_notebook_06_has_students_
     out = tmp_path / "results.json"
     assert cli.main(["gradescope", "--submission", str(submission), "--results", str(out)]) == 0
     output = json.loads(out.read_text())["output"]
-    notebook = (Path(__file__).parent.parent / "notebooks" / "06_assignment.ipynb").read_text()
+    notebook = (Path(__file__).resolve().parents[2] / "notebooks" / "06_assignment.ipynb").read_text()
     assert "is a notebook" in output and "runs/train_4gpu.py" in output and "%%writefile" not in output
     assert 'Path(\\"runs/train_4gpu.py\\")' in notebook  # the file the notebook has the student write
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from course import data, models
-from grader import evaluate, harness, probes
+from grader import evaluate
+from grader.inrank import harness, probes
 
 pytestmark = pytest.mark.unit6
 

@@ -16,7 +16,7 @@ import pytest
 from grader.checks import CHECKS
 
 pytestmark = pytest.mark.unit6
-AUTOGRADER = Path(__file__).resolve().parent.parent / "autograder"
+AUTOGRADER = Path(__file__).resolve().parents[2] / "autograder"
 SCRIPTS = ("setup.sh", "run_autograder", "make_zip.sh")
 
 

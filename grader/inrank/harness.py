@@ -1,7 +1,7 @@
 """One rank of a graded run: install the trusted probes, then run the student's script as ``__main__``.
 
-Started by :mod:`grader.launcher` once per rank, with torchrun's environment, as
-``python -m grader.harness SCRIPT``. Before any student code runs it reads the run's key from the
+Started by :mod:`grader.inrank.launcher` once per rank, with torchrun's environment, as
+``python -m grader.inrank.harness SCRIPT``. Before any student code runs it reads the run's key from the
 descriptor in ``GRADER_KEY_FD`` and closes it, opens the record pipe from ``GRADER_RECORD_FD``, and
 removes both variables; then it runs the script exactly as ``python SCRIPT`` would (``sys.argv`` is
 ``[SCRIPT]``: no arguments). Whatever the script does (returns, calls ``sys.exit``, raises) an ``end``
@@ -28,9 +28,9 @@ def probe_seed(seed: int) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m grader.harness SCRIPT", file=sys.stderr)
+        print("usage: python -m grader.inrank.harness SCRIPT", file=sys.stderr)
         return 2
-    from grader import channel
+    from grader.inrank import channel
 
     key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     writer = channel.Writer(record_fd, key, callers=(os.path.join(os.path.dirname(channel.__file__), "probes.py"),))
     del key
 
-    from grader.probes import Probes
+    from grader.inrank.probes import Probes
 
     probes = Probes(writer, rank, seed, run_dir=os.getcwd())  # the run directory, before the script can chdir
     probes.install()

@@ -2,15 +2,15 @@
 
     bwrap --die-with-parent --new-session --unshare-pid --unshare-ipc --unshare-net [--unshare-user]
           --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --tmpfs /var/tmp --bind RUN_DIR RUN_DIR
-          --dev-bind /dev/null SECRET --chdir RUN_DIR -- python -I sandbox_exec.py CONFIG
+          --dev-bind /dev/null SECRET --chdir RUN_DIR -- python -I exec.py CONFIG
 
 gives the command: a pid namespace (bwrap's init is process 1; when it ends, the kernel kills every process
 inside, escapees included), no network but ``lo`` (up: gloo and torchrun rendezvous work), a file system that
 is read-only except its run directory and its own empty /tmp, /var/tmp and /dev/shm (nothing is left for the next
-run), the grader's secret covered by an empty file, and a private IPC namespace. :mod:`grader.sandbox_exec` then
+run), the grader's secret covered by an empty file, and a private IPC namespace. :mod:`grader.sandbox.exec` then
 sets the rlimits and, as root, the sandbox uid, and execs the command. Without root bubblewrap needs
 unprivileged user namespaces (``--unshare-user`` maps the user to themself); :func:`available` tries it once.
-Used by :mod:`grader.sandbox` (notebook 06); its fallback is :mod:`grader.sandbox_namespaces`.
+Used by :mod:`grader.sandbox` (notebook 06); its fallback is :mod:`grader.sandbox.namespaces`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXEC = str(Path(__file__).resolve().with_name("sandbox_exec.py"))
+EXEC = str(Path(__file__).resolve().with_name("exec.py"))
 MASKED = ("/tmp", "/var/tmp", "/dev/shm")  # each a fresh tmpfs inside, writable by all (1777)
 
 
@@ -50,7 +50,7 @@ def _user_namespace() -> list[str]:
 def command(config: dict, hide: list[str], needed: list[str]) -> tuple[list[str], tuple[str, ...]]:
     """The bwrap command line that runs ``config["argv"]`` contained, and the mechanisms it makes active.
 
-    ``config``: as :func:`grader.sandbox_exec.exec_command` takes it. ``hide``: files to cover with an empty one.
+    ``config``: as :func:`grader.sandbox.exec.exec_command` takes it. ``hide``: files to cover with an empty one.
     ``needed``: paths the command must reach (the Python installation, the program): bound back where a masked
     directory (/tmp) or, for a sandbox uid, a private one (``/root``, 0700) would hide them.
     """

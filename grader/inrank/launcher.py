@@ -1,8 +1,8 @@
 """Start the ranks of a graded run the way torchrun does, and watch them.
 
-``python -m grader.launcher --nproc 4 SCRIPT`` runs inside the sandbox. It gives each rank torchrun's
+``python -m grader.inrank.launcher --nproc 4 SCRIPT`` runs inside the sandbox. It gives each rank torchrun's
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
-``MASTER_PORT``, ...) and starts ``python -m grader.harness SCRIPT``, so the script sees exactly what
+``MASTER_PORT``, ...) and starts ``python -m grader.inrank.harness SCRIPT``, so the script sees exactly what
 ``torchrun --nproc_per_node=4 SCRIPT`` would give it. Like torchrun's agent it hosts the rendezvous store
 itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
 and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
@@ -10,7 +10,8 @@ counts the rest, and names ranks: once one rank has ended, the others get ``--st
 those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM
 (the grader is being stopped) it stops every rank at once and still reports. Its own
 records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
-channel. It holds the run's key, so it makes its memory unreadable to the ranks (:func:`grader.channel.hide_memory`).
+channel. It holds the run's key, so it makes its memory unreadable to the ranks
+(:func:`grader.inrank.channel.hide_memory`).
 Used by the grader of notebook 06.
 """
 
@@ -27,8 +28,8 @@ import time
 
 from course.runtime.capture import Capped
 from course.runtime.ports import free_port
-from grader import channel
-from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
+from grader.inrank import channel
+from grader.inrank.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 
 _STOP = threading.Event()  # set by SIGTERM: the grader is being stopped
 OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to the grader
@@ -47,17 +48,17 @@ def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
                     view = view[os.write(writer_fd, view):]
 
 
-RANK_MAIN = "from grader.launcher import rank_main; rank_main()"  # python -c: a rank, argv[1:] is [SCRIPT]
+RANK_MAIN = "from grader.inrank.launcher import rank_main; rank_main()"  # python -c: a rank, argv[1:] is [SCRIPT]
 
 
 def rank_main() -> None:
-    """One rank: :func:`grader.harness.main` on the script, then leave as Python would, minus the teardown.
+    """One rank: :func:`grader.inrank.harness.main` on the script, then leave as Python would, minus the teardown.
 
     Non-daemon threads are joined, atexit handlers run and the streams flushed, as at any exit; only the
     interpreter's final teardown is skipped (freeing every module and torch's C++ state: seconds per rank on
     a loaded machine, and nothing the grader or the script's files can observe). Started by :func:`launch`.
     """
-    from grader import harness
+    from grader.inrank import harness
 
     _die_with_parent()
     _exit_now(harness.main(sys.argv[1:]))
@@ -193,7 +194,7 @@ def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.launcher")
+    parser = argparse.ArgumentParser(prog="python -m grader.inrank.launcher")
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--straggler-s", type=float, default=20.0)
     parser.add_argument("script")

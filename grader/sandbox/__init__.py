@@ -7,12 +7,12 @@ dials out. Every process it started is gone when ``run`` returns. Used by the gr
 
 Three layers, each in its own module:
 
-* **isolation**, an argv prefix: bubblewrap where the host has it (:mod:`grader.sandbox_bwrap`: pid, mount,
+* **isolation**, an argv prefix: bubblewrap where the host has it (:mod:`grader.sandbox.bubblewrap`: pid, mount,
   IPC and network namespaces, a read-only file system but for the run directory, the secret hidden), else
-  the in-house fallback (:mod:`grader.sandbox_namespaces`: the same namespaces through ctypes where the
+  the in-house fallback (:mod:`grader.sandbox.namespaces`: the same namespaces through ctypes where the
   kernel allows them, else a child subreaper and no network containment, which ``detail`` then says);
-* **identity and rlimits** (:mod:`grader.sandbox_exec`, both backends): as root a dedicated uid per concurrent
-  run (:mod:`grader.sandbox_uid`), no_new_privs, and RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE,
+* **identity and rlimits** (:mod:`grader.sandbox.exec`, both backends): as root a dedicated uid per concurrent
+  run (:mod:`grader.sandbox.uid`), no_new_privs, and RLIMIT_DATA (memory), RLIMIT_NPROC (tasks), RLIMIT_FSIZE,
   RLIMIT_CPU, no cores;
 * **the watchdog and the kill** (:class:`course.runtime.process.Running`, shared with the course's own runs):
   wall clock, total memory, process count, output volume, capped output; then every process is killed.
@@ -38,9 +38,10 @@ from pathlib import Path
 
 from course.runtime.outcome import INTERRUPTED, STATUSES, Limits, Outcome  # noqa: F401 - the sandbox's vocabulary
 from course.runtime.process import STOP_GRACE_S, Running  # noqa: F401
-from grader import sandbox_bwrap, sandbox_uid
-from grader.sandbox_namespaces import Supervisor
-from grader.sandbox_uid import MAX_CONCURRENT, SANDBOX_UID_BASE  # noqa: F401
+from grader.sandbox import bubblewrap
+from grader.sandbox import uid as sandbox_uid
+from grader.sandbox.namespaces import Supervisor
+from grader.sandbox.uid import MAX_CONCURRENT, SANDBOX_UID_BASE  # noqa: F401
 
 ISOLATIONS = ("auto", "bubblewrap", "namespaces", "process-tree")
 _DROPPED = "\n[sandbox: {dropped} bytes of output dropped here]\n"
@@ -91,11 +92,11 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits | Non
         raise ValueError(f"cwd must be an existing directory for the sandboxed run, got {cwd}")
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
-    if isolation == "bubblewrap" and sandbox_bwrap.available():
-        raise RuntimeError(f"isolation='bubblewrap' cannot be used: {sandbox_bwrap.available()}; "
+    if isolation == "bubblewrap" and bubblewrap.available():
+        raise RuntimeError(f"isolation='bubblewrap' cannot be used: {bubblewrap.available()}; "
                            "or use isolation='auto', which falls back to the in-house namespaces")
     if isolation == "auto":
-        isolation = "namespaces" if sys.platform != "linux" or sandbox_bwrap.available() else "bubblewrap"
+        isolation = "namespaces" if sys.platform != "linux" or bubblewrap.available() else "bubblewrap"
     privileged = isolation != "process-tree" and sys.platform == "linux" and os.geteuid() == 0
     with sandbox_uid.reserve() if privileged else contextlib.nullcontext() as uid:
         return _run_as(argv, cwd, env, limits, pass_fds, uid, isolation, stop, hide)
@@ -125,7 +126,7 @@ def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits,
     needed = _needed_paths(argv, env, cwd)
     supervisor = None
     if isolation == "bubblewrap":
-        command, mechanisms = sandbox_bwrap.command(config, hidden, needed)
+        command, mechanisms = bubblewrap.command(config, hidden, needed)
         extra_fds: tuple[int, ...] = ()
     else:
         supervisor = Supervisor({**config, "namespaces": isolation == "namespaces", "expose": needed,
@@ -143,7 +144,7 @@ def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits,
         outcome = running.finish(limits.wall_s, limits, stop, exit_code=supervisor.exit_code)
         mechanisms, notes = supervisor.report()
     else:
-        outcome = running.finish(limits.wall_s, limits, stop, exit_code=lambda p: sandbox_bwrap.exit_code(p.returncode))
+        outcome = running.finish(limits.wall_s, limits, stop, exit_code=lambda p: bubblewrap.exit_code(p.returncode))
         notes = []
     detail = outcome.detail
     streams = (("stdout", running.stdout), ("stderr", running.stderr))

@@ -1,11 +1,11 @@
-"""grader.probes: the split is held fixed, calls from outside the probes are reported, fingerprints agree."""
+"""grader.inrank.probes: the split is held fixed, calls from outside the probes are reported, fingerprints agree."""
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import models
-from grader import probed_data, probes, records
+from grader.inrank import probed_data, probes, records
 
 pytestmark = pytest.mark.unit6
 
@@ -86,7 +86,7 @@ def test_only_files_under_the_run_directory_fixed_at_start_up_are_writes(tmp_pat
 def test_a_forked_child_records_nothing(tmp_path):
     import os
 
-    from grader import channel
+    from grader.inrank import channel
 
     key = channel.new_key()
     read_fd, write_fd = os.pipe()

@@ -20,7 +20,7 @@ from grader.runner import GradingConfig, grade
 from grader.sandbox import Limits
 
 pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(1800)]
-SUBMISSIONS = Path(__file__).parent / "submissions"
+SUBMISSIONS = Path(__file__).resolve().parents[1] / "submissions"
 ALL = {c.name for c in CHECKS}
 SCORED = {c.name for c in CHECKS if c.points > 0}
 BASE = GradingConfig(straggler_s=10.0)

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grader import records
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
 from grader.evidence import Evidence, collect, fingerprints_equal
+from grader.inrank import records
 from grader.replay import Comparison
 
 pytestmark = pytest.mark.unit6

@@ -1,11 +1,11 @@
 """The training data as the probes hand it to the student's script, and what they learn from it.
 
-The probes (:mod:`grader.probes`) wrap ``data.load``: another split than the grader's is refused
+The probes (:mod:`grader.inrank.probes`) wrap ``data.load``: another split than the grader's is refused
 (:func:`refuse_other_splits`), the training split comes back as a :class:`ProbedDataset`, and every
 DataLoader over it is iterated by :func:`record_batches`, which notes the training-sample indices of each
 batch the loop receives. :func:`true_val_accuracy` scores parameters on the whole validation split (for the
-``report`` records). Nothing here writes records: only :mod:`grader.probes` may (see
-:class:`grader.channel.Writer`). Used by the grader of notebook 06.
+``report`` records). Nothing here writes records: only :mod:`grader.inrank.probes` may (see
+:class:`grader.inrank.channel.Writer`). Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
