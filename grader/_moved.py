@@ -27,6 +27,7 @@ MOVED = {  # old name under grader -> new name under grader
     "records": "inrank.records",
     "fingerprints": "inrank.fingerprints",
     "probed_data": "inrank.probed_data",
+    "reports": "render",
 }
 
 

@@ -1,7 +1,7 @@
 """Grade one submission: check the file, run it on 4 ranks in the sandbox, collect evidence, run the checks.
 
     results = grade(Path("train_4gpu.py"))          # a Results object; nothing printed, nothing rendered
-    results.save(Path("results.json"))              # raw; grader.reports renders CSV, Gradescope, feedback
+    results.save(Path("results.json"))              # raw; grader.render renders CSV, Gradescope, feedback
 
 The run: a fresh directory holding only the submission (as ``train_4gpu.py``); a fresh key; ``python -m
 grader.inrank.launcher`` inside :func:`grader.sandbox.run` (own session and uid, wall/memory/process/file/CPU
@@ -46,7 +46,7 @@ from grader.secret import submission_seed
 from grader.submission import BadSubmission, find_script
 
 BAD = "bad submission"
-INTERRUPTED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
+GRADER_STOPPED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,8 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
             shutil.copyfile(script, run_dir / config.assignment.script_name)
             records, result, extra = _run(run_dir, seed, config)
             status, detail = _status(records, result, config)
-            if status == INTERRUPTED:  # nothing to conclude about the submission: no check is run
-                return not_run(name, INTERRUPTED, detail, config, start, output=extra)
+            if status == GRADER_STOPPED:  # nothing to conclude about the submission: no check is run
+                return not_run(name, GRADER_STOPPED, detail, config, start, output=extra)
             replay = helper.submit(replay_first_steps, records)
             checkpoint = _checkpoint(run_dir, evaluation, records, config)
             evidence = Evidence.of(records, expected_backend=world.detect_hardware().backend, status=status,

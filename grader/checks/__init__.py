@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.assignment import Assignment
-from grader.checks.common import Outcome
+from grader.checks.common import Finding
 from grader.checks.integrity import integrity
 from grader.checks.outputs import metrics_averaged, rank0_checkpoint_and_logs, target_accuracy
 from grader.checks.training import (  # noqa: F401  (lr_rules, ADAPTIVE_OPTIMIZERS: the rules notebook 02 teaches)
@@ -55,7 +55,7 @@ class Check:
     title: str
     points: float
     visibility: str
-    test: Callable[[Evidence, Assignment], Outcome]
+    test: Callable[[Evidence, Assignment], Finding]
     voids_score: bool = False
 
 

@@ -8,11 +8,11 @@ against what the grader measured itself (the checkpoint's parameters and validat
 from __future__ import annotations
 
 from grader.assignment import Assignment
-from grader.checks.common import Outcome, checkpoint_save, report_of_checkpoint
+from grader.checks.common import Finding, checkpoint_save, report_of_checkpoint
 from grader.evidence import Evidence, fingerprints_equal
 
 
-def integrity(ev: Evidence, a: Assignment) -> Outcome:
+def integrity(ev: Evidence, a: Assignment) -> Finding:
     tampered = sorted({t.name for r in ev.ranks for t in ev.tampers.get(r, ())})
     if tampered:
         return False, f"the submission replaced {', '.join(tampered)}; the grader measures what really happened."

@@ -36,7 +36,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from course.runtime.outcome import INTERRUPTED, STATUSES, Limits, Outcome  # noqa: F401 - the sandbox's vocabulary
+from course.runtime.outcome import STATUSES, Limits, Outcome  # noqa: F401 - the sandbox's vocabulary
 from course.runtime.process import STOP_GRACE_S, Running  # noqa: F401
 from grader.sandbox import bubblewrap
 from grader.sandbox import uid as sandbox_uid
@@ -92,11 +92,11 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits | Non
         raise ValueError(f"cwd must be an existing directory for the sandboxed run, got {cwd}")
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
-    if isolation == "bubblewrap" and bubblewrap.available():
-        raise RuntimeError(f"isolation='bubblewrap' cannot be used: {bubblewrap.available()}; "
+    if isolation == "bubblewrap" and bubblewrap.unavailable_reason():
+        raise RuntimeError(f"isolation='bubblewrap' cannot be used: {bubblewrap.unavailable_reason()}; "
                            "or use isolation='auto', which falls back to the in-house namespaces")
     if isolation == "auto":
-        isolation = "namespaces" if sys.platform != "linux" or bubblewrap.available() else "bubblewrap"
+        isolation = "namespaces" if sys.platform != "linux" or bubblewrap.unavailable_reason() else "bubblewrap"
     privileged = isolation != "process-tree" and sys.platform == "linux" and os.geteuid() == 0
     with sandbox_uid.reserve() if privileged else contextlib.nullcontext() as uid:
         return _run_as(argv, cwd, env, limits, pass_fds, uid, isolation, stop, hide)
@@ -142,7 +142,7 @@ def _supervised(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits,
     if supervisor is not None:
         supervisor.started()
         outcome = running.finish(limits.wall_s, limits, stop, exit_code=supervisor.exit_code)
-        mechanisms, notes = supervisor.report()
+        mechanisms, notes = supervisor.containment()
     else:
         outcome = running.finish(limits.wall_s, limits, stop, exit_code=lambda p: bubblewrap.exit_code(p.returncode))
         notes = []

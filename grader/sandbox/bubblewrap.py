@@ -9,7 +9,7 @@ inside, escapees included), no network but ``lo`` (up: gloo and torchrun rendezv
 is read-only except its run directory and its own empty /tmp, /var/tmp and /dev/shm (nothing is left for the next
 run), the grader's secret covered by an empty file, and a private IPC namespace. :mod:`grader.sandbox.exec` then
 sets the rlimits and, as root, the sandbox uid, and execs the command. Without root bubblewrap needs
-unprivileged user namespaces (``--unshare-user`` maps the user to themself); :func:`available` tries it once.
+unprivileged user namespaces (``--unshare-user`` maps the user to themself); :func:`unavailable_reason` tries it once.
 Used by :mod:`grader.sandbox` (notebook 06); its fallback is :mod:`grader.sandbox.namespaces`.
 """
 
@@ -29,7 +29,7 @@ MASKED = ("/tmp", "/var/tmp", "/dev/shm")  # each a fresh tmpfs inside, writable
 
 
 @functools.cache
-def available() -> str | None:
+def unavailable_reason() -> str | None:
     """Why bubblewrap cannot be used here, or None if it can (installed, and it starts a namespaced ``true``)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:

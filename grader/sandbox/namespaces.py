@@ -48,7 +48,7 @@ class Supervisor:
     """How :mod:`grader.sandbox` starts a command under this module, and learns how the command ended.
 
     ``argv`` is the command line to start (with ``pass_fds``); call :meth:`started` once it is, then
-    :meth:`exit_code` and :meth:`report` after it ended.
+    :meth:`exit_code` and :meth:`containment` after it ended.
     """
 
     def __init__(self, config: dict) -> None:
@@ -73,7 +73,7 @@ class Supervisor:
         reports = self._lines.result() if self._lines else []
         return reports[-1].get("returncode") if len(reports) > 1 else None
 
-    def report(self) -> tuple[tuple[str, ...], list[str]]:
+    def containment(self) -> tuple[tuple[str, ...], list[str]]:
         """(mechanisms, notes) the supervisor reported: the containment that was active, and what was not."""
         reports = self._lines.result() if self._lines else []
         setup = reports[0] if reports else {}

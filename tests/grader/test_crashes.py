@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from grader import reports, runner
+from grader import render, runner
 from grader.crashes import MAX_TRACEBACK_LINES, first_failure, trimmed_traceback
 from grader.evidence import RunRecords
 from grader.inrank.records import parse
@@ -83,10 +83,10 @@ def test_the_rank_that_raised_is_named_with_its_own_traceback(rank_0_first):
 
 def test_the_traceback_reaches_the_student_on_gradescope_and_in_the_self_check():
     results = graded(rank_2_raises(True))
-    shown = json.loads(json.dumps(reports.gradescope(results)))
+    shown = json.loads(json.dumps(render.gradescope(results)))
     assert "deliberate failure on rank 2" in shown["output"] and 'File "train_4gpu.py", line 30' in shown["output"]
     assert "Connection reset" not in shown["output"] and shown["visibility"] == "visible"
-    text = reports.feedback(results, visible_only=True)
+    text = render.feedback(results, visible_only=True)
     assert 'raise RuntimeError("deliberate failure on rank 2")' in text and "Connection" not in text
 
 

@@ -16,7 +16,7 @@ import pytest
 from grader import gradebook
 from grader.checks import CHECKS
 from grader.results import Results
-from grader.runner import INTERRUPTED, GradingConfig, grade
+from grader.runner import GRADER_STOPPED, GradingConfig, grade
 
 pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_sigterm_to_grader_grade_keeps_the_output_and_says_interrupted(tmp_path)
     assert grader.returncode == 128 + signal.SIGTERM, stderr
     assert "--resume" in stderr
     results = Results.load(out / "results" / "slow.json")
-    assert results.status == INTERRUPTED and "the grader was stopped" in results.detail
+    assert results.status == GRADER_STOPPED and "the grader was stopped" in results.detail
     assert "memory" not in results.detail
     assert "rank 0 is training" in results.output  # what the ranks printed before the stop is kept
     assert len(results.checks) == len(CHECKS) and not any(c.ran for c in results.checks)

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader import reports
+from grader import render
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
 from grader.runner import BAD, grade
@@ -50,7 +50,7 @@ def test_bad_submissions_are_named_and_explained(tmp_path, make, phrase):
     assert results.status == BAD and phrase in results.detail
     assert results.score == 0 and len(results.checks) == len(CHECKS) and results.max_score == 100
     assert not any(c.ran or c.passed for c in results.checks)
-    text = reports.feedback(results)
+    text = render.feedback(results)
     assert text.count(phrase) == 1 and text.count("[NOT RUN]") == len(CHECKS)  # the reason said once
 
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.unit6
 PROGRAMS = Path(__file__).resolve().parents[2] / "sandbox_programs"
 AS_ROOT = sys.platform == "linux" and os.geteuid() == 0
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="the strong containment (uid, namespaces) needs root")
-NO_BWRAP = bubblewrap.available()  # why bubblewrap cannot run here, or None
+NO_BWRAP = bubblewrap.unavailable_reason()  # why bubblewrap cannot run here, or None
 # Both backends of the strong containment: bubblewrap where it runs, and the in-house namespaces (the fallback).
 BACKENDS = [pytest.param("bubblewrap", marks=pytest.mark.skipif(NO_BWRAP is not None, reason=f"{NO_BWRAP}")),
             "namespaces"]

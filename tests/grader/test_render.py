@@ -1,11 +1,11 @@
-"""grader.reports and grader.results: raw JSON round trip, gradebook with points possible, Gradescope format."""
+"""grader.render and grader.results: raw JSON round trip, gradebook with points possible, Gradescope format."""
 
 import csv
 import json
 
 import pytest
 
-from grader import reports
+from grader import render
 from grader.checks import CHECKS
 from grader.results import CheckResult, Results
 
@@ -28,7 +28,7 @@ def test_results_round_trip_through_json(tmp_path):
 
 
 def test_gradebook_has_a_points_possible_row_and_a_status_column(tmp_path):
-    reports.write_gradebook([sample("bob.py", "hang on rank 3", False), sample()], tmp_path / "g.csv")
+    render.write_gradebook([sample("bob.py", "hang on rank 3", False), sample()], tmp_path / "g.csv")
     rows = list(csv.DictReader(open(tmp_path / "g.csv")))
     assert rows[0]["submission"] == "points possible" and float(rows[0]["score"]) == 100
     assert [r["submission"] for r in rows[1:]] == ["alice.py", "bob.py"]
@@ -37,7 +37,7 @@ def test_gradebook_has_a_points_possible_row_and_a_status_column(tmp_path):
 
 
 def test_gradescope_results_follow_the_format(tmp_path):
-    reports.write_gradescope(sample(passed=False), tmp_path / "out" / "results.json")
+    render.write_gradescope(sample(passed=False), tmp_path / "out" / "results.json")
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["score"] == 0 and len(data["tests"]) == len(CHECKS)
     test = data["tests"][1]
@@ -46,10 +46,10 @@ def test_gradescope_results_follow_the_format(tmp_path):
 
 
 def test_feedback_lists_every_check_and_hides_hidden_ones_on_request():
-    text = reports.feedback(sample(status="timeout", passed=False))
+    text = render.feedback(sample(status="timeout", passed=False))
     assert "status: timeout" in text and text.count("[FAIL]") == len(CHECKS) - 1  # all but integrity
     hidden = [c for c in CHECKS if c.visibility == "hidden"]
-    visible_text = reports.feedback(sample(), visible_only=True)
+    visible_text = render.feedback(sample(), visible_only=True)
     assert all(c.title not in visible_text for c in hidden)
 
 
@@ -61,15 +61,15 @@ def test_a_detected_tamper_withholds_the_score_and_cannot_be_missed(tmp_path):
     again = Results.load(tmp_path / "r.json")
     assert again == tampered and again.score == 0
     assert json.loads((tmp_path / "r.json").read_text())["raw_score"] == 100
-    reports.write_gradebook([tampered, sample()], tmp_path / "g.csv")
+    render.write_gradebook([tampered, sample()], tmp_path / "g.csv")
     rows = {r["submission"]: r for r in csv.DictReader(open(tmp_path / "g.csv"))}
     assert rows["mallory.py"]["status"] == "integrity violation" and float(rows["mallory.py"]["score"]) == 0
     assert float(rows["mallory.py"]["raw_score"]) == 100
     assert rows["mallory.py"]["detail"].startswith("INTEGRITY VIOLATION: message for integrity")
     assert rows["alice.py"]["status"] == "ok" and float(rows["alice.py"]["score"]) == 100
-    text = reports.feedback(tampered)
+    text = render.feedback(tampered)
     assert "0 / 100 points   status: integrity violation" in text and "0 instead of 100 / 100" in text
-    gradescope = reports.gradescope(tampered)
+    gradescope = render.gradescope(tampered)
     assert gradescope["score"] == 0 and "INTEGRITY VIOLATION" in gradescope["output"]
 
 
