@@ -12,7 +12,6 @@ those still running then are stopped (``crash on rank k`` if one failed, else ``
 records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
 channel. It holds the run's key, so it makes its memory unreadable to the ranks
 (:func:`grader.inrank.channel.hide_memory`).
-Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ import sys
 import threading
 import time
 
-from course.runtime.capture import Capped
 from course.runtime.ports import free_port
+from course.runtime.process import Running, finish_together
 from grader.inrank import channel
 from grader.inrank.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 
@@ -105,35 +104,32 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
 def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, straggler_s: float) -> int:
     """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
     writer, lock = channel.Writer(record_fd, key), threading.Lock()
-    port, procs, outs, errs, relays = free_port(), [], [], [], []
+    port, ranks, relays = free_port(), [], []
     start = time.monotonic()
     for rank in range(nproc):
         read_fd, write_fd = os.pipe()
         key_fd = channel.key_pipe(channel.rank_key(key, rank))  # a rank can sign only as itself
         env = _rank_env(rank, nproc, port)
         env.update({KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(write_fd), SEED_ENV: str(seed)})
-        proc = subprocess.Popen([sys.executable, "-c", RANK_MAIN, script], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(key_fd, write_fd))
+        ranks.append(Running([sys.executable, "-c", RANK_MAIN, script], env=env, pass_fds=(key_fd, write_fd),
+                             capture=(OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES), new_session=False))
         os.close(key_fd)
         os.close(write_fd)
         relay = threading.Thread(target=_relay, args=(os.fdopen(read_fd, "rb"), record_fd, lock), daemon=True)
         relay.start()
-        procs.append(proc)
-        outs.append(Capped(proc.stdout, OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES))  # head and tail, every byte counted
-        errs.append(Capped(proc.stderr, OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES))
         relays.append(relay)
+    procs = [r.process for r in ranks]
     exit_s = _exit_times(procs, start)  # before the store's import of torch: a rank may fail meanwhile
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
-    stopped = _wait(procs, straggler_s)
+    stopped = finish_together(ranks, straggler_s, _STOP)
     for relay in relays:
         relay.join(timeout=5.0)
     order = sorted(range(nproc), key=lambda r: exit_s.get(r, float("inf")))
-    for rank, proc in enumerate(procs):
-        writer.write({"kind": "rank_exit", "rank": rank, "returncode": proc.returncode,
+    for rank, run in enumerate(ranks):
+        writer.write({"kind": "rank_exit", "rank": rank, "returncode": run.process.returncode,
                       "stopped": stopped.get(rank), "order": order.index(rank), "exit_s": exit_s.get(rank),
-                      "stdout_bytes": outs[rank].total, "stderr_bytes": errs[rank].total,
-                      "stdout": outs[rank].text(wait_s=2.0), "stderr": errs[rank].text(wait_s=2.0)})
+                      "stdout_bytes": run.stdout.total, "stderr_bytes": run.stderr.total,
+                      "stdout": run.stdout.text(wait_s=2.0), "stderr": run.stderr.text(wait_s=2.0)})
     return 0 if all(p.returncode == 0 for p in procs) else 1
 
 
@@ -163,34 +159,6 @@ def _host_store(port: int, nproc: int):
     from torch.distributed import TCPStore
 
     return TCPStore("127.0.0.1", port, nproc, is_master=True, wait_for_workers=False)
-
-
-def _wait(procs: list[subprocess.Popen], straggler_s: float) -> dict[int, str]:
-    """Wait for the ranks; once one has ended (failed or not), stop those still running after ``straggler_s``.
-
-    A failed rank's peers usually fail at their next collective within a second; waiting instead of killing
-    them at once lets a rank that already finished its script (and is only tearing down) end on its own.
-    Returns rank -> why it was stopped, for the ranks that were.
-    """
-    stopped: dict[int, str] = {}
-    first_end = None
-    while any(p.poll() is None for p in procs):
-        codes = [p.returncode for p in procs]
-        if first_end is None and any(c is not None for c in codes):
-            first_end = time.monotonic()
-        if _STOP.is_set() or (first_end is not None and time.monotonic() - first_end > straggler_s):
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            reason = ("interrupted" if _STOP.is_set() else
-                      f"stopped after rank {failed[0]} failed" if failed else "hang")
-            for rank, proc in enumerate(procs):
-                if proc.poll() is None:
-                    stopped[rank] = reason
-                    proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    for proc in procs:
-        proc.wait()
-    return stopped
 
 
 def main(argv: list[str] | None = None) -> int:
