@@ -16,7 +16,7 @@ the reference's 0.95-0.98): what stops that is that the grader evaluates only pa
 produced under the probes (``digests``, :func:`grader.evidence.bind_checkpoint`).
 ``val_accuracy`` (whole validation split, no noise), ``fingerprint`` (as the probes compute it) and
 ``digests`` (:func:`grader.inrank.fingerprints.digests`) let the grader check the student's records against the model
-actually submitted. Used by the grader of notebook 06.
+actually submitted.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ Built in two frozen stages, nothing changed afterwards:
 
 The records are typed (:mod:`grader.inrank.records`, the one declaration of their format); the checks
 (:mod:`grader.checks`) read only an :class:`Evidence`. Nothing here comes from the student's printed output.
-Used by the grader of notebook 06.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     rebuild(Path("grading_out"))                       # gradebook.csv again, from the saved results
 
 Saved results are the raw :class:`grader.results.Results`; everything else is rendered from them by
-:mod:`grader.render`. Used by ``grader grade`` and ``grader report`` (:mod:`grader.cli`, notebook 06).
+:mod:`grader.render`.
 """
 
 from __future__ import annotations

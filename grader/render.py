@@ -1,7 +1,6 @@
 """Render saved results: Gradescope ``results.json``, a CSV gradebook, a feedback text per student.
 
-Every function here reads :class:`~grader.results.Results` only; nothing re-runs a submission. Used by
-``grader check``, ``grader grade`` and ``grader gradescope`` (notebook 06).
+Every function here reads :class:`~grader.results.Results` only; nothing re-runs a submission.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The run: a fresh directory holding only the submission (as ``train_4gpu.py``); a
 grader.inrank.launcher`` inside :func:`grader.sandbox.run` (own session and uid, wall/memory/process/file/CPU
 limits, loopback only) starting 4 ranks with torchrun's environment; the probes' signed records read
 from an inherited pipe; the checkpoint evaluated by :mod:`grader.evaluate` in a second sandboxed
-process. A result is always returned, with a status. Used by the grader of notebook 06.
+process. A result is always returned, with a status.
 
 :func:`grade` composes the grader's jobs, each in its own module: which script (:mod:`grader.submission`),
 its evaluation seed (:func:`grader.secret.submission_seed`), the processes' environment

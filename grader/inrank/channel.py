@@ -17,8 +17,7 @@ What this does *not* do: code running in a rank's process can still reach that r
 own modules and report them as forgeries, but a determined submission can get around that too. That is
 why the grader never relies on a rank's record alone where it can check it against what it measured
 outside the student's processes: the checkpoint it evaluates itself, the replay of the first steps, the
-launcher's exit records. Records are plain JSON: reading them cannot run code. Used by the grader of
-notebook 06.
+launcher's exit records. Records are plain JSON: reading them cannot run code.
 """
 
 from __future__ import annotations

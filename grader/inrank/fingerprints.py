@@ -3,8 +3,7 @@
 A *fingerprint* (seeded random projections of the flattened parameters, and their norm) compares ranks'
 parameters up to float rounding; *digests* (one SHA-256 per tensor) compare a checkpoint with rank 0's
 parameters bit for bit; :func:`encode` / :func:`decode` carry the first steps' full parameters and
-gradients as JSON-safe text (no pickle) for the grader's replay. Used by :mod:`grader.inrank.probes`,
-:mod:`grader.evaluate` and :mod:`grader.evidence` (notebook 06).
+gradients as JSON-safe text (no pickle) for the grader's replay.
 """
 
 from __future__ import annotations

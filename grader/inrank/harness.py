@@ -6,8 +6,7 @@ descriptor in ``GRADER_KEY_FD`` and closes it, opens the record pipe from ``GRAD
 removes both variables; then it runs the script exactly as ``python SCRIPT`` would (``sys.argv`` is
 ``[SCRIPT]``: no arguments). Whatever the script does (returns, calls ``sys.exit``, raises) an ``end``
 record says so. The seed it gets is :func:`probe_seed` of the grader's, never the grader's own: what the
-student's process can see must not reveal the seed of the grader's evaluation. Used by the grader of
-notebook 06.
+student's process can see must not reveal the seed of the grader's evaluation.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The probes (:mod:`grader.inrank.probes`) wrap ``data.load``: another split than 
 DataLoader over it is iterated by :func:`record_batches`, which notes the training-sample indices of each
 batch the loop receives. :func:`true_val_accuracy` scores parameters on the whole validation split (for the
 ``report`` records). Nothing here writes records: only :mod:`grader.inrank.probes` may (see
-:class:`grader.inrank.channel.Writer`). Used by the grader of notebook 06.
+:class:`grader.inrank.channel.Writer`).
 """
 
 from __future__ import annotations

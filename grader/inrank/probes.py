@@ -16,7 +16,7 @@ student's script receives is empty (the grader evaluates the checkpoint itself, 
 :mod:`grader.evaluate`). Code in the student's process could still call the probes; calls to
 :meth:`Probes.emit` that do not come from this module are written as ``forgery`` records instead. In a
 forked child (a DataLoader worker, a subprocess started with fork) the probes record nothing: what a child
-does is not the rank's step, save or write. Used by the grader of notebook 06.
+does is not the rank's step, save or write.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """The record format: what the probes write on the record channel and the grader reads, declared once.
 
-Over ~300 lines on purpose: every record kind is declared here and nowhere else, each with all its fields
-written out (so the kinds look alike: that likeness is the format), next to the one parser that checks them;
-splitting the kinds from their parser would bring back a format written in two places.
-
 Every line on the channel (:mod:`grader.inrank.channel`) carries one record, a JSON object whose ``kind`` names one
 of the dataclasses below and whose other keys are that dataclass's fields. The probes
 (:mod:`grader.inrank.probes`, inside the student's ranks) build these records and write :meth:`Record.to_dict`;
@@ -22,8 +18,7 @@ record's writer: ``seq`` (its number in its signer's stream, :class:`grader.inra
 A signed record can still be malformed: code in a rank's process can reach that rank's writer and sign
 anything (see :mod:`grader.inrank.channel`). :func:`parse` refuses, with :class:`MalformedRecord`, a record that is
 not an object, names an unknown kind or version, lacks a field, has one the kind does not declare, or has one
-of the wrong type; the grader then counts it against integrity instead of reading it. Used by the grader
-of notebook 06.
+of the wrong type; the grader then counts it against integrity instead of reading it.
 """
 
 from __future__ import annotations

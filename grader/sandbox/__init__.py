@@ -3,7 +3,7 @@
 ``run(argv, cwd=..., env=..., limits=Limits())`` starts ``argv`` and always returns a
 :class:`SandboxResult` with a status, whatever the command does: loops forever, allocates without end,
 forks without end, floods its output, escapes its process group with ``setsid``, writes huge files or
-dials out. Every process it started is gone when ``run`` returns. Used by the grader (notebook 06).
+dials out. Every process it started is gone when ``run`` returns.
 
 Three layers, each in its own module:
 

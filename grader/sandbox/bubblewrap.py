@@ -10,7 +10,7 @@ is read-only except its run directory and its own empty /tmp, /var/tmp and /dev/
 run), the grader's secret covered by an empty file, and a private IPC namespace. :mod:`grader.sandbox.exec` then
 sets the rlimits and, as root, the sandbox uid, and execs the command. Without root bubblewrap needs
 unprivileged user namespaces (``--unshare-user`` maps the user to themself); :func:`unavailable_reason` tries it once.
-Used by :mod:`grader.sandbox` (notebook 06); its fallback is :mod:`grader.sandbox.namespaces`.
+Where bubblewrap is missing, :mod:`grader.sandbox` falls back to :mod:`grader.sandbox.namespaces`.
 """
 
 from __future__ import annotations

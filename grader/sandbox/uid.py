@@ -4,7 +4,7 @@
 command cannot signal or ptrace the grader, read its 0700 files, or gain privileges; RLIMIT_NPROC then counts
 only the sandbox's own tasks, and "every process of that uid" is a complete kill list. The run's directory
 belongs to the uid while the run lasts and to its owner again afterwards, less any symlink leading out of it;
-what the uid left in /tmp, /var/tmp and /dev/shm is deleted. Used by :mod:`grader.sandbox` (notebook 06).
+what the uid left in /tmp, /var/tmp and /dev/shm is deleted.
 """
 
 from __future__ import annotations
