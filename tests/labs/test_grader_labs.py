@@ -54,3 +54,16 @@ def test_the_terminal_self_check_of_a_lab(tmp_path, capsys):
     assert cli.main(["check", "no_such_lab", STUB]) == 2
     error = capsys.readouterr().err
     assert "no lab called 'no_such_lab'; the labs are: " in error and "ring" in error
+
+
+def test_on_gradescope_a_lab_submitted_alone_is_graded_alone(tmp_path):
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    shutil.copyfile(STUB, submission / "ring_allreduce.py")
+    out = tmp_path / "results.json"
+    results = cli.run_autograder(submission, out, config=GradingConfig(visible_only=True))
+    data = json.loads(out.read_text())
+    assert results.checks == [] and results.labs["ring"]["score"] == 0
+    assert [t["name"].split(":")[0] for t in data["tests"]] == ["lab ring"] * 4
+    assert data["score"] == 0 and "graded the lab(s) submitted: ring" in data["output"]
+    assert "Not attempted yet" in data["tests"][0]["output"]
