@@ -25,7 +25,7 @@ from pathlib import Path
 
 from grader import render
 from grader.gradebook import GRADER_ERROR, graded_before, output_keys, rebuild, save, scan, submissions_in
-from grader.labs import grade_labs
+from grader.labs import grade_labs, only_labs
 from grader.results import Results
 from grader.runner import BAD, GRADER_STOPPED, GradingConfig, grade, not_run
 
@@ -87,7 +87,10 @@ def _grade_safely(path: Path, config: GradingConfig) -> Results | None:
     if config.stop is not None and config.stop.is_set():
         return None
     try:
-        results = grade(path, config)
+        if only_labs(path):  # lab files alone: no assignment script to run (not even a lab file taken for one)
+            results = not_run(path.name, BAD, "no assignment script: the submission holds only lab files", config)
+        else:
+            results = grade(path, config)
     except Exception as error:  # noqa: BLE001  (one submission must never stop the batch)
         results = not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
     try:

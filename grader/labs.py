@@ -42,6 +42,14 @@ def lab_files(submission: Path) -> dict[str, Path]:
     return found
 
 
+def only_labs(submission: Path) -> bool:
+    """True if every Python file of the submission is a lab's file: then it holds no assignment script."""
+    submission = Path(submission)
+    found = set(lab_files(submission).values())
+    files = [submission] if submission.is_file() else [p for p in submission.rglob("*.py") if p.is_file()]
+    return bool(found) and all(path in found for path in files)
+
+
 def grade_labs(submission: Path, hidden: bool = True, isolation: str = "auto",
                stop: threading.Event | None = None) -> dict[str, dict[str, Any]]:
     """Grade every lab found in ``submission``; lab name -> its result (``LabResult.to_dict()`` and ``report``)."""

@@ -26,6 +26,7 @@ def test_a_lab_is_found_by_its_file_name_anywhere_in_a_folder_or_as_the_submissi
     assert labs.lab_files(tmp_path / "alice" / "labs" / "ring_allreduce.py") == {
         "ring": tmp_path / "alice" / "labs" / "ring_allreduce.py"}
     assert labs.lab_files(tmp_path / "alice" / "train_4gpu.py") == {}
+    assert not labs.only_labs(tmp_path / "alice") and labs.only_labs(tmp_path / "alice" / "labs")
 
 
 def test_grading_a_class_gives_each_lab_a_column_feedback_and_gradescope_tests(tmp_path):
