@@ -25,8 +25,9 @@ from functools import partial
 import numpy as np
 import torch.distributed as dist
 
-from course import allreduce_timing, cost_model, timing
+from course import allreduce_timing, timing
 from course.allreduce import naive_allreduce, ring_allreduce, tree_allreduce
+from course.collectives import cost_model
 from course.runtime.launch import launch
 
 MB = 1 << 20

@@ -30,7 +30,8 @@ import numpy as np
 import torch.distributed as dist
 from shm_allreduce_ranks import PHASES, time_phases, time_rounds
 
-from course import allreduce_timing, cost_model, timing
+from course import allreduce_timing, timing
+from course.collectives import cost_model
 from course.runtime.launch import launch
 from course.shm_allreduce import copy_bandwidth, shm_allreduce
 

@@ -36,7 +36,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from course import cost_model, data, models, world
+from course import data, models, world
+from course.collectives import cost_model
 from course.timing import Estimate, summarize
 
 

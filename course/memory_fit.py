@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from matplotlib import pyplot as plt
 from matplotlib.figure import Figure
 
-from course import hardware
 from course.activations import LayerActivation
 from course.memory_budget import Setup, checkpointed, largest_batch, largest_model
+from course.perf import catalog as hardware
 
 #: larger editions of two catalog GPUs: (device memory in bytes, source)
 LARGER_EDITIONS: dict[str, tuple[float, str]] = {

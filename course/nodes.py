@@ -30,7 +30,7 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
-from course import cost_model
+from course.collectives import cost_model
 from course.netns import (
     DEFAULT_LINK,
     RENDEZVOUS_HOST,

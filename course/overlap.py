@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from course import buckets, cost_model, data, world
+from course import buckets, data, world
+from course.collectives import cost_model
 from course.distributed_optimizer import DistributedOptimizer
 from course.models import DigitsCNN
 from course.timing import Estimate, ratio, summarize

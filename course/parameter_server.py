@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from course import cost_model, world
+from course import world
+from course.collectives import cost_model
 from course.data_parallel import forward_backward, split_batch, train_on_ranks
 from course.validation import check_count
 

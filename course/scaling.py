@@ -16,7 +16,7 @@ import numpy as np
 
 from course import timing
 from course.calibration import Calibration
-from course.perf_model import KINDS, StepTime
+from course.perf.model import KINDS, StepTime
 from course.timing import Estimate
 
 

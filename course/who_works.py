@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from course import cost_model, data_parallel, train
+from course import data_parallel, train
+from course.collectives import cost_model
 from course.timing import Estimate, PhaseClock, summarize
 from course.validation import check_choice, check_count
 

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course import calibration, cost_model, timing
+from course import calibration, timing
+from course.collectives import cost_model
 from course.models import DigitsCNN
 from course.runtime.launch import launch
 

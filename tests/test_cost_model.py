@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course import cost_model as cm
 from course.allreduce_timing import REFERENCE
+from course.collectives import cost_model as cm
 
 pytestmark = pytest.mark.unit4
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from course import hardware
+from course.perf import catalog as hardware
 
 pytestmark = pytest.mark.unit5
 

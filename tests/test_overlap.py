@@ -3,7 +3,8 @@
 import distributed_optimizer_ranks
 import pytest
 
-from course import buckets, cost_model, overlap
+from course import buckets, overlap
+from course.collectives import cost_model
 from course.timing import Estimate
 
 pytestmark = pytest.mark.unit4

@@ -56,7 +56,7 @@ def test_async_server_applies_every_gradient_with_measured_staleness(report):
 
 
 def test_modelled_step_time_server_grows_linearly_ring_stays_flat():
-    from course.cost_model import AlphaBeta, predict
+    from course.collectives.cost_model import AlphaBeta, predict
 
     link = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
     times = {w: ps.modelled_seconds_per_step(10**6, w, link) for w in (1, 2, 8, 64)}

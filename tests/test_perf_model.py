@@ -6,8 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course import cost_model, hardware, utilization_summary, workloads
-from course import perf_model as pm
+from course import utilization_summary
+from course.collectives import cost_model
+from course.perf import catalog as hardware
+from course.perf import model as pm
+from course.perf import workloads
 
 pytestmark = pytest.mark.unit5
 

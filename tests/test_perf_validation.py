@@ -2,7 +2,7 @@
 
 import pytest
 
-from course import perf_validation
+from course.perf import published as perf_validation
 
 pytestmark = pytest.mark.unit5
 

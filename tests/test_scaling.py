@@ -2,7 +2,11 @@
 
 import pytest
 
-from course import calibration, cost_model, hardware, perf_model, scaling, timing, workloads
+from course import calibration, scaling, timing
+from course.collectives import cost_model
+from course.perf import catalog as hardware
+from course.perf import model as perf_model
+from course.perf import workloads
 
 pytestmark = pytest.mark.unit5
 

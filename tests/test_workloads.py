@@ -2,7 +2,8 @@
 
 import pytest
 
-from course import models, workloads
+from course import models
+from course.perf import workloads
 
 pytestmark = pytest.mark.unit5
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from course import cost_model, hardware, workloads
-from course import perf_model as pm
+from course.collectives import cost_model
+from course.perf import catalog as hardware
+from course.perf import model as pm
+from course.perf import workloads
 
 IMAGENET = 1_281_167  # ImageNet-1k training images (Russakovsky et al. 2015)
 DAY, HOUR = 86_400.0, 3_600.0

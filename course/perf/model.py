@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from course import cost_model
-from course.hardware import Gpu, Link
+from course.collectives import cost_model
+from course.perf.catalog import Gpu, Link
+from course.perf.workloads import Layer, Workload
 from course.validation import check_choice, check_count
-from course.workloads import Layer, Workload
 
 SCHEMES = ("ring", "tree", "hierarchical", "naive", "parameter_server")
 KINDS = ("compute", "communication", "data wait", "idle")  # what a modelled device is doing
