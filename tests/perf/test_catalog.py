@@ -43,3 +43,20 @@ def test_unknown_names_list_the_known_ones():
         hardware.gpu("A100")
     with pytest.raises(KeyError, match="PCIe 4.0 x16"):
         hardware.link("PCIe 4")
+
+
+def test_every_link_names_a_known_transport_and_ethernet_switches_between_tcp_and_roce():
+    for entry in hardware.LINKS.values():
+        assert entry.transport in hardware.TRANSPORTS, entry.name
+    roce = hardware.link("25GbE").over("roce")
+    assert roce.transport == "roce" and roce.bandwidth == hardware.link("25GbE").bandwidth
+    with pytest.raises(ValueError, match="Ethernet"):
+        hardware.link("InfiniBand HDR").over("tcp")
+    with pytest.raises(ValueError, match="transport"):
+        hardware.link("25GbE").over("carrier pigeon")
+
+
+def test_generation_is_read_from_the_name():
+    assert hardware.gpu("A100 SXM4").generation == "Ampere"
+    assert hardware.gpu("V100 SXM3 (DGX-2H)").generation == "Volta"
+    assert hardware.gpu("P100 PCIe").generation == "Pascal"
