@@ -58,15 +58,15 @@ FIGURES: tuple[Figure, ...] = (
     Figure("efficiency.roce", "allreduce busbw, 8 x 100 Gb/s RoCE per node (Gb/s)", 600, 800, NCCL_495),
     Figure("efficiency.tcp", "allreduce busbw over TCP sockets, fraction of wire speed", 0.6, 1.0, NCCL_209),
     Figure("efficiency.pcie", "allreduce busbw on PCIe 3.0 x16, fraction of peak", 0.75, 1.0,
-           "assumed: no sourced nccl-tests figure for PCIe 3.0 was found", assumed=True),
+           "no sourced nccl-tests figure for PCIe 3.0 was found", assumed=True),
     # latency of one allreduce step (seconds)
     Figure("alpha.nvlink", "2-GPU allreduce of 32 KiB: (13.4 µs - 32 KiB / 21.4 GB/s) / 2 steps", 5.9e-6, 0,
            NCCL_TESTS_44),
     Figure("alpha.pcie", "8-GPU allreduce of 8 bytes: 42 µs / 14 steps", 3.0e-6, 0, NCCL_1530),
-    Figure("alpha.infiniband", "one network step over RDMA", 5e-6, 0, "assumed (order of magnitude)", assumed=True),
-    Figure("alpha.roce", "one network step over RDMA on Ethernet", 8e-6, 0, "assumed (order of magnitude)",
+    Figure("alpha.infiniband", "one network step over RDMA", 5e-6, 0, "an order of magnitude", assumed=True),
+    Figure("alpha.roce", "one network step over RDMA on Ethernet", 8e-6, 0, "an order of magnitude",
            assumed=True),
-    Figure("alpha.tcp", "one network step through the kernel's TCP stack", 50e-6, 0, "assumed (order of magnitude)",
+    Figure("alpha.tcp", "one network step through the kernel's TCP stack", 50e-6, 0, "an order of magnitude",
            assumed=True),
     # compute: a large GEMM's achieved fraction of the peak at its precision, per GPU generation
     Figure("matmul.fp32", "cuBLAS SGEMM 5120x4096x4096, A100 PCIe (TFLOP/s)", 18.88, 19.49, SGEMM),
@@ -74,11 +74,11 @@ FIGURES: tuple[Figure, ...] = (
     Figure("matmul.half.Ampere", "BF16 matmul, best shape, A100 SXM (TFLOP/s)", 271.2, 312, MAMF),
     Figure("matmul.half.Hopper", "BF16 matmul, best shape, H100 SXM (TFLOP/s)", 794.5, 989, MAMF),
     Figure("memory", "element-wise kernels, fraction of peak memory bandwidth", 0.8, 1.0,
-           "assumed: stream-like kernels reach ~80% of HBM peak", assumed=True),
-    Figure("launch", "launch and scheduling of one kernel (s)", 5e-6, 0, "assumed (order of magnitude)",
+           "stream-like kernels reach ~80% of HBM peak", assumed=True),
+    Figure("launch", "launch and scheduling of one kernel (s)", 5e-6, 0, "an order of magnitude",
            assumed=True),
     Figure("framework", "per-step framework overhead: Python, optimizer launch, bookkeeping (s)", 2e-3, 0,
-           "assumed (order of magnitude)", assumed=True),
+           "an order of magnitude", assumed=True),
 )
 
 #: FP32 convolution efficiency, fitted in :func:`course.perf.published.conv_efficiency` to ResNet-50 on one M40
