@@ -177,3 +177,18 @@ def link(name: str) -> Link:
     if name not in LINKS:
         raise KeyError(f"no link {name!r} in the catalog; known: {sorted(LINKS)}.")
     return LINKS[name]
+
+
+def match_gpu(device_name: str) -> Gpu | None:
+    """The catalog entry for a name as CUDA reports it (``torch.cuda.get_device_name()``, e.g.
+    ``"NVIDIA A100-SXM4-80GB"``), or None when the catalog has no such GPU."""
+    name = device_name.upper().replace("-", " ")
+    for family in ("H100", "A100", "V100", "P100", "M40", "K40"):
+        if family in name:
+            candidates = [gpu for gpu in GPUS.values() if gpu.name.upper().startswith(family)]
+            for gpu in candidates:
+                form = gpu.name.upper().split()[1] if " " in gpu.name else ""
+                if form and form in name and ("80GB" in gpu.name.upper()) == ("80GB" in name.replace(" ", "")):
+                    return gpu
+            return candidates[0]
+    return None

@@ -60,3 +60,11 @@ def test_generation_is_read_from_the_name():
     assert hardware.gpu("A100 SXM4").generation == "Ampere"
     assert hardware.gpu("V100 SXM3 (DGX-2H)").generation == "Volta"
     assert hardware.gpu("P100 PCIe").generation == "Pascal"
+
+
+def test_cuda_device_names_match_catalog_entries():
+    assert hardware.match_gpu("NVIDIA A100-SXM4-80GB").name == "A100 SXM4 80GB"
+    assert hardware.match_gpu("NVIDIA A100-SXM4-40GB").name == "A100 SXM4"
+    assert hardware.match_gpu("Tesla V100-SXM2-16GB").name == "V100 SXM2"
+    assert hardware.match_gpu("Tesla P100-PCIE-16GB").name == "P100 PCIe"
+    assert hardware.match_gpu("NVIDIA GeForce RTX 4090") is None
