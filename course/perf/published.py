@@ -31,6 +31,8 @@ NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Traini
              "Megatron-LM, arXiv:2104.04473, Table 1")
 MEGATRON_V1 = "NVIDIA ADLR, MegatronLM's Supercharged V1.0 (2019), https://nv-adlr.github.io/MegatronLMV1, Table 1"
 D2L = "Zhang et al., Dive into Deep Learning, section 13.7 Parameter Servers (https://d2l.ai)"
+NVIDIA_R50 = ("NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5 README, training performance tables "
+              "(https://github.com/NVIDIA/DeepLearningExamples)")
 SEED_000 = "Rescale blog on Torch's DataParallelTable (course source article 000)"
 SEED_001 = "You et al. 2017, ImageNet Training in Minutes, as cited by course source article 001"
 SEED_002 = "Caffe2 documentation, data_parallel_model (course source article 002)"
@@ -68,6 +70,8 @@ def _clusters() -> dict[str, pm.Cluster]:
         "Uber TCP": pm.Cluster(catalog.gpu("P100 PCIe"), pcie3, 4, link("25GbE"), 1),
         "Uber RoCE": pm.Cluster(catalog.gpu("P100 PCIe"), pcie3, 4, link("25GbE").over("roce"), 1),
         "HGX A100": pm.Cluster(catalog.gpu("A100 SXM4"), link("NVSwitch (A100, NVLink 3)"), 8),
+        "DGX A100": pm.Cluster(catalog.gpu("A100 SXM4 80GB"), link("NVSwitch (A100, NVLink 3)"), 8),
+        "DGX-1V": pm.Cluster(catalog.gpu("V100 SXM2"), link("NVLink 2 (V100, 6 links)"), 8),
         "Selene": pm.Cluster(catalog.gpu("A100 SXM4 80GB"), link("NVSwitch (A100, NVLink 3)"), 8,
                              link("InfiniBand HDR"), 8),
         "DGX-2H": pm.Cluster(catalog.gpu("V100 SXM3 (DGX-2H)"), link("NVSwitch (V100 DGX-2, NVLink 2)"), 16,
@@ -157,6 +161,23 @@ def cnn_rows() -> list[Row]:
             "the paper's 'about half of the GPUs' resources lost'; one server shard per node (32), TCP"),
     ]
 
+#: NVIDIA's ResNet-50 v1.5 training throughput (images/s): (system, precision, GPUs, published). All eight kept.
+NVIDIA_TABLE = (("DGX A100", "tf32", 1, 938.0), ("DGX A100", "amp", 1, 2470.0), ("DGX A100", "tf32", 8, 7248.0),
+                ("DGX A100", "amp", 8, 16621.0), ("DGX-1V", "fp32", 1, 367.0), ("DGX-1V", "amp", 1, 1200.0),
+                ("DGX-1V", "fp32", 8, 2855.0), ("DGX-1V", "amp", 8, 8322.0))
+
+
+def nvidia_cnn_rows() -> list[Row]:
+    """ResNet-50 on one and eight A100s and V100s, TF32/FP32 and mixed precision, DDP over NVLink."""
+    c, r50, rows = _clusters(), workloads.resnet(), []
+    for system, precision, gpus, published in NVIDIA_TABLE:
+        step = pm.step_time(r50, 256, gpus, c[system], "ring", pm.Assumptions(precision=precision))
+        rows.append(Row("prediction", f"ResNet-50 on {gpus} {c[system].gpu.name.split()[0]} ({system}), "
+                        f"{precision} (images/s)", NVIDIA_R50, published, gpus * 256 / step.step_s, "img/s",
+                        "256 images per GPU; DDP ring over NVLink; data never waits (the README uses DALI)"))
+    return rows
+
+
 #: Narayanan et al. 2021, Table 1: (params, layers, hidden, heads, tensor, pipeline, GPUs, batch, TFLOP/s per GPU).
 #: The rows kept: the first, the first with 8-way tensor parallelism, the first with a pipeline, the middle
 #: pipeline size and the largest (the other five lie between them).
@@ -185,7 +206,7 @@ def transformer_rows() -> list[Row]:
 
 def validation_table() -> list[Row]:
     """Every row, computed now with the model's defaults."""
-    return [*calibration_rows(), *arithmetic_rows(), *cnn_rows(), *transformer_rows()]
+    return [*calibration_rows(), *arithmetic_rows(), *cnn_rows(), *nvidia_cnn_rows(), *transformer_rows()]
 
 
 def summary(rows: list[Row], tolerance: float = 0.2) -> dict[str, float]:
@@ -198,12 +219,16 @@ def summary(rows: list[Row], tolerance: float = 0.2) -> dict[str, float]:
             "bias": sum(errors) / len(errors), "largest": max(errors, key=abs)}
 
 
+def _number(value: float) -> str:
+    return f"{value:>9,.0f}" if abs(value) >= 100 else f"{value:>9.3g}"
+
+
 def format_table(rows: list[Row]) -> str:
     """The table as aligned text (kind, claim, published, modelled, signed error), each row's source and
     assumptions, then the prediction rows' bias beside their largest error."""
     lines = [f"{'#':>2}  {'kind':<11} {'claim':<76} {'published':>9} {'modelled':>9} {'error':>6}"]
     for i, row in enumerate(rows, 1):
-        lines.append(f"{i:>2}  {row.kind:<11} {row.claim[:76]:<76} {row.published:>9.3g} {row.modelled:>9.3g} "
+        lines.append(f"{i:>2}  {row.kind:<11} {row.claim[:76]:<76} {_number(row.published)} {_number(row.modelled)} "
                      f"{row.error:>+6.0%}  {row.unit}")
     lines.append("")
     for i, row in enumerate(rows, 1):

@@ -12,10 +12,14 @@ pytestmark = pytest.mark.unit5
 ROWS = published.validation_table()
 PREDICTIONS = [row for row in ROWS if row.kind == "prediction"]
 #: Published figures the model misses by more than 20%, kept in the table (not dropped) and named here so a change
-#: that fixes or breaks one is seen: VGG-16's big convolutions run faster than the one convolution efficiency
-#: fitted on ResNet-50 says, so its communication hides too well; the parameter-server figure is "about half".
+#: that fixes or breaks one is seen. VGG-16's large convolutions run faster than the one convolution efficiency
+#: fitted on ResNet-50 says, so its communication hides too well; the parameter-server figure is "about half";
+#: the NVIDIA rows show the one convolution efficiency (fitted on a 2016 M40 figure) missing newer GPUs and
+#: software in both directions.
 KNOWN_MISSES = {"Horovod, VGG-16 on 512 GPUs over 25 Gbit/s RoCE (scaling efficiency)",
-                "TensorFlow parameter servers, ResNet-101 on 128 GPUs (scaling efficiency)"}
+                "TensorFlow parameter servers, ResNet-101 on 128 GPUs (scaling efficiency)",
+                "ResNet-50 on 8 A100 (DGX A100), tf32 (images/s)", "ResNet-50 on 1 V100 (DGX-1V), fp32 (images/s)",
+                "ResNet-50 on 1 V100 (DGX-1V), amp (images/s)", "ResNet-50 on 8 V100 (DGX-1V), fp32 (images/s)"}
 
 
 def test_rows_are_labelled_and_sourced():
@@ -49,3 +53,4 @@ def test_table_prints_signed_errors_and_the_bias():
     text = published.format_table(ROWS)
     assert "prediction rows:" in text and "bias" in text and "largest error" in text
     assert all(f"{row.error:+.0%}" in text for row in ROWS)
+    assert "16,621" in text  # large figures print whole, not as 1.66e+04
