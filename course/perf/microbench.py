@@ -11,7 +11,7 @@ defaults only: no row may change them. Each fit is a ratio, ``measured / peak``:
 
 One figure is end-to-end, not a microbenchmark, and its row is labelled *calibration* in the validation table:
 no sourced cuDNN figure was at hand for FP32 convolutions, so their efficiency is fitted to 90 epochs of ResNet-50
-on one M40 (the seed article's 14 days), and every other CNN row (other GPUs, networks and counts) predicts.
+on one M40 (14 days, You et al. 2017), and every other CNN row (other GPUs, networks and counts) predicts.
 Taught in ``notebooks/05c_performance_model.ipynb``.
 """
 

@@ -33,10 +33,10 @@ MEGATRON_V1 = "NVIDIA ADLR, MegatronLM's Supercharged V1.0 (2019), https://nv-ad
 D2L = "Zhang et al., Dive into Deep Learning, section 13.7 Parameter Servers (https://d2l.ai)"
 NVIDIA_R50 = ("NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5 README, training performance tables "
               "(https://github.com/NVIDIA/DeepLearningExamples)")
-SEED_000 = "Rescale blog on Torch's DataParallelTable (course source article 000)"
-SEED_001 = "You et al. 2017, ImageNet Training in Minutes, as cited by course source article 001"
-SEED_002 = "Caffe2 documentation, data_parallel_model (course source article 002)"
-SEED_003 = "Tim Dettmers's estimate, as cited by course source article 003"
+SEED_000 = "Rescale blog, Deep Learning with Multiple GPUs on Rescale: Torch (DataParallelTable, 10 epochs)"
+SEED_001 = "You, Zhang, Demmel, Keutzer & Hsieh 2017, ImageNet Training in Minutes, arXiv:1709.05011"
+SEED_002 = "Caffe2 documentation, Synchronous SGD with data_parallel_model (caffe2.ai)"
+SEED_003 = "Tim Dettmers, blog post on GPU communication: 4 MB of gradients over 40 Gbit/s"
 
 
 @dataclass(frozen=True)
