@@ -8,7 +8,7 @@ has ``nics_per_node`` network adapters; the GPUs of a node share them, so one GP
 
 * ``ring`` on one node: ``2(n-1)`` steps, ``2(n-1)/n·N`` bytes per link. Across nodes the ring crosses every
   node's adapters with the same ``2(n-1)/n·N`` bytes, and each step waits for the slower hop.
-* ``tree``: NCCL's **pipelined** double binary tree: ``2⌈log₂n⌉`` steps of latency, about ``2·N`` bytes per link
+* ``pipelined_tree``: NCCL's **pipelined** double binary tree: ``2⌈log₂n⌉`` steps of latency, about ``2·N`` bytes per link
   (close to the ring). Not the course's unpipelined binomial tree of notebook 04, which moves whole tensors at
   every level (``2⌈log₂n⌉·N``).
 * ``hierarchical``: the one two-level formula, :func:`course.collectives.cost_model.predict_hierarchical`
@@ -30,7 +30,7 @@ from course.collectives import cost_model
 from course.perf import microbench
 from course.perf.catalog import Gpu, Link
 
-ALGORITHMS = ("ring", "tree", "hierarchical")
+ALGORITHMS = ("ring", "pipelined_tree", "hierarchical")
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def server_seconds(nbytes: float, workers: int, link: cost_model.AlphaBeta) -> f
 
 
 def allreduce_seconds(nbytes: float, world_size: int, cluster: Cluster, algorithm: str = "ring") -> float:
-    """One allreduce of ``nbytes`` over ``world_size`` GPUs (``ring``, ``tree`` or ``hierarchical``; module
+    """One allreduce of ``nbytes`` over ``world_size`` GPUs (``ring``, ``pipelined_tree`` or ``hierarchical``; module
     docstring).
 
     Raises:
@@ -97,7 +97,7 @@ def allreduce_seconds(nbytes: float, world_size: int, cluster: Cluster, algorith
     if world_size == 1:
         return 0.0
     nodes, inside = cluster.nodes(world_size), alpha_beta(cluster.intra)
-    coefficient = "pipelined_tree" if algorithm == "tree" else "ring"
+    coefficient = algorithm if algorithm == "pipelined_tree" else "ring"
     if nodes == 1:
         return float(cost_model.predict(coefficient, nbytes, world_size, inside))
     g, between = cluster.gpus_per_node, cluster.network_per_gpu()

@@ -40,7 +40,7 @@ from course.perf.comm import (
 from course.perf.workloads import Layer, Workload
 from course.validation import check_choice, check_count
 
-SCHEMES = ("ring", "tree", "hierarchical", "naive", "parameter_server")
+SCHEMES = ("ring", "pipelined_tree", "hierarchical", "naive", "parameter_server")
 KINDS = ("compute", "communication", "data wait", "idle")  # what a modelled device is doing
 PRECISIONS = ("fp32", "tf32", "amp", "fp16", "bf16")
 OPTIMIZER_BYTES = {"sgd": 16.0, "adam": 28.0}  # bytes read+written per parameter by one optimizer step

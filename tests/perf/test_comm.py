@@ -45,7 +45,7 @@ def test_pipelined_tree_moves_about_what_the_ring_moves():
     assert binomial / ring == pytest.approx(16 / (2 * 255 / 256))
     assert pipelined / ring == pytest.approx(2 / (2 * 255 / 256)) and pipelined / ring < 1.01
     big_node = replace(DGX_A100, gpus_per_node=256, inter=None)
-    assert allreduce_seconds(1e9, 256, big_node, "tree") < 1.1 * allreduce_seconds(1e9, 256, big_node, "ring")
+    assert allreduce_seconds(1e9, 256, big_node, "pipelined_tree") < 1.1 * allreduce_seconds(1e9, 256, big_node, "ring")
 
 
 def test_several_adapters_per_node_share_the_network():

@@ -151,5 +151,5 @@ def test_history_replays_the_compute_fraction():
 def test_allreduce_uses_the_course_cost_model():
     link = pm.alpha_beta(ONE_NODE.intra)
     assert pm.allreduce_seconds(1e8, 8, ONE_NODE, "ring") == pytest.approx(cost_model.predict("ring", 1e8, 8, link))
-    assert pm.allreduce_seconds(1e8, 8, ONE_NODE, "tree") == pytest.approx(
+    assert pm.allreduce_seconds(1e8, 8, ONE_NODE, "pipelined_tree") == pytest.approx(
         cost_model.predict("pipelined_tree", 1e8, 8, link))
