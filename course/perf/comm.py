@@ -86,8 +86,8 @@ def server_seconds(nbytes: float, workers: int, link: cost_model.AlphaBeta) -> f
 
 
 def allreduce_seconds(nbytes: float, world_size: int, cluster: Cluster, algorithm: str = "ring") -> float:
-    """One allreduce of ``nbytes`` over ``world_size`` GPUs (``ring``, ``pipelined_tree`` or ``hierarchical``; module
-    docstring).
+    """One allreduce of ``nbytes`` over ``world_size`` GPUs (``ring``, ``pipelined_tree`` or ``hierarchical``;
+    module docstring).
 
     Raises:
         ValueError: unknown algorithm, or more GPUs than one node without an inter-node link.
