@@ -9,8 +9,8 @@ has ``nics_per_node`` network adapters; the GPUs of a node share them, so one GP
 * ``ring`` on one node: ``2(n-1)`` steps, ``2(n-1)/n·N`` bytes per link. Across nodes the ring crosses every
   node's adapters with the same ``2(n-1)/n·N`` bytes, and each step waits for the slower hop.
 * ``pipelined_tree``: NCCL's double binary tree, **pipelined**: ``2⌈log₂n⌉`` steps of latency, about ``2·N``
-  bytes per link (close to the ring). Not the course's unpipelined binomial tree of notebook 04, which moves whole tensors at
-  every level (``2⌈log₂n⌉·N``).
+  bytes per link (close to the ring). Not the course's unpipelined binomial tree of notebook 04 (``tree``),
+  which moves whole tensors at every level (``2⌈log₂n⌉·N``).
 * ``hierarchical``: the one two-level formula, :func:`course.collectives.cost_model.predict_hierarchical`
   with ``within="ring"``: reduce-scatter inside each node, allreduce of each GPU's ``1/g`` shard across the nodes
   on its share of the adapters, all-gather inside the node.
