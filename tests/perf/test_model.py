@@ -153,3 +153,14 @@ def test_allreduce_uses_the_course_cost_model():
     assert pm.allreduce_seconds(1e8, 8, ONE_NODE, "ring") == pytest.approx(cost_model.predict("ring", 1e8, 8, link))
     assert pm.allreduce_seconds(1e8, 8, ONE_NODE, "pipelined_tree") == pytest.approx(
         cost_model.predict("pipelined_tree", 1e8, 8, link))
+
+
+def test_compute_efficiency_depends_on_kernel_kind_precision_and_generation():
+    # old defect: one compute efficiency for FP32 convolutions and tensor-core matmuls alike
+    a100, bf16 = catalog.gpu("A100 SXM4"), replace(A, precision="bf16")
+    gemm = workloads.Layer("gemm", 1e12, 0, 0, 0, kind="matmul")
+    conv = replace(gemm, kind="conv")
+    assert pm.layer_seconds(gemm, 1, a100, bf16) == pytest.approx(1e12 / (312e12 * microbench.constant("matmul.half.Ampere")))
+    assert pm.layer_seconds(conv, 1, a100, bf16) == pytest.approx(1e12 / (312e12 * microbench.CONV_EFFICIENCY))
+    h100 = catalog.gpu("H100 SXM5")
+    assert pm.layer_seconds(gemm, 1, h100, bf16) == pytest.approx(1e12 / (989e12 * microbench.constant("matmul.half.Hopper")))
