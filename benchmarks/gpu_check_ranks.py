@@ -13,8 +13,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from course import world
+from course.memory.resnet import resnet50
 from course.models import DigitsCNN
-from course.resnet import resnet50
 
 
 def _synchronize(device: torch.device) -> None:

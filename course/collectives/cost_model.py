@@ -4,7 +4,7 @@ Sending one message of ``N`` bytes over one link costs ``T = α + N·β``: ``α`
 every message pays, ``β`` (seconds per byte) is one over the link's bandwidth. An allreduce of ``N``
 bytes over ``n`` ranks is a sequence of steps; each step costs ``α`` plus the bytes its busiest link
 carries times ``β``, so every algorithm costs ``T = a·α + b·N·β`` with its own ``a`` and ``b``
-(:func:`coefficients`):
+(:func:`coefficients`; the allreduce algorithms' rows of ``course.collectives.allreduce.ALGORITHMS`` hold them):
 
 =========  ==================  ======================  =============================================
 algorithm  a (steps)           b (bytes per N, busiest  why
@@ -23,19 +23,21 @@ shm        2                   3                       two barriers; each rank c
 
 The unpipelined tree's bandwidth term grows with ``log2 n`` (16x the tensor at 256 ranks, 8x the ring's); the
 pipelined tree keeps the tree's short latency and moves about what the ring moves, which is why NCCL uses it
-across nodes for small and mid-size messages. The ring's bandwidth term, ``2(n-1)/n·N·β``, is the lower bound
-for any allreduce, which is why nccl-tests reports **bus bandwidth** ``busbw = algbw · 2(n-1)/n`` (``algbw = N /
-T``): it is the bandwidth each link actually sustained, comparable across world sizes and with the hardware's
-link speed. The model leaves out the time to add the numbers (a third term, γ per byte, small on GPUs) and
-contention between links that share hardware (large for CPU processes sharing two cores). The times it is fitted
-to and checked against are measured by :mod:`course.allreduce_timing`; everything here is arithmetic on them (no
-process group).
+across nodes for small and mid-size messages. It has no row in ``ALGORITHMS`` (the course does not implement it):
+like ``shm``, it is a modelled-only cost here. The ring's bandwidth term, ``2(n-1)/n·N·β``, is the lower bound
+for any allreduce, which is why nccl-tests reports **bus bandwidth** ``busbw = algbw · 2(n-1)/n``
+(``algbw = N / T``): it is the bandwidth each link actually sustained, comparable across world sizes and with the
+hardware's link speed. The model leaves out the time to add the numbers (a third term, γ per byte, small on
+GPUs) and contention between links that share hardware (large for CPU processes sharing two cores). The times
+it is fitted to and checked against are measured by :mod:`course.collectives.timing_ranks`; everything here is
+arithmetic on them (no process group).
 Taught in ``notebooks/04_allreduce.ipynb``.
 
 **Two levels** (``notebooks/05b_nodes.ipynb``): ``m`` nodes of ``g`` ranks, a fast link inside a node
 (``α_in, β_in``) and a slow one between nodes (``α_x, β_x``). A flat ring over all ``n = g·m`` ranks waits for
 the slow link at every one of its ``2(n-1)`` steps: ``2(n-1)·α_x + 2(n-1)/n·N·β_x``. The hierarchical
-allreduce (``course.hierarchical``) costs (:func:`hierarchical_coefficients`, :func:`predict_hierarchical`)::
+allreduce (``course.collectives.hierarchical``) costs (:func:`hierarchical_coefficients`,
+:func:`predict_hierarchical`)::
 
     T = 4·α_in + 5·N·β_in   +   a(m)·α_x + b(m)·N·β_x
         shared-memory reduce     the allreduce among the m leaders (ring: 2(m-1), 2(m-1)/m)
@@ -56,9 +58,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from course.allreduce import ALGORITHMS
-from course.allreduce_timing import REFERENCE
-from course.validation import check_count
+from course.arguments import check_count
+from course.collectives.allreduce import ALGORITHMS
+from course.collectives.timing_ranks import REFERENCE
+
+#: The shared-memory allreduce (``course.collectives.shm_allreduce``): not in ``ALGORITHMS``, it runs in one host.
+SHM = "shm"
+#: NCCL's pipelined tree: modelled only (no implementation in ``ALGORITHMS``), used by :mod:`course.perf.comm`.
+PIPELINED_TREE = "pipelined_tree"
 
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
     from matplotlib.figure import Figure
@@ -85,19 +92,22 @@ class AlphaBeta:
 
 
 def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
-    """``(a, b)`` such that the algorithm costs ``a·α + b·N·β`` on ``world_size`` ranks (module table).
+    """``(a, b)`` such that the algorithm costs ``a·α + b·N·β`` on ``world_size`` ranks (module table): an
+    algorithm of ``ALGORITHMS``, ``"shm"`` (the shared-memory allreduce, which runs inside one host only) or
+    ``"pipelined_tree"`` (NCCL's tree, modelled only).
 
     Raises:
         ValueError: unknown algorithm or world size below 1.
     """
     n = check_count("world_size", world_size, unit="number of ranks")
-    depth = math.ceil(math.log2(n)) if n > 1 else 0
-    table = {"naive": (2 * (n - 1), 2 * (n - 1)), "ring": (2 * (n - 1), 2 * (n - 1) / n),
-             "tree": (2 * depth, 2 * depth), "pipelined_tree": (2 * depth, min(2, n - 1)),
-             "shm": (2, 3) if n > 1 else (0, 0)}
-    if algorithm not in table:
-        raise ValueError(f"algorithm must be one of {sorted(table)}, got {algorithm!r}.")
-    a, b = table[algorithm]
+    if algorithm == SHM:
+        return (2.0, 3.0) if n > 1 else (0.0, 0.0)
+    if algorithm == PIPELINED_TREE:
+        depth = math.ceil(math.log2(n)) if n > 1 else 0
+        return float(2 * depth), float(min(2, n - 1))
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {sorted([*ALGORITHMS, SHM, PIPELINED_TREE])}, got {algorithm!r}.")
+    a, b = ALGORITHMS[algorithm].cost(n)
     return float(a), float(b)
 
 
@@ -254,7 +264,8 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
 
     Args:
         world_size: ranks in the model. link: α, β to predict with.
-        measured: ``{algorithm: {nbytes: seconds}}`` as :func:`course.allreduce_timing.time_allreduce` returns, or None.
+        measured: ``{algorithm: {nbytes: seconds}}`` as :func:`course.collectives.timing_ranks.time_allreduce`
+        returns, or None.
         nbytes: sizes to draw the lines over (default: the measured sizes, else 1 KB to 1 GB).
     """
     import matplotlib.pyplot as plt
@@ -263,7 +274,9 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
         nbytes = sorted(next(iter(measured.values()))) if measured else np.logspace(3, 9, 50)
     sizes = np.logspace(np.log10(min(nbytes)), np.log10(max(nbytes)), 50)
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for color, name in zip(("tab:red", "tab:blue", "tab:green"), ("naive", "ring", "tree"), strict=True):
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, name in enumerate(ALGORITHMS):
+        color = colors[index % len(colors)]
         ax.plot(sizes, predict(name, sizes, world_size, link), color=color, label=f"{name} (model)")
         if measured and name in measured:
             points = sorted(measured[name].items())

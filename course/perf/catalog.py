@@ -3,10 +3,11 @@
 Nothing here is measured on this machine. Every figure is a vendor's or a standard's *peak* (datasheet,
 architecture whitepaper, specification), copied with the address it comes from in the entry's ``source``.
 What a training step actually reaches is a fraction of these peaks; that fraction is an *assumption* of
-:mod:`course.perf_model` (its :class:`~course.perf_model.Assumptions`), never a catalog number.
+:mod:`course.perf.model` (its :class:`~course.perf.model.Assumptions`), never a catalog number.
 
 Units: FLOP/s, bytes/s, bytes. Link bandwidths are **per direction, per GPU** (what one GPU can send while it
-receives as much), the rate the alpha-beta model's ``1/β`` stands for (:mod:`course.cost_model`); vendors often
+receives as much), the rate the alpha-beta model's ``1/β`` stands for (:mod:`course.collectives.cost_model`); vendors
+often
 quote the bidirectional sum, which is twice that. Taught in ``notebooks/05_ddp.ipynb``.
 """
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from course.arguments import check_choice, check_count
 from course.perf import microbench
 from course.perf.catalog import Gpu
 from course.perf.comm import (
@@ -38,7 +39,6 @@ from course.perf.comm import (
     server_seconds,  # noqa: F401 (re-exported for the notebooks)
 )
 from course.perf.workloads import Layer, Workload
-from course.validation import check_choice, check_count
 
 SCHEMES = ("ring", "pipelined_tree", "hierarchical", "naive", "parameter_server")
 KINDS = ("compute", "communication", "data wait", "idle")  # what a modelled device is doing
@@ -280,9 +280,10 @@ def scaling_curve(workload: Workload, batch_size: int | None, world_sizes: tuple
 
 
 def to_history(step: StepTime, steps: int = 3, samples_per_step: int = 50) -> object:
-    """The timeline as a :class:`course.utilization.History` of kind ``"modelled"``: ``course.monitor_report`` can
-    replay it. Utilization of a device = percent of each sampling interval it spends computing."""
-    from course.utilization import History, Reading
+    """The timeline as a :class:`course.monitor.sampling.History` of kind ``"modelled"``, which
+    ``course.monitor.summary_plot`` can replay. Utilization of a device = percent of each sampling interval it
+    spends computing."""
+    from course.monitor.sampling import History, Reading
 
     interval = step.step_s / samples_per_step
     history = History("modelled", {rank: f"modelled GPU {rank}: percent of time computing (not a measurement)"

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from course.arguments import check_choice, check_count
 from course.collectives import cost_model
 from course.perf import microbench
 from course.perf.comm import Cluster, allreduce_seconds, alpha_beta, message_seconds
-from course.validation import check_choice, check_count
 
 SHARDING = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 

@@ -1,7 +1,7 @@
 """A small planner: for a transformer and a cluster, which of DDP, ZeRO-2, FSDP and TP x FSDP fit in memory,
 and what step time each would take. Every number is **modelled**.
 
-Memory per GPU = model states (:mod:`course.memory_budget`: mixed-precision Adam, 16 bytes per parameter,
+Memory per GPU = model states (:mod:`course.memory.budget`: mixed-precision Adam, 16 bytes per parameter,
 sharded by the ZeRO stage over the data-parallel ranks; with tensor parallelism each GPU holds 1/t of every
 layer first) + activations with full recomputation: every layer's 16-bit input (``2·s·b·h`` bytes), one layer's
 working set while it is recomputed (``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes, Korthikanti et al. 2022) and the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course import memory_budget
+from course.memory import budget as memory_budget
 from course.perf import parallel
 from course.perf.comm import Cluster
 

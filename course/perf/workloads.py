@@ -2,8 +2,8 @@
 and the course's own DigitsCNN.
 
 A :class:`Workload` is a tuple of :class:`Layer` s in forward order, each with its FLOPs, parameters and the
-tensor elements its kernels read and write for one sample: the inputs :mod:`course.perf_model` turns into time.
-The published models are built from their papers' architecture tables and checked (``tests/test_workloads.py``)
+tensor elements its kernels read and write for one sample: the inputs :mod:`course.perf.model` turns into time.
+The published models are built from their papers' architecture tables and checked (``tests/perf/test_workloads.py``)
 against the parameter and multiply-add counts torchvision lists for them. Taught in ``notebooks/05_ddp.ipynb``.
 """
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course import utilization_summary
 from course.collectives import cost_model
+from course.monitor import summary as utilization_summary
 from course.perf import catalog, microbench, workloads
 from course.perf import model as pm
 

@@ -1,8 +1,8 @@
-"""course.perf.planner: memory per GPU from course.memory_budget, and the fastest strategy that fits."""
+"""course.perf.planner: memory per GPU from course.memory.budget, and the fastest strategy that fits."""
 
 import pytest
 
-from course import memory_budget
+from course.memory import budget as memory_budget
 from course.perf import catalog, parallel, planner
 from course.perf.comm import Cluster
 
