@@ -30,7 +30,14 @@ from course.collectives import cost_model
 from course.perf import microbench
 from course.perf.catalog import Gpu, Link
 
-ALGORITHMS = ("ring", "pipelined_tree", "hierarchical")
+
+def algorithms() -> tuple[str, ...]:
+    """The allreduces this module prices, read from the table now (a row registered later counts): every algorithm
+    of ``course.collectives.allreduce.ALGORITHMS`` (flat), NCCL's pipelined tree (modelled only) and the two-level
+    hierarchical formula. "naive" is left out: the performance model's "naive" is nn.DataParallel's hub
+    (:mod:`course.perf.model`), not the naive allreduce."""
+    flat = (name for name in cost_model.ALGORITHMS if name != "naive")
+    return (*flat, cost_model.PIPELINED_TREE, "hierarchical")
 
 
 @dataclass(frozen=True)
@@ -86,18 +93,17 @@ def server_seconds(nbytes: float, workers: int, link: cost_model.AlphaBeta) -> f
 
 
 def allreduce_seconds(nbytes: float, world_size: int, cluster: Cluster, algorithm: str = "ring") -> float:
-    """One allreduce of ``nbytes`` over ``world_size`` GPUs (``ring``, ``pipelined_tree`` or ``hierarchical``;
-    module docstring).
+    """One allreduce of ``nbytes`` over ``world_size`` GPUs, by one of :func:`algorithms` (module docstring).
 
     Raises:
         ValueError: unknown algorithm, or more GPUs than one node without an inter-node link.
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"allreduce algorithm must be one of {ALGORITHMS}, got {algorithm!r}.")
+    if algorithm not in algorithms():
+        raise ValueError(f"allreduce algorithm must be one of {algorithms()}, got {algorithm!r}.")
     if world_size == 1:
         return 0.0
     nodes, inside = cluster.nodes(world_size), alpha_beta(cluster.intra)
-    coefficient = algorithm if algorithm == "pipelined_tree" else "ring"
+    coefficient = "ring" if algorithm == "hierarchical" else algorithm
     if nodes == 1:
         return float(cost_model.predict(coefficient, nbytes, world_size, inside))
     g, between = cluster.gpus_per_node, cluster.network_per_gpu()
@@ -106,8 +112,9 @@ def allreduce_seconds(nbytes: float, world_size: int, cluster: Cluster, algorith
     # flat: every step waits for the slower hop; a GPU's bytes cross its node's adapters at its share of them
     slower = cost_model.AlphaBeta(max(inside.alpha_s, between.alpha_s),
                                   max(inside.beta_s_per_byte, between.beta_s_per_byte / g))
-    a, _ = cost_model.coefficients(coefficient, world_size if coefficient == "ring" else nodes)
-    _, b = cost_model.coefficients(coefficient, world_size)
+    a, b = cost_model.coefficients(coefficient, world_size)
+    if coefficient == cost_model.PIPELINED_TREE:  # NCCL's tree spans the nodes; a chain inside each one
+        a = cost_model.coefficients(coefficient, nodes)[0]
     return a * slower.alpha_s + b * nbytes * slower.beta_s_per_byte
 
 

@@ -32,6 +32,7 @@ from course.perf import microbench
 from course.perf.catalog import Gpu
 from course.perf.comm import (
     Cluster,
+    algorithms,
     allreduce_seconds,
     alpha_beta,
     message_seconds,
@@ -40,7 +41,16 @@ from course.perf.comm import (
 )
 from course.perf.workloads import Layer, Workload
 
-SCHEMES = ("ring", "pipelined_tree", "hierarchical", "naive", "parameter_server")
+HUBS = ("naive", "parameter_server")  # schemes that move every byte through few devices
+
+
+def schemes() -> tuple[str, ...]:
+    """Every scheme :func:`step_time` models: the allreduces of :func:`course.perf.comm.algorithms` (read from the
+    algorithm table now) and the two hub schemes."""
+    return (*algorithms(), *HUBS)
+
+
+SCHEMES = schemes()  # as the table stands at import
 KINDS = ("compute", "communication", "data wait", "idle")  # what a modelled device is doing
 PRECISIONS = ("fp32", "tf32", "amp", "fp16", "bf16")
 OPTIMIZER_BYTES = {"sgd": 16.0, "adam": 28.0}  # bytes read+written per parameter by one optimizer step
@@ -144,7 +154,7 @@ def step_time(workload: Workload, batch_size: int, world_size: int, cluster: Clu
     Raises:
         ValueError: unknown scheme, precision or optimizer, or a batch size or world size below 1.
     """
-    check_choice("scheme", scheme, SCHEMES)
+    check_choice("scheme", scheme, schemes())
     check_choice("precision", a.precision, PRECISIONS)
     check_choice("optimizer", a.optimizer, tuple(OPTIMIZER_BYTES))
     batch_size = check_count("batch_size", batch_size, unit="number of samples per rank")
