@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from course import buckets, world
+from course.labs.agree import first_error, spreads
 from course.labs.core import Check, Finding, Lab
 from course.labs.recorder import ORIGINAL, Call, Recorder, recording
 from course.labs.student import StudentError, blame, load
@@ -109,7 +109,7 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, path: str, me
     model = _model(config["seed"]).to(me.device)
     clock: list[tuple[float, int]] = []
     for p in model.parameters():  # registered before the student's hooks, so ours fire first
-        p.register_post_accumulate_grad_hook(lambda p: clock.append((time.perf_counter(), p.numel() * p.element_size())))
+        p.register_post_accumulate_grad_hook(lambda p: clock.append((time.perf_counter(), p.nbytes)))
     with blame(f"{ENTRY}(module, bucket_cap_bytes)", path, me.rank):
         wrapped = my_ddp(model, config["bucket_cap_bytes"])
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -226,8 +226,8 @@ def judge_overlap(records: list[StepRecord]) -> Finding:
             why = "no allreduce was made, so nothing could overlap backward"
         elif all(call.launched >= record.backward_end for call in calls):
             late = 1e3 * (min(call.launched for call in calls) - record.backward_end)
-            why = (f"every allreduce started after backward ended (the first {late:.1f} ms after): nothing overlapped; "
-                   "launch a bucket's allreduce (async_op=True) from the hook that fills it")
+            why = (f"every allreduce started after backward ended (the first {late:.2g} ms after it): nothing "
+                   "overlapped; launch a bucket's allreduce (async_op=True) from the hook that fills it")
         elif not any(call.launched < record.ready[-1] for call in calls):
             why = ("every allreduce started once backward's last gradient was ready: nothing overlapped; launch each "
                    "bucket's allreduce as soon as that bucket is full")
@@ -251,24 +251,6 @@ def judge_no_torch_ddp(constructed: list[str]) -> Finding:
 
 
 # -- on every rank ----------------------------------------------------------------------------------------------
-def _spreads(trajectory: list[torch.Tensor], me: world.Rank) -> list[float]:
-    """Largest |rank r - rank 0| over all ranks, for each entry of ``trajectory`` (the same list on every rank)."""
-    gaps = torch.zeros(len(trajectory), device=me.device)
-    for index, flat in enumerate(trajectory):
-        root = flat.clone().to(me.device)
-        ORIGINAL["broadcast"](root, src=0)
-        gaps[index] = (flat.to(me.device) - root).abs().max()
-    ORIGINAL["all_reduce"](gaps, op=dist.ReduceOp.MAX)
-    return gaps.tolist()
-
-
-def _first_error(message: str | None) -> str | None:
-    """The first rank's error, on every rank (a rank whose student code raised tells the others)."""
-    messages: list[str | None] = [None] * dist.get_world_size()
-    ORIGINAL["all_gather_object"](messages, message)
-    return next((m for m in messages if m is not None), None)
-
-
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Run the student's ``MyDDP`` from ``path`` on this rank as ``config`` says; one Finding per check."""
     me = world.current()
@@ -281,10 +263,10 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
             trajectory, records = _train_student(my_ddp, config, recorder, path, me)
         except StudentError as raised:
             error = str(raised)
-    error = _first_error(error)
+    error = first_error(error)
     if error is not None:
         return [Finding(check.id, False, error) for check in CHECKS]
     return [judge_broadcast(spread, moved, me.rank),
-            judge_matches(trajectory, reference, _spreads(trajectory, me), me.rank, me.world_size),
+            judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size),
             judge_buckets(records, config["bucket_cap_bytes"]), judge_overlap(records),
             judge_no_torch_ddp(recorder.constructed)]

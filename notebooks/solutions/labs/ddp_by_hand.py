@@ -88,7 +88,7 @@ if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/ddp_by_hand.py
     torch.manual_seed(me.rank)  # different on every rank: MyDDP must broadcast rank 0's parameters
     model = MyDDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), bucket_cap_bytes=256)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
+    for _step in range(3):
         optimizer.zero_grad()
         model(torch.randn(4, 8)).pow(2).mean().backward()
         model.finish_gradient_synchronization()
