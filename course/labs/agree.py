@@ -1,7 +1,7 @@
 """What the ranks tell each other while a lab is checked, over the checker's own (unrecorded) collectives.
 
-:func:`first_error` makes every rank report the same student error (the lowest rank's); :func:`spreads` says
-how far each rank's tensors are from rank 0's. Both use :data:`course.labs.recorder.ORIGINAL`, so a recorder
+:func:`spreads` says how far each rank's tensors are from rank 0's, :func:`total` sums a number over the
+ranks. Both use :data:`course.labs.recorder.ORIGINAL`, so a recorder
 installed meanwhile does not count them as the student's calls.
 """
 
@@ -11,13 +11,6 @@ import torch
 import torch.distributed as dist
 
 from course.labs.recorder import ORIGINAL
-
-
-def first_error(message: str | None) -> str | None:
-    """The lowest rank's error message, on every rank; ``None`` when no rank had one."""
-    messages: list[str | None] = [None] * dist.get_world_size()
-    ORIGINAL["all_gather_object"](messages, message)
-    return next((m for m in messages if m is not None), None)
 
 
 def spreads(tensors: list[torch.Tensor], device: torch.device) -> list[float]:
