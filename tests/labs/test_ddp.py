@@ -43,12 +43,16 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("after_backward", ["overlap"], "step 1: every allreduce started after backward ended"),
     ("sums", ["matches_ddp"], "your update is 4.00x DDP's; the gradients were summed, not averaged"),
     ("no_broadcast", ["broadcast"], "rank 1's parameters differ from rank 0's by"),
+    # torch's DDP reduces in C++, so no allreduce of the student's is seen either
+    ("uses_torch_ddp", ["one_allreduce_per_bucket", "overlap", "no_torch_ddp"], ": no allreduce at all"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(ddp.LAB, os.path.join(ATTEMPTS, f"ddp_{attempt}.py"))
     assert result.failed() == failed, result.report()
     first = next(r.message for r in result.results if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
+    if attempt == "uses_torch_ddp":
+        assert "you built torch's DistributedDataParallel" in result.results[-1].message
 
 
 # -- the verdicts alone, on timelines built by hand ---------------------------------------------------------------
