@@ -23,13 +23,14 @@ class MyZeRO1Adam:
     Think of all the parameters flattened into one vector of Ψ elements, padded to a multiple of world_size and
     cut into world_size equal shards: rank r owns shard r. In ``step()``:
 
-    1. Flatten every parameter's ``.grad`` into one padded vector and ``dist.reduce_scatter_tensor`` it: this
-       rank receives the SUM of its shard over the ranks; divide by the world size (average).
+    1. Flatten every parameter's ``.grad`` into one padded vector and ``dist.reduce_scatter_single`` it (older
+       torch: ``reduce_scatter_tensor``): this rank receives the SUM of its shard over the ranks;
+       divide by the world size (average).
     2. Adam on this rank's shard only: ``exp_avg`` and ``exp_avg_sq`` exist for the shard alone (that is the
        memory ZeRO-1 saves); step counter t from 1, bias corrections ``1 - beta**t``, ``eps`` after the sqrt:
        p -= lr * (m / (1 - beta1**t)) / (sqrt(v / (1 - beta2**t)) + eps).
-    3. ``dist.all_gather_into_tensor`` the updated shards, so every rank has every updated parameter, and copy
-       them back into the parameters.
+    3. ``dist.all_gather_single`` (older torch: ``all_gather_into_tensor``) the updated shards, so every
+       rank has every updated parameter, and copy them back into the parameters.
 
     Keep on ``self`` only your shard's state between steps; buffers for the whole gradient belong inside step().
     """
@@ -63,7 +64,7 @@ class MyZeRO1Adam:
         denominator = (self.exp_avg_sq / (1 - beta2 ** self.t)).sqrt_().add_(self.eps)
         mine -= self.lr * (self.exp_avg / (1 - beta1 ** self.t)) / denominator
         everything = torch.empty(self.world_size * self.shard, dtype=mine.dtype, device=mine.device)
-        dist.all_gather_into_tensor(everything, mine)
+        dist.all_gather_single(everything, mine)
         offset = 0
         for p in self.params:
             p.copy_(everything[offset:offset + p.numel()].view_as(p))

@@ -23,13 +23,14 @@ class MyZeRO1Adam:
     Think of all the parameters flattened into one vector of Ψ elements, padded to a multiple of world_size and
     cut into world_size equal shards: rank r owns shard r. In ``step()``:
 
-    1. Flatten every parameter's ``.grad`` into one padded vector and ``dist.reduce_scatter_tensor`` it: this
-       rank receives the SUM of its shard over the ranks; divide by the world size (average).
+    1. Flatten every parameter's ``.grad`` into one padded vector and ``dist.reduce_scatter_single`` it (older
+       torch: ``reduce_scatter_tensor``): this rank receives the SUM of its shard over the ranks;
+       divide by the world size (average).
     2. Adam on this rank's shard only: ``exp_avg`` and ``exp_avg_sq`` exist for the shard alone (that is the
        memory ZeRO-1 saves); step counter t from 1, bias corrections ``1 - beta**t``, ``eps`` after the sqrt:
        p -= lr * (m / (1 - beta1**t)) / (sqrt(v / (1 - beta2**t)) + eps).
-    3. ``dist.all_gather_into_tensor`` the updated shards, so every rank has every updated parameter, and copy
-       them back into the parameters.
+    3. ``dist.all_gather_single`` (older torch: ``all_gather_into_tensor``) the updated shards, so every
+       rank has every updated parameter, and copy them back into the parameters.
 
     Keep on ``self`` only your shard's state between steps; buffers for the whole gradient belong inside step().
     """
@@ -54,7 +55,7 @@ class MyZeRO1Adam:
     def step(self) -> None:
         grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         grad = torch.empty_like(self.exp_avg)
-        dist.reduce_scatter_tensor(grad, grads)
+        dist.reduce_scatter_single(grad, grads)
         grad /= self.world_size
         mine = self._flat(self.params)[self.rank * self.shard:(self.rank + 1) * self.shard]
         self.t += 1
