@@ -37,8 +37,11 @@ from course.labs.core import Check, Finding, Lab, load_entry
 from course.labs.recorder import Recorder, recording
 
 ENTRY = "MyZeRO1Adam"
-LR, BETAS, EPS = 1e-2, (0.9, 0.999), 1e-3  # eps near the gradients' size: Adam then sees a sum, not an average
-#: Largest |parameter difference| from DDP + Adam accepted after each step (float32; a step moves ~lr = 1e-2).
+#: eps near the gradients' size, so a sum is not mistaken for an average (Adam alone is blind to the scale), and
+#: a rounding difference in a gradient moves a parameter by at most lr/eps = 10 times as much.
+LR, BETAS, EPS = 1e-2, (0.9, 0.999), 1e-3
+#: Largest |parameter difference| from DDP + Adam accepted after each step (float32: summation order moves
+#: parameters by ~1e-8; a step moves them by up to lr = 1e-2).
 TOLERANCE = 1e-5
 BATCH_SIZE, CLASSES = 8, 12
 
