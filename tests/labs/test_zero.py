@@ -45,6 +45,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     # uneven, waits for matches_adam)
     ("no_all_gather", ["matches_adam", "communication", "uneven"], "the ranks no longer agree"),
     ("allreduce_then_shard", ["communication"], "1.50x DDP's allreduce of the same gradients"),
+    ("sums", ["matches_adam", "uneven"], "check the average (reduce-scatter the sum, then divide by world_size)"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(zero.LAB, os.path.join(ATTEMPTS, f"zero_{attempt}.py"))
