@@ -40,14 +40,17 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 
 @pytest.mark.parametrize(("attempt", "failed", "fragment"), [
     ("adds_own_chunk_twice", ["matches"],
-     "after the reduce-scatter: every rank has this chunk wrong, so the all-gather only passed the mistake on; it is "
-     "off by exactly rank 0's input: rank 0's chunk was added twice (it looks like a rank added its own chunk twice"),
+     # chunk 0 is completed on rank 3, which adds its own input once more
+     "rank 0's chunk 0 (elements 0-250) is off by -4 at element 0 (got 2, expected 6) after the reduce-scatter: every "
+     "rank has this chunk wrong, so the all-gather only passed the mistake on; it is off by exactly rank 3's input: "
+     "rank 3's chunk was added twice (it looks like a rank added its own chunk twice"),
     ("calls_all_reduce", ["point_to_point_only", "bytes", "steps"],
      "rank 0 called dist.all_reduce (a collective): the lab asks for the ring from send/recv (or isend/irecv) only"),
     ("barrier_at_end", ["point_to_point_only"], "called dist.barrier (a collective)"),
     ("forgets_average", ["matches"], "it holds the sum, not the average: op='avg' divides the sum by world_size once"),
     ("averages_twice", ["matches"], "it was divided by world_size twice: divide once, after the all-gather"),
-    ("sends_whole_tensor", ["bytes"], "each step sent the whole tensor instead of one chunk (1/n of it)"),
+    ("sends_whole_tensor", ["bytes"], "rank 0 sent 15,016 bytes; a ring sends 2(n-1)/n of the 4,004-byte tensor = "
+     "6,006 bytes: 3 of its 6 messages carried the whole tensor instead of one chunk (1/n of it)"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(FIRST_RUN, os.path.join(ATTEMPTS, f"ring_{attempt}.py"))

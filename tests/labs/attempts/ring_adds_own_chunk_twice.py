@@ -22,7 +22,7 @@ def ring_allreduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         exchange(chunks[(rank - step) % world_size], arrived, right, left)
         into += arrived
     mine = (rank + 1) % world_size
-    chunks[mine] += own[mine]  # "now add my part": it was in there already
+    chunks[mine].add_(own[mine])  # "now add my part": it was in there already
     for step in range(world_size - 1):  # all-gather: chunk (rank + 1) is complete here
         exchange(chunks[(rank + 1 - step) % world_size], chunks[(rank - step) % world_size], right, left)
     if op == "avg":

@@ -19,7 +19,7 @@ def ring_allreduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         index = (rank - step - 1) % world_size
         arrived = torch.empty_like(tensor)
         exchange(tensor, arrived, right, left)
-        chunks[index] += torch.tensor_split(arrived.view(-1), world_size)[index]
+        chunks[index].add_(torch.tensor_split(arrived.view(-1), world_size)[index])
     for step in range(world_size - 1):  # all-gather: chunk (rank + 1) is complete here
         exchange(chunks[(rank + 1 - step) % world_size], chunks[(rank - step) % world_size], right, left)
     if op == "avg":
