@@ -94,6 +94,7 @@ def reference_trajectory(config: dict, me: world.Rank) -> list[torch.Tensor]:
         nn.functional.cross_entropy(ddp(images), labels).backward()
         optimizer.step()
         trajectory.append(_flat(model))
+    world.settle()  # before the DDP object goes: its last allreduce's worker may still hold a Python object
     return trajectory
 
 
@@ -261,6 +262,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
         my_ddp = load_entry(path, ENTRY)
         spread, moved = _broadcast_spread(my_ddp, config, me)
         trajectory, records = _train_student(my_ddp, config, recorder, me)
+    world.settle()  # the student's models (a torch DDP among them, maybe) go when this returns
     return [judge_broadcast(spread, moved, me.rank),
             judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size),
             judge_buckets(records, config["bucket_cap_bytes"]), judge_overlap(records),

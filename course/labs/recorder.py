@@ -109,6 +109,12 @@ class _Work:
         return getattr(self._work, name)
 
 
+#: Every work handle the student's calls returned, kept for the life of the rank: a collective started during
+#: backward holds autograd's Python context, and if gloo's worker thread dropped the last reference to it while
+#: the main thread, holding the GIL, destroys the group, both would wait for ever (see course.ddp_hooks).
+_KEPT: list[Any] = []
+
+
 def _mark_waited(call: Call) -> None:
     if call.waited is None:
         call.waited = time.perf_counter()
@@ -150,6 +156,7 @@ class Recorder:
             if not call.async_op:
                 call.waited = call.returned
                 return result
+            _KEPT.append(result)
             return _Work(result, call)
         return recorded
 

@@ -115,6 +115,7 @@ def reference_trajectory(model: nn.Module, config: dict, me: world.Rank) -> list
         _loss(ddp, *_batch(step, config["seed"], me)).backward()
         optimizer.step()
         trajectory.append(_flat(model))
+    world.settle()  # before the DDP object goes: its last allreduce's worker may still hold a Python object
     return trajectory
 
 
