@@ -12,7 +12,7 @@ rank and measures, with :mod:`course.labs.recorder` installed:
   ``DistributedDataParallel`` (built before the recorder, with its default C++ allreduce: no comm hook) within
   :data:`TOLERANCE`; a miss is diagnosed from the measured ratio of the two updates;
 * ``one_allreduce_per_bucket``: each step makes as many ``all_reduce`` calls as there are buckets
-  (``course.buckets.assign_buckets`` over the gradients' sizes in the order their hooks fired);
+  (``course.ddp.buckets.assign_buckets`` over the gradients' sizes in the order their hooks fired);
 * ``overlap``: some allreduce was launched before backward's last gradient was ready, and was still not waited
   for when backward produced a later gradient: timestamps of our own hooks (registered first, so they fire
   before the student's) against the launch and ``wait()`` times of every call;
@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from course import buckets, world
+from course import world
+from course.ddp import buckets
 from course.labs.agree import spreads
 from course.labs.core import Check, Finding, Lab, load_entry
 from course.labs.recorder import ORIGINAL, Call, Recorder, recording

@@ -111,7 +111,7 @@ class _Work:
 
 #: Every work handle the student's calls returned, kept for the life of the rank: a collective started during
 #: backward holds autograd's Python context, and if gloo's worker thread dropped the last reference to it while
-#: the main thread, holding the GIL, destroys the group, both would wait for ever (see course.ddp_hooks).
+#: the main thread, holding the GIL, destroys the group, both would wait for ever (see course.ddp.hooks).
 _KEPT: list[Any] = []
 
 

@@ -27,7 +27,7 @@ class MyDDP(nn.Module):
        parameter's ``.grad`` is ready, while backward goes on computing the earlier layers' gradients.
     3. Gradients are packed, in the order they become ready (the reverse of ``module.parameters()``), into
        buckets of at most ``bucket_cap_bytes`` bytes: a bucket is closed before the gradient that would overflow
-       it, and a gradient bigger than a bucket gets one of its own (like ``course.buckets.assign_buckets``).
+       it, and a gradient bigger than a bucket gets one of its own (like ``my_assign_buckets`` in notebook 04b).
     4. When a bucket is full, its gradients are flattened into one tensor and ONE
        ``dist.all_reduce(..., async_op=True)`` is launched at once, from the hook: do not wait for it there.
     5. ``finish_gradient_synchronization()`` waits for every launched allreduce, divides by the world size
