@@ -5,6 +5,9 @@ diagnosis of a wrong update from its measured ratio to DDP's.
 """
 
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -54,6 +57,15 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
     if attempt == "uses_torch_ddp":
         assert "you built torch's DistributedDataParallel" in result.results[-1].message
 
+
+
+@pytest.mark.timeout(600)
+def test_the_solution_runs_under_torchrun_and_every_rank_ends_with_the_same_parameters():
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          SOLUTION], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    sums = re.findall(r"rank (\d): parameters sum to (\S+) ", run.stdout)
+    assert sorted(rank for rank, _ in sums) == ["0", "1"] and len({total for _, total in sums}) == 1, run.stdout
 
 # -- the verdicts alone, on timelines built by hand ---------------------------------------------------------------
 READY = [1.0, 2.0, 3.0, 4.0]  # four gradients; backward returns at 4.5

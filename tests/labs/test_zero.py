@@ -5,6 +5,9 @@ bytes kept and sent.
 """
 
 import os
+import re
+import subprocess
+import sys
 import types
 
 import pytest
@@ -57,6 +60,15 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
         assert "only half of ZeRO-1's traffic: all-gather" in messages["communication"]
         assert "not judged until the parameters equal DDP + Adam's" in messages["uneven"]
 
+
+
+@pytest.mark.timeout(600)
+def test_the_solution_runs_under_torchrun_and_every_rank_ends_with_the_same_parameters():
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          SOLUTION], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    sums = re.findall(r"rank (\d): parameters sum to (\S+) ", run.stdout)
+    assert sorted(rank for rank, _ in sums) == ["0", "1"] and len({total for _, total in sums}) == 1, run.stdout
 
 # -- the verdicts alone ---------------------------------------------------------------------------------------------
 def test_state_counts_what_the_optimizer_keeps_not_the_model_or_a_wrapped_optimizers_parameters():
