@@ -2,7 +2,8 @@
 
 ``with CommLog() as log:`` replaces the functions of ``torch.distributed`` (and of ``distributed_c10d``, where
 ``from torch.distributed import send`` finds them) by wrappers that record a :class:`Call` (name, bytes sent,
-peer, start and end time) and then do what the original does; on exit the originals come back. Load the
+peer, start and end time) and then do what the original does; on exit the originals come back. Only the
+outermost call is recorded (torch's ``send`` calls ``isend``), and a ``batch_isend_irecv`` as its messages. Load the
 student's file inside the ``with`` so that names it imports are the wrappers too. ``log.original("all_reduce")``
 is torch's own function, for the checker's reference. Used by the labs (:mod:`course.labs.ring` and others) to
 fail a forbidden collective, count the bytes and messages each rank sent, and time when calls started.
@@ -11,6 +12,7 @@ fail a forbidden collective, count the bytes and messages each rank sent, and ti
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +62,7 @@ class CommLog:
         self.names = tuple(name for name in names if hasattr(c10d, name))
         self.calls: list[Call] = []
         self._originals: dict[str, Callable[..., Any]] = {}
+        self._inside = threading.local()  # set while a recorded call runs in this thread
 
     def original(self, name: str) -> Callable[..., Any]:
         """torch's own function ``name`` (not recorded), e.g. for the checker's reference ``all_reduce``."""
@@ -84,14 +87,27 @@ class CommLog:
     def _wrap(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def recorded(*args: Any, **kwargs: Any) -> Any:
+            if getattr(self._inside, "depth", 0):  # torch's own inner call (send calls isend): the outer one counts
+                return function(*args, **kwargs)
             start = time.perf_counter()
+            self._inside.depth = 1
             try:
                 return function(*args, **kwargs)
             finally:
-                sent = _nbytes(args, kwargs) if name in SENDS or name in COLLECTIVES else 0
-                self.calls.append(Call(name, sent, _peer(name, args, kwargs), start, time.perf_counter()))
+                self._inside.depth = 0
+                self.calls += self._calls(name, args, kwargs, start, time.perf_counter())
 
         return recorded
+
+    @staticmethod
+    def _calls(name: str, args: tuple, kwargs: dict, start: float, end: float) -> list[Call]:
+        """The calls to record: one, or one per message of a ``batch_isend_irecv``."""
+        if name == "batch_isend_irecv":
+            ops = args[0] if args else kwargs.get("p2p_op_list", [])
+            return [Call(op.op.__name__, _nbytes((op.tensor,), {}) if op.op.__name__ in SENDS else 0, op.peer,
+                         start, end) for op in ops]
+        sent = _nbytes(args, kwargs) if name in SENDS or name in COLLECTIVES else 0
+        return [Call(name, sent, _peer(name, args, kwargs), start, end)]
 
     def mark(self) -> int:
         """A position in :attr:`calls`: ``log.since(mark)`` is what was called after it."""

@@ -96,7 +96,7 @@ class LabResult:
     results: tuple[CheckResult, ...]
     elapsed_s: float
     hidden: bool = False
-    runs: int = 0  # runs done (the rest are skipped once the stub is found in place)
+    runs: int = 0  # runs done (the rest are skipped once the stub is found in place, or a run hangs)
 
     @property
     def score(self) -> int:
@@ -214,16 +214,17 @@ def _label(config: dict) -> str:
 
 
 def _run_once(lab: Lab, path: str, config: dict) -> tuple[list[Finding], bool]:
-    """One run: findings from every rank (cross-checked ones first), and whether the stub is still in place."""
+    """One run: findings from every rank (cross-checked ones first), and whether to stop here (the stub is still
+    in place, or the run hung); a message that stops the run carries its own prefix, if any."""
     report_dir = tempfile.mkdtemp(prefix="course-lab-")
     try:
         per_rank = launch(on_rank, config["world_size"], lab.rank_check, path, lab.entry, config, report_dir,
                           timeout_s=config.get("timeout_s", 60.0))
     except RankFailed as failure:
         return [Finding("*", False, _failure_message(failure, report_dir))], _not_attempted(report_dir)
-    except RankTimeout as timeout:
+    except RankTimeout as timeout:  # no point waiting as long again in the next run: stop (as for the stub)
         hint = f" {lab.hang_hint}" if lab.hang_hint else ""
-        return [Finding("*", False, f"your {lab.entry} did not finish: {timeout}{hint}")], False
+        return [Finding("*", False, f"{_label(config)}: your {lab.entry} did not finish: {timeout}{hint}")], True
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
     reports = [r if isinstance(r, RankReport) else RankReport(list(r)) for r in per_rank]
@@ -266,14 +267,14 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
         runs += 1
         if config.get("seed") == "jitter":  # a new seed at every grading: no answer can be learned by heart
             config = {**config, "seed": random.randrange(2**31)}
-        findings, stub = _run_once(lab, path, config)
+        findings, stop = _run_once(lab, path, config)
         for finding in findings:
             ids = [check.id for check in checks] if finding.check == "*" else [finding.check]
             seen.update(ids)
             for check_id in ids:
                 if not finding.passed and check_id not in first_failure:
-                    first_failure[check_id] = finding.message if stub else f"{_label(config)}: {finding.message}"
-        if stub:
+                    first_failure[check_id] = finding.message if stop else f"{_label(config)}: {finding.message}"
+        if stop:
             break
     results = tuple(
         CheckResult(check, check.id in seen and check.id not in first_failure,

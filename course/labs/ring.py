@@ -131,8 +131,10 @@ LAB = Lab(
     checks=CHECKS,
     rank_check="course.labs.ring:check_on_rank",
     cross_check="course.labs.ring:cross_check",
-    runs=({"world_size": 4, "seed": 0, "cases": CASES_4}, {"world_size": 3, "seed": 1, "cases": CASES_3}),
-    hidden_runs=tuple({"world_size": n, "seed": "jitter", "cases": cases} for n, cases in (
+    # timeouts: starting the ranks is most of a run, and a loaded 2-core machine can take a minute for it
+    runs=({"world_size": 4, "seed": 0, "cases": CASES_4, "timeout_s": 120},
+          {"world_size": 3, "seed": 1, "cases": CASES_3, "timeout_s": 120}),
+    hidden_runs=tuple({"world_size": n, "seed": "jitter", "cases": cases, "timeout_s": 180} for n, cases in (
         (2, [[999, "float32", "avg"], [1, "float64", "sum"], [10_000, "bfloat16", "sum"]]),
         (5, [[12_345, "float64", "sum"], [4, "float32", "avg"], [77, "bfloat16", "avg"]]),
         (8, [[100_003, "float32", "sum"], [5, "bfloat16", "sum"], [64, "float64", "avg"]]),

@@ -61,7 +61,13 @@ def _explain(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: st
             if len(bad) == world_size else
             f"in the all-gather: rank(s) {', '.join(map(str, sorted(set(range(world_size)) - set(bad))))} have it "
             "right, so the reduced chunk was right but did not reach every rank intact")
-    return f"{where} {when}; {_cause(got[rank, index], inputs[:, index], want[index], op, dtype, rank)}"
+    cause = _cause(got[rank, index], inputs[:, index], want[index], op, dtype, rank)
+    if cause.startswith(_DIVISION):  # a division is neither phase's mistake
+        return f"{where} on every rank; {cause}" if len(bad) == world_size else f"{where}; {cause}"
+    return f"{where} {when}; {cause}"
+
+
+_DIVISION = ("it holds the sum", "it was divided")
 
 
 def _cause(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: str, dtype: torch.dtype,

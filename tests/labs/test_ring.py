@@ -6,6 +6,8 @@ dtype and op).
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 from course.labs import ring
 from course.labs.core import run_lab
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.unit4]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "ring_allreduce.py")
@@ -62,10 +64,18 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
 CASE = st.tuples(st.integers(1, 300), st.sampled_from(sorted(ring.DTYPES)), st.sampled_from(["sum", "avg"]))
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(world_size=st.integers(2, 8), cases=st.lists(CASE.map(list), min_size=1, max_size=4),
        seed=st.integers(0, 2**20))
 def test_the_solution_equals_dist_all_reduce_on_drawn_inputs(world_size, cases, seed):
+    cases = [*cases, [3 * world_size + 1, "float32", "sum"]]  # the steps check needs one case without empty chunks
     lab = dataclasses.replace(ring.LAB, runs=({"world_size": world_size, "seed": seed, "cases": cases},))
     result = run_lab(lab, SOLUTION)
     assert result.passed, result.report()
+
+
+def test_the_solution_runs_under_torchrun():
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          SOLUTION], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "ring_allreduce on 2 ranks: [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0, 24.0, 27.0]" in run.stdout
