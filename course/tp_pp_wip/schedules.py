@@ -102,7 +102,7 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
              backward_s: float = 2.0) -> list[Event]:
     """The timeline of ``schedule`` with equal stages: each op starts when its stage is free and its input has
     arrived (a forward needs the previous stage's forward of that micro-batch, a backward the next stage's
-    backward), communication free.
+    backward and its own forward), communication free.
 
     Returns:
         every stage's ops as ``course.pipeline_bubble.Event`` s (``measured_bubble`` gives the idle fraction).
@@ -117,10 +117,12 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
             if position[s] == len(plans[s]):
                 continue
             op = plans[s][position[s]]
-            needs = ("F", s - 1, op.micro_batch) if op.kind == "F" else ("B", s + 1, op.micro_batch)
-            if 0 <= needs[1] < p and needs not in end:
+            i = op.micro_batch
+            needs = [("F", s - 1, i)] if op.kind == "F" else [("B", s + 1, i), ("F", s, i)]
+            needs = [need for need in needs if 0 <= need[1] < p]
+            if any(need not in end for need in needs):
                 continue
-            start = max(free[s], end.get(needs, 0.0))
+            start = max([free[s], *(end[need] for need in needs)])
             free[s] = end[(op.kind, s, op.micro_batch)] = start + (forward_s if op.kind == "F" else backward_s)
             events.append(Event(s, op.kind, op.micro_batch, start, free[s]))
             position[s], progressed = position[s] + 1, True

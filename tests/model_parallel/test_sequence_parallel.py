@@ -1,0 +1,45 @@
+"""course.model_parallel.sequence_parallel: on 2 ranks the sequence-parallel transformer equals the unsplit model,
+swaps each all-reduce for a reduce-scatter and an all-gather, and keeps 1/t of a block's saved activations."""
+
+import pytest
+
+from course.runtime.launch import launch
+from course.tp_pp_wip import sequence_parallel as sp
+from course.tp_pp_wip import transformer
+
+CONFIG = transformer.Config(num_layers=2)
+WORLD_SIZE = 2
+
+
+@pytest.fixture(scope="module")
+def results():
+    return launch(sp.step_on_rank, WORLD_SIZE, CONFIG, 4, timeout_s=180)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_outputs_and_gradients_equal_the_unsplit_model(results):
+    for result in results:
+        assert result["logits_error"] < 1e-5
+        assert max(result["grad_error"].values()) < 1e-5, result["grad_error"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_each_allreduce_becomes_a_reduce_scatter_and_an_all_gather(results):
+    layers = CONFIG.num_layers
+    for result in results:
+        assert result["calls"]["forward"].counts() == {"all_gather_single": 2 * layers + 1,  # + before the head
+                                                       "reduce_scatter_single": 2 * layers}
+        # backward: each reduce-scatter's all-gather, each column-parallel input gathered again, the embedding's
+        assert result["calls"]["backward"].counts() == {"all_gather_single": 4 * layers + 1,
+                                                        "reduce_scatter_single": 2 * layers}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_block_keeps_one_t_th_of_the_unsplit_activations(results):
+    for result in results:
+        saved = result["saved_bytes"]
+        assert saved["sequence parallel"] * WORLD_SIZE == saved["unsplit"]
+        assert saved["sequence parallel"] < saved["tensor parallel"] < saved["unsplit"]
