@@ -92,7 +92,7 @@ def run(stage: Stage, ops: Sequence[Op], inputs: torch.Tensor, targets: torch.Te
     check_ops(ops, num_micro_batches)
     if len(inputs) % num_micro_batches:
         raise ValueError(f"{len(inputs)} sequences do not split into {num_micro_batches} equal micro-batches.")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     micro_inputs, micro_targets = inputs.chunk(num_micro_batches), targets.chunk(num_micro_batches)
     shape = (len(micro_inputs[0]), inputs.shape[1], stage.config.d_model)  # (b, S, d) activations
     record, held, sends = Record(), {}, []

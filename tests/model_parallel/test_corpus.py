@@ -1,4 +1,5 @@
-"""course.model_parallel.corpus: the grammar text is reproducible, encodes losslessly, and batches are shifted windows."""
+"""course.model_parallel.corpus: the grammar text is reproducible, encodes losslessly, batches are shifted
+windows."""
 
 import pytest
 import torch
