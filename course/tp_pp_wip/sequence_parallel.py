@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from course.activations import measure_bytes
-from course.tp_pp_wip.communication import count_collectives
+from course.labs.comm_log import CommLog
 from course.tp_pp_wip.tensor_parallel import (
     ColumnParallelLinear,
     ParallelAttention,
@@ -123,13 +123,6 @@ class GatherFromSequence(torch.autograd.Function):
         return _my_positions(grad, ctx.group), None
 
 
-def _sequence_parallel(layer: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Turn a tensor-parallel attention or MLP into its sequence-parallel version, in place."""
-    first = layer.qkv if isinstance(layer, ParallelAttention) else layer.fc1
-    first.__class__ = SequenceParallelColumnLinear  # same parameters and index, another forward
-    (layer.proj if isinstance(layer, ParallelAttention) else layer.fc2).leave = ReduceScatterSequence.apply
-
-
 class SequenceParallelTransformer(nn.Module):
     """A transformer with tensor- and sequence-parallel blocks; embeddings and head whole on every rank.
 
@@ -141,10 +134,9 @@ class SequenceParallelTransformer(nn.Module):
         super().__init__()
         self.group, self.model = group, copy.deepcopy(model)
         for block in self.model.blocks:
-            block.attention = ParallelAttention(block.attention, group)
-            block.mlp = ParallelMLP(block.mlp, group)
-            _sequence_parallel(block.attention, group)
-            _sequence_parallel(block.mlp, group)
+            block.attention = ParallelAttention(block.attention, group, SequenceParallelColumnLinear,
+                                                ReduceScatterSequence.apply)
+            block.mlp = ParallelMLP(block.mlp, group, SequenceParallelColumnLinear, ReduceScatterSequence.apply)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         world_size = dist.get_world_size(self.group)
@@ -178,16 +170,16 @@ def step_on_rank(config: TransformerConfig, batch_size: int = 8, seed: int = 0) 
     the bytes one block keeps for backward unsplit, tensor-parallel and sequence-parallel.
 
     Returns:
-        ``{"logits_error", "grad_error": {name: largest |difference|}, "calls": {"forward", "backward"}: Log,
+        ``{"logits_error", "grad_error": {name: largest |difference|}, "calls": {"forward", "backward"}: [Call],
         "saved_bytes": {"unsplit", "tensor parallel", "sequence parallel"}}`` on this rank.
     """
     full = build(config, seed)
     inputs, targets = sample_batch(config, batch_size, seed)
     parallel = SequenceParallelTransformer(full)
-    with count_collectives() as forward_calls:
+    with CommLog() as forward_calls:
         logits = parallel(inputs)
         step_loss = loss(logits, targets)
-    with count_collectives() as backward_calls:
+    with CommLog() as backward_calls:
         step_loss.backward()
     sync_gradients(parallel)
     reference = full(inputs)
@@ -195,7 +187,7 @@ def step_on_rank(config: TransformerConfig, batch_size: int = 8, seed: int = 0) 
     x = full.embed(inputs).detach()
     return {"logits_error": float((logits - reference).detach().abs().max()),
             "grad_error": compare_gradients(parallel.model, full),
-            "calls": {"forward": forward_calls, "backward": backward_calls},
+            "calls": {"forward": forward_calls.calls, "backward": backward_calls.calls},
             "saved_bytes": {"unsplit": saved_bytes(full.blocks[0], x),
                             "tensor parallel": saved_bytes(parallelize(full).blocks[0], x),
                             "sequence parallel": saved_bytes(parallel.model.blocks[0], _my_positions(x, None))}}

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from course.tp_pp_wip.communication import count_collectives
+from course.labs.comm_log import CommLog
 from course.tp_pp_wip.transformer import MLP, Attention, Transformer, attend, build, loss, sample_batch
 from course.tp_pp_wip.transformer import Config as TransformerConfig
 
@@ -131,32 +131,42 @@ class RowParallelLinear(nn.Module):
 
 
 class ParallelMLP(nn.Module):
-    """The MLP split: column-parallel ``fc1`` (*f* on its input), gelu on the slice, row-parallel ``fc2`` (*g*)."""
+    """The MLP split: column-parallel ``fc1`` (*f* on its input), gelu on the slice, row-parallel ``fc2`` (*g*).
 
-    def __init__(self, mlp: MLP, group: dist.ProcessGroup | None = None, **communication: Communication) -> None:
+    Args:
+        column, leave: the column-parallel class and the row-parallel output's communication (sequence
+            parallelism passes its own).
+    """
+
+    def __init__(self, mlp: MLP, group: dist.ProcessGroup | None = None,
+                 column: type[ColumnParallelLinear] = ColumnParallelLinear,
+                 leave: Communication = reduce_from_tensor_parallel) -> None:
         super().__init__()
-        self.fc1 = ColumnParallelLinear(mlp.fc1, group, enter=communication.get("enter", copy_to_tensor_parallel))
-        self.fc2 = RowParallelLinear(mlp.fc2, group, leave=communication.get("leave", reduce_from_tensor_parallel))
+        self.fc1 = column(mlp.fc1, group)
+        self.fc2 = RowParallelLinear(mlp.fc2, group, leave=leave)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x)))
 
 
 class ParallelAttention(nn.Module):
-    """Attention split by heads: this rank's q, k and v rows (``num_heads / t`` heads), its columns of ``proj``."""
+    """Attention split by heads: this rank's q, k and v rows (``num_heads / t`` heads), its columns of ``proj``.
+
+    Raises:
+        ValueError: a number of heads the group does not divide.
+    """
 
     def __init__(self, attention: Attention, group: dist.ProcessGroup | None = None,
-                 **communication: Communication) -> None:
+                 column: type[ColumnParallelLinear] = ColumnParallelLinear,
+                 leave: Communication = reduce_from_tensor_parallel) -> None:
         super().__init__()
         world_size = dist.get_world_size(group)
         if attention.num_heads % world_size:
             raise ValueError(f"{attention.num_heads} heads do not split over {world_size} ranks: use a "
                              "tensor-parallel size that divides num_heads.")
         self.num_heads = attention.num_heads // world_size
-        self.qkv = ColumnParallelLinear(attention.qkv, group, blocks=3,
-                                        enter=communication.get("enter", copy_to_tensor_parallel))
-        self.proj = RowParallelLinear(attention.proj, group,
-                                      leave=communication.get("leave", reduce_from_tensor_parallel))
+        self.qkv = column(attention.qkv, group, blocks=3)
+        self.proj = RowParallelLinear(attention.proj, group, leave=leave)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(attend(self.qkv(x), self.num_heads))
@@ -208,18 +218,18 @@ def step_on_rank(config: TransformerConfig, batch_size: int = 8, seed: int = 0) 
 
     Returns:
         ``{"logits_error": largest |difference| of the logits, "grad_error": {name: largest |difference|},
-        "calls": {"forward": Log, "backward": Log}}`` for this rank.
+        "calls": {"forward": [Call], "backward": [Call]}}`` for this rank.
     """
     full = build(config, seed)
     inputs, targets = sample_batch(config, batch_size, seed)
     parallel = parallelize(full)
-    with count_collectives() as forward_calls:
+    with CommLog() as forward_calls:
         logits = parallel(inputs)
         step_loss = loss(logits, targets)
-    with count_collectives() as backward_calls:
+    with CommLog() as backward_calls:
         step_loss.backward()
     reference = full(inputs)
     loss(reference, targets).backward()
     return {"logits_error": float((logits - reference).detach().abs().max()),
             "grad_error": compare_gradients(parallel, full),
-            "calls": {"forward": forward_calls, "backward": backward_calls}}
+            "calls": {"forward": forward_calls.calls, "backward": backward_calls.calls}}
