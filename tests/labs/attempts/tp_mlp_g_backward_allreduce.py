@@ -1,4 +1,5 @@
-"""Wrong attempt (tp_mlp): g's backward also sums over the ranks: every gradient upstream is world_size times too large."""
+"""Wrong attempt (tp_mlp): g's backward also sums over the ranks: gradients upstream are
+world_size times too large."""
 
 import torch
 import torch.distributed as dist
