@@ -95,7 +95,7 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
 
 def _run(world_size: int, micro_batches: int, seed: int | str) -> dict:
     return {"world_size": world_size, "micro_batches": micro_batches, "seed": seed,
-            "label": f"{world_size} stages, {micro_batches} micro-batches", "timeout_s": 60.0}
+            "label": f"{world_size} stages, {micro_batches} micro-batches", "timeout_s": 120.0}
 
 
 LAB = Lab(

@@ -137,7 +137,7 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
 
 def _run(world_size: int, seed: int | str, d_ff: int, label: str) -> dict:
     return {"world_size": world_size, "seed": seed, "d_model": 16, "d_ff": d_ff, "batch_size": 2, "seq_len": 4,
-            "label": label, "timeout_s": 60.0}
+            "label": label, "timeout_s": 120.0}
 
 
 LAB = Lab(
