@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course.labs.comm_log import CommLog, bytes_sent, collectives, sends
+from course.labs.comm_log import SENDS, CommLog, collectives, sends
 from course.labs.core import Check, Finding, Lab, RankReport, load_entry
 from course.labs.ring_diagnosis import close, expected, first_wrong
 
@@ -80,7 +80,8 @@ def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returne
     called = f"{case}: rank {rank} called dist.{', dist.'.join(used)} (a collective): the lab asks for the ring " \
              "from send/recv (or isend/irecv) only"
     found.append(Finding("point_to_point_only", not used, called if used else ""))
-    found.append(_bytes_finding(case, rank, world_size, mine.element_size(), numel, bytes_sent(calls)))
+    sizes = [call.nbytes for call in calls if call.name in SENDS]
+    found.append(_bytes_finding(case, rank, world_size, mine.element_size(), numel, sizes))
     if numel >= world_size:  # with empty chunks a ring may skip empty messages
         count, steps = sends(calls), 2 * (world_size - 1)
         found.append(Finding("steps", count == steps, "" if count == steps else
@@ -89,17 +90,18 @@ def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returne
     return found
 
 
-def _bytes_finding(case: str, rank: int, world_size: int, element_size: int, numel: int, sent: int) -> Finding:
-    """Bytes sent against 2(n-1)/n of the tensor, within one element per message (chunks differ by one element)."""
-    steps = 2 * (world_size - 1)
+def _bytes_finding(case: str, rank: int, world_size: int, element_size: int, numel: int, sizes: list[int]
+                   ) -> Finding:
+    """Bytes sent (``sizes``: each message's) against 2(n-1)/n of the tensor, within one element per message."""
+    steps, sent = 2 * (world_size - 1), sum(sizes)
     target = steps / world_size * numel * element_size
     if abs(sent - target) <= steps * element_size:
         return Finding("bytes", True)
     tensor_bytes = numel * element_size
     if sent == 0:
         why = "nothing went through send/isend, so the data moved some other way (a collective?)"
-    elif abs(sent - steps * tensor_bytes) <= steps * element_size:
-        why = "each step sent the whole tensor instead of one chunk (1/n of it)"
+    elif whole := sum(size == tensor_bytes for size in sizes) if numel >= 2 * world_size else 0:
+        why = f"{whole} of its {len(sizes)} messages carried the whole tensor instead of one chunk (1/n of it)"
     else:
         why = f"that is {sent / tensor_bytes:.2f} tensors; each of the 2(n-1) steps sends one chunk of about 1/n"
     return Finding("bytes", False, f"{case}: rank {rank} sent {sent:,} bytes; a ring sends 2(n-1)/n of the "
