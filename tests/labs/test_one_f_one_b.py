@@ -3,29 +3,33 @@ fails exactly the checks its mistake breaks, with a message that names the mista
 
 import os
 
+import nbformat
 import pytest
 
 from course.labs import one_f_one_b
 from course.labs.core import run_lab
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EVERY = {check.id for check in one_f_one_b.CHECKS}
 
 
+@pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(one_f_one_b.LAB, os.path.join(ROOT, "course", "labs", "stubs", "one_f_one_b.py"))
     assert set(result.failed()) == EVERY
     assert result.results[0].message.startswith("Not attempted yet: your one_f_one_b still raises")
 
 
+@pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(one_f_one_b.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "one_f_one_b.py"),
                      hidden=True)
     assert result.passed, result.report()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("attempt", "fails", "fragment"), [
     ("gpipe", {"in_flight", "order"}, "stage 0 held 8 micro-batches at once"),
     ("no_warmup", {"order"}, "stage 0's op 1 is B0, 1F1B runs F1 there"),
@@ -36,3 +40,10 @@ def test_each_wrong_schedule_fails_the_checks_its_mistake_breaks(attempt, fails,
     result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", f"one_f_one_b_{attempt}.py"))
     assert set(result.failed()) == fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
+
+
+def test_the_notebook_writes_the_stub_as_it_is_packaged():
+    notebook = nbformat.read(os.path.join(ROOT, "notebooks", "08_tensor_pipeline.ipynb"), as_version=4)
+    cells = [c.source for c in notebook.cells if c.source.startswith("%%writefile labs/one_f_one_b.py")]
+    with open(os.path.join(ROOT, "course", "labs", "stubs", "one_f_one_b.py")) as handle:
+        assert cells == ["%%writefile labs/one_f_one_b.py\n" + handle.read().rstrip("\n")]

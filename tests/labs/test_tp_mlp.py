@@ -3,28 +3,32 @@ exactly the checks its mistake breaks, with a message that names the mistake."""
 
 import os
 
+import nbformat
 import pytest
 
 from course.labs import tp_mlp
 from course.labs.core import run_lab
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EVERY = {check.id for check in tp_mlp.CHECKS}
 
 
+@pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "course", "labs", "stubs", "tp_mlp.py"))
     assert set(result.failed()) == EVERY
     assert result.results[0].message.startswith("Not attempted yet: your ParallelMLP still raises")
 
 
+@pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "tp_mlp.py"), hidden=True)
     assert result.passed, result.report()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("attempt", "fails", "fragment"), [
     ("f_backward_identity", {"input_grad", "collectives"}, "this rank's share of the gradient only"),
     ("bias_before_reduce", {"outputs"}, "output (checked outside the ranks) differs from the unsplit MLP's"),
@@ -35,3 +39,10 @@ def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, 
     result = run_lab(tp_mlp.LAB, os.path.join(HERE, "attempts", f"tp_mlp_{attempt}.py"))
     assert set(result.failed()) == fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
+
+
+def test_the_notebook_writes_the_stub_as_it_is_packaged():
+    notebook = nbformat.read(os.path.join(ROOT, "notebooks", "08_tensor_pipeline.ipynb"), as_version=4)
+    cells = [c.source for c in notebook.cells if c.source.startswith("%%writefile labs/tp_mlp.py")]
+    with open(os.path.join(ROOT, "course", "labs", "stubs", "tp_mlp.py")) as handle:
+        assert cells == ["%%writefile labs/tp_mlp.py\n" + handle.read().rstrip("\n")]
