@@ -9,7 +9,7 @@ import pytest
 from course.labs import one_f_one_b
 from course.labs.core import run_lab
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EVERY = {check.id for check in one_f_one_b.CHECKS}

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from course.runtime.launch import launch
 from course.tp_pp_wip import mesh, transformer
 
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
 CONFIG = transformer.Config(num_layers=2)
 
 

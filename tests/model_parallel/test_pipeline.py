@@ -7,6 +7,8 @@ import torch
 from course.runtime.launch import in_turn, launch
 from course.tp_pp_wip import pipeline, schedules, transformer
 
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
 CONFIG = transformer.Config(num_layers=4)
 P, M, BATCH_SIZE = 4, 8, 8
 

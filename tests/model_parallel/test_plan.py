@@ -7,6 +7,8 @@ from course.memory_budget import Setup, model_states
 from course.perf_model import Cluster
 from course.tp_pp_wip import plan
 
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
 CLUSTER = Cluster(hardware.gpu("H100 SXM5"), hardware.link("NVLink 4 (H100, 18 links)"), 8,
                   hardware.link("InfiniBand NDR"))
 SMALL, MEDIUM, LARGE = plan.GPT

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from course.tp_pp_wip import schedules
 from course.tp_pp_wip.schedules import Op
 
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
 sizes = st.tuples(st.integers(1, 6), st.integers(1, 12))
 
 

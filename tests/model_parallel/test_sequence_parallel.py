@@ -9,6 +9,8 @@ from course.runtime.launch import launch
 from course.tp_pp_wip import sequence_parallel as sp
 from course.tp_pp_wip import transformer
 
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
 CONFIG = transformer.Config(num_layers=2)
 WORLD_SIZE = 2
 

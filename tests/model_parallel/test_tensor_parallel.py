@@ -10,6 +10,8 @@ from course.runtime.launch import launch
 from course.tp_pp_wip import tensor_parallel as tp
 from course.tp_pp_wip import transformer
 
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
 CONFIG = transformer.Config(num_layers=2)
 BATCH_SIZE = 4
 

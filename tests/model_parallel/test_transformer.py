@@ -5,6 +5,8 @@ import torch
 
 from course.tp_pp_wip import transformer
 
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
 
 def test_logits_have_one_row_per_position_and_a_column_per_character():
     config = transformer.Config(num_layers=2)
