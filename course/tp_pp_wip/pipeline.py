@@ -137,8 +137,8 @@ def _receive(shape: Sequence[int], source: int) -> torch.Tensor:
 
 def step_on_rank(config: TransformerConfig, schedule: str = "1f1b", num_micro_batches: int = 4, batch_size: int = 8,
                  seed: int = 0) -> dict:
-    """Run inside a launched rank: one pipelined step of the transformer (one stage per rank) and, on the same
-    batch, the unsplit model's gradients for this stage's parameters.
+    """Run inside a launched rank: one pipelined step of the transformer (one stage per rank; after one warm-up
+    step) and, on the same batch, the unsplit model's gradients for this stage's parameters.
 
     Returns:
         ``{"record": Record, "grad_error": {name: largest |difference| from the unsplit model}, "ops": planned}``.
@@ -148,6 +148,8 @@ def step_on_rank(config: TransformerConfig, schedule: str = "1f1b", num_micro_ba
     inputs, targets = sample_batch(config, batch_size, seed)
     stage = split(build(config, seed), world_size)[rank]
     ops = SCHEDULES[schedule](world_size, num_micro_batches, rank)
+    run(stage, ops, inputs, targets, num_micro_batches)  # warm-up: the first backward pays one-off costs
+    stage.zero_grad(set_to_none=True)
     record = run(stage, ops, inputs, targets, num_micro_batches)
     full = build(config, seed)
     loss(full(inputs), targets).backward()
