@@ -32,6 +32,9 @@ from course.tp_pp_wip.transformer import Config as TransformerConfig
 from course.tp_pp_wip.transformer import Transformer, build, loss, sample_batch
 from course.validation import check_choice
 
+#: The schedules this runner executes: one model chunk per rank (interleaved 1F1B is simulated only).
+RUNNABLE = ("gpipe", "1f1b")
+
 
 class Stage(nn.Module):
     """Blocks ``first_block .. last_block-1`` of a transformer (shared, not copied), under the model's names."""
@@ -143,7 +146,7 @@ def step_on_rank(config: TransformerConfig, schedule: str = "1f1b", num_micro_ba
     Returns:
         ``{"record": Record, "grad_error": {name: largest |difference| from the unsplit model}, "ops": planned}``.
     """
-    schedule = check_choice("schedule", schedule, SCHEDULES)
+    schedule = check_choice("schedule", schedule, RUNNABLE)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     inputs, targets = sample_batch(config, batch_size, seed)
     stage = split(build(config, seed), world_size)[rank]

@@ -7,6 +7,9 @@ counts it), but hold very different amounts of activation memory (:func:`in_flig
     GPipe  (Huang et al. 2019):  F0 F1 ... F(m-1)  then  B(m-1) ... B0          holds all m micro-batches
     1F1B   (PipeDream-Flush, Narayanan et al. 2021): stage s runs p-s-1 warm-up forwards, then alternates one
            forward and one backward, then drains the backwards             holds at most p-s <= p
+    interleaved 1F1B: each rank holds v model chunks (virtual stages); the same work in v times as many, v times
+           shorter ops shrinks the bubble to about (p-1)/(v·m+p-1), for v times as many messages
+           (simulated here only: ``pipeline.run`` runs one chunk per rank)
 
 A micro-batch is *in flight* on a stage from its forward until its backward: its activations are held.
 Taught in ``notebooks/08_tensor_pipeline.ipynb``.
@@ -23,13 +26,15 @@ from course.validation import check_count
 
 @dataclass(frozen=True)
 class Op:
-    """One step of a stage: ``kind`` ``"F"`` (forward) or ``"B"`` (backward) of micro-batch ``micro_batch``."""
+    """One step of a stage: ``kind`` ``"F"`` (forward) or ``"B"`` (backward) of micro-batch ``micro_batch``, on the
+    stage's model chunk ``chunk`` (interleaved schedules give each rank several; 0 otherwise)."""
 
     kind: str
     micro_batch: int
+    chunk: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind}{self.micro_batch}"
+        return f"{self.kind}{self.micro_batch}" + (f"/{self.chunk}" if self.chunk else "")
 
 
 Schedule = Callable[[int, int, int], list[Op]]
@@ -65,7 +70,33 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[Op]
     return ops + [Op("B", i) for i in range(m - warmup, m)]
 
 
-SCHEDULES: dict[str, Schedule] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int = 2) -> list[Op]:
+    """Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2) on ``stage``, which holds ``chunks`` model chunks:
+    chunk ``c`` of rank ``s`` is virtual stage ``c·p + s``. Micro-batches go through in groups of ``p``, each group
+    through chunk 0, then chunk 1, ...; warm-up as Megatron-LM's ``(p-s-1)·2 + (chunks-1)·p`` forwards.
+
+    Raises:
+        ValueError: as :func:`gpipe`, or ``m`` not a multiple of ``p``.
+    """
+    p, m, s = _check(num_stages, num_micro_batches, stage)
+    v = check_count("chunks", chunks, unit="number of model chunks per stage")
+    if m % p:
+        raise ValueError(f"interleaved 1F1B sends micro-batches in groups of p = {p}: use a number of micro-batches "
+                         f"that is a multiple of {p}, not {m}.")
+
+    def op(kind: str, k: int) -> Op:
+        chunk = (k // p) % v
+        return Op(kind, (k // (p * v)) * p + k % p, chunk if kind == "F" else v - 1 - chunk)
+
+    total = m * v
+    warmup = min((p - s - 1) * 2 + (v - 1) * p, total)
+    ops = [op("F", k) for k in range(warmup)]
+    for k in range(total - warmup):
+        ops += [op("F", warmup + k), op("B", k)]
+    return ops + [op("B", k) for k in range(total - warmup, total)]
+
+
+SCHEDULES: dict[str, Schedule] = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
 
 
 def in_flight(ops: Sequence[Op]) -> int:
@@ -77,23 +108,25 @@ def in_flight(ops: Sequence[Op]) -> int:
     return peak
 
 
-def check_ops(ops: Sequence[Op], num_micro_batches: int) -> None:
-    """Check that ``ops`` runs each micro-batch's forward once, and its backward once, after it.
+def check_ops(ops: Sequence[Op], num_micro_batches: int, chunks: int = 1) -> None:
+    """Check that ``ops`` runs each micro-batch's forward once, and its backward once, after it (on each chunk).
 
     Raises:
         ValueError: naming the first micro-batch that is missing, repeated, or backwarded before its forward.
     """
-    done: dict[str, set[int]] = {"F": set(), "B": set()}
+    done: dict[str, set[tuple[int, int]]] = {"F": set(), "B": set()}
     for position, op in enumerate(ops):
-        if op.kind not in done or not 0 <= op.micro_batch < num_micro_batches:
+        if op.kind not in done or not 0 <= op.micro_batch < num_micro_batches or not 0 <= op.chunk < chunks:
             raise ValueError(f"op {position} ({op}) is not a forward F or backward B of a micro-batch 0..."
                              f"{num_micro_batches - 1}.")
-        if op.micro_batch in done[op.kind]:
+        key = (op.micro_batch, op.chunk)
+        if key in done[op.kind]:
             raise ValueError(f"op {position} runs {op} a second time.")
-        if op.kind == "B" and op.micro_batch not in done["F"]:
-            raise ValueError(f"op {position} runs {op} before F{op.micro_batch}: a backward needs its forward.")
-        done[op.kind].add(op.micro_batch)
-    missing = [f"{kind}{i}" for kind in "FB" for i in range(num_micro_batches) if i not in done[kind]]
+        if op.kind == "B" and key not in done["F"]:
+            raise ValueError(f"op {position} runs {op} before {Op('F', *key)}: a backward needs its forward.")
+        done[op.kind].add(key)
+    missing = [str(Op(kind, i, c)) for kind in "FB" for c in range(chunks) for i in range(num_micro_batches)
+               if (i, c) not in done[kind]]
     if missing:
         raise ValueError(f"the schedule never runs {', '.join(missing)}.")
 
@@ -101,14 +134,19 @@ def check_ops(ops: Sequence[Op], num_micro_batches: int) -> None:
 def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forward_s: float = 1.0,
              backward_s: float = 2.0) -> list[Event]:
     """The timeline of ``schedule`` with equal stages: each op starts when its stage is free and its input has
-    arrived (a forward needs the previous stage's forward of that micro-batch, a backward the next stage's
-    backward and its own forward), communication free.
+    arrived (a forward needs the previous virtual stage's forward of that micro-batch, a backward the next virtual
+    stage's backward and its own forward), communication free. A stage of ``v`` chunks takes ``1/v`` of the
+    times per chunk.
 
     Returns:
         every stage's ops as ``course.pipeline_bubble.Event`` s (``measured_bubble`` gives the idle fraction).
+
+    Raises:
+        ValueError: a schedule in which every stage waits for another (a deadlock).
     """
     p, m = num_stages, num_micro_batches
     plans = [schedule(p, m, s) for s in range(p)]
+    v = 1 + max(op.chunk for plan in plans for op in plan)
     end: dict[tuple[str, int, int], float] = {}
     position, free, events = [0] * p, [0.0] * p, []
     while any(position[s] < len(plans[s]) for s in range(p)):
@@ -117,13 +155,14 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
             if position[s] == len(plans[s]):
                 continue
             op = plans[s][position[s]]
-            i = op.micro_batch
-            needs = [("F", s - 1, i)] if op.kind == "F" else [("B", s + 1, i), ("F", s, i)]
-            needs = [need for need in needs if 0 <= need[1] < p]
+            here = op.chunk * p + s  # the virtual stage
+            needs = [("F", here - 1, op.micro_batch)] if op.kind == "F" else [
+                ("B", here + 1, op.micro_batch), ("F", here, op.micro_batch)]
+            needs = [need for need in needs if 0 <= need[1] < p * v]
             if any(need not in end for need in needs):
                 continue
             start = max([free[s], *(end[need] for need in needs)])
-            free[s] = end[(op.kind, s, op.micro_batch)] = start + (forward_s if op.kind == "F" else backward_s)
+            free[s] = end[(op.kind, here, op.micro_batch)] = start + (forward_s if op.kind == "F" else backward_s) / v
             events.append(Event(s, op.kind, op.micro_batch, start, free[s]))
             position[s], progressed = position[s] + 1, True
         if not progressed:
@@ -132,5 +171,5 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
 
 
 def simulated_bubble(schedule: Schedule, num_stages: int, num_micro_batches: int) -> float:
-    """Idle fraction of :func:`simulate`'s timeline (equals ``(p-1)/(m+p-1)`` for GPipe and 1F1B)."""
+    """Idle fraction of :func:`simulate`'s timeline: ``(p-1)/(m+p-1)`` for GPipe and 1F1B, smaller interleaved."""
     return measured_bubble(simulate(schedule, num_stages, num_micro_batches))

@@ -1,6 +1,8 @@
 """course.model_parallel.schedules: GPipe and 1F1B run every micro-batch once each way, hold m vs at most p
 micro-batches, and have the bubble (p-1)/(m+p-1) on a counted timeline."""
 
+import functools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ sizes = st.tuples(st.integers(1, 6), st.integers(1, 12))
 @given(sizes)
 def test_every_schedule_runs_each_micro_batch_forward_then_backward_once(size):
     p, m = size
-    for schedule in schedules.SCHEDULES.values():
+    for schedule in (schedules.gpipe, schedules.one_f_one_b):
         for stage in range(p):
             schedules.check_ops(schedule(p, m, stage), m)
 
@@ -35,7 +37,7 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_p_minus_stage(size):
 @given(sizes)
 def test_both_schedules_idle_p_minus_1_over_m_plus_p_minus_1(size):
     p, m = size
-    for schedule in schedules.SCHEDULES.values():
+    for schedule in (schedules.gpipe, schedules.one_f_one_b):
         assert schedules.simulated_bubble(schedule, p, m) == pytest.approx((p - 1) / (m + p - 1), abs=1e-9)
 
 
@@ -66,3 +68,18 @@ def test_bad_sizes_are_refused():
         schedules.gpipe(4, 2, 4)
     with pytest.raises(ValueError, match="num_micro_batches"):
         schedules.one_f_one_b(4, 0, 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 3))
+def test_interleaving_v_chunks_shrinks_the_bubble_to_p_minus_1_over_v_m_plus_p_minus_1(p, groups, v):
+    m = groups * p
+    schedule = functools.partial(schedules.interleaved, chunks=v)
+    for stage in range(p):
+        schedules.check_ops(schedule(p, m, stage), m, chunks=v)
+    assert schedules.simulated_bubble(schedule, p, m) == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-9)
+
+
+def test_interleaved_needs_whole_groups_of_p_micro_batches():
+    with pytest.raises(ValueError, match="multiple of 4, not 6"):
+        schedules.interleaved(4, 6, 0)
