@@ -4,7 +4,7 @@ Tokens -> embedding + learned positions -> ``num_layers`` blocks -> layer norm -
 Each :class:`Block` is pre-norm: ``x + attention(norm1(x))`` then ``x + mlp(norm2(x))``. :class:`Attention`
 keeps one ``qkv`` linear whose output is laid out ``[q | k | v]``, each ``num_heads`` heads of ``head_dim``
 features, so heads can later be split across ranks by slicing rows (``course.model_parallel.tensor_parallel``).
-:func:`train` is the single-device reference loop on the grammar corpus (``corpus``): a few hundred Adam steps
+:func:`train` is the single-device reference loop on the grammar corpus (``corpus``): a hundred Adam steps
 take seconds on one CPU core. Taught in ``notebooks/08_tensor_pipeline.ipynb``.
 """
 
