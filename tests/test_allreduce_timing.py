@@ -1,6 +1,5 @@
 """course.allreduce_timing: timings on every rank, the ping-pong between any two ranks, the measured crossover."""
 
-import time
 from unittest import mock
 
 import pytest
@@ -54,20 +53,22 @@ def _both_kinds():
 def test_time_allreduce_back_to_back_calls_report_seconds_per_call():
     calls, seconds = launch(_three_calls_a_round, 2, timeout_s=100)[0]
     assert calls == 2 * 3  # 2 rounds of 3 calls
-    assert 0.01 <= seconds < 0.03  # each call sleeps 10 ms: per call (a round of 3 would read >= 0.03)
+    assert seconds == 1.0  # each call takes one tick of the fake clock: per call (per round would read 3.0)
 
 
 _CALLS: list[int] = []
+_CLOCK = [0.0]  # a clock that only the calls advance: the verdict cannot depend on the machine's load
 
 
-def _sleepy_allreduce(tensor):
+def _ticking_allreduce(tensor):
     _CALLS.append(1)
-    time.sleep(0.01)
+    _CLOCK[0] += 1.0
 
 
 def _three_calls_a_round():
-    medians = at.time_allreduce([4096], {"sleepy": _sleepy_allreduce}, repeats=2, calls=3)
-    return len(_CALLS), medians["sleepy"][4096]
+    with mock.patch.object(at.time, "perf_counter", lambda: _CLOCK[0]):
+        medians = at.time_allreduce([4096], {"ticking": _ticking_allreduce}, repeats=2, calls=3)
+    return len(_CALLS), medians["ticking"][4096]
 
 
 @pytest.mark.timeout(120)
