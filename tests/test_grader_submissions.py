@@ -145,7 +145,7 @@ def test_credit_only_for_data_parallelism_that_happened(graded):
 
 def test_the_square_root_rule_is_accepted_for_adam_and_named(graded):
     message = {c.name: c.message for c in graded["sqrt_lr_adam"].checks}["lr_scaled"]
-    assert "square-root rule (Adam)" in message
+    assert "sqrt rule (Adam)" in message
 
 
 def test_checks_a_crash_left_without_evidence_give_no_advice(graded):
