@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from course.labs.core import Check, Finding, Lab, RankReport, load_entry
-from course.tp_pp_wip import pipeline, schedules, transformer
+from course.model_parallel import pipeline, schedules, transformer
 
 CHECKS = (
     Check("well_formed", "every micro-batch runs forward once, then backward once, on every stage", 2),

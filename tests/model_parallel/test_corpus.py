@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course.tp_pp_wip import corpus
+from course.model_parallel import corpus
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

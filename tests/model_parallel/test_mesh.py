@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from course.model_parallel import mesh, transformer
 from course.runtime.launch import launch
-from course.tp_pp_wip import mesh, transformer
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

@@ -4,8 +4,8 @@ order, and hold m micro-batches (GPipe) or at most p - stage (1F1B), in measured
 import pytest
 import torch
 
+from course.model_parallel import pipeline, schedules, transformer
 from course.runtime.launch import in_turn, launch
-from course.tp_pp_wip import pipeline, schedules, transformer
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from course import hardware
-from course.memory_budget import Setup, model_states
-from course.perf_model import Cluster
-from course.tp_pp_wip import plan
+from course.memory.budget import Setup, model_states
+from course.model_parallel import plan
+from course.perf import catalog as hardware
+from course.perf.model import Cluster
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

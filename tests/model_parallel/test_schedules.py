@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course.tp_pp_wip import schedules
-from course.tp_pp_wip.schedules import Op
+from course.model_parallel import schedules
+from course.model_parallel.schedules import Op
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

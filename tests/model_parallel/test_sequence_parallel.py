@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
+from course.model_parallel import sequence_parallel as sp
+from course.model_parallel import transformer
 from course.runtime.launch import launch
-from course.tp_pp_wip import sequence_parallel as sp
-from course.tp_pp_wip import transformer
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 import torch
 
+from course.model_parallel import tensor_parallel as tp
+from course.model_parallel import transformer
 from course.runtime.launch import launch
-from course.tp_pp_wip import tensor_parallel as tp
-from course.tp_pp_wip import transformer
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course.tp_pp_wip import transformer
+from course.model_parallel import transformer
 
 pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
 

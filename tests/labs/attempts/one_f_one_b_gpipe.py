@@ -14,7 +14,7 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tup
 
 if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/one_f_one_b.py
     from course import world
-    from course.tp_pp_wip import pipeline, schedules, transformer
+    from course.model_parallel import pipeline, schedules, transformer
 
     me = world.init_from_env()
     config = transformer.Config(num_layers=me.world_size)

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 
 from course.labs.comm_log import CommLog
-from course.tp_pp_wip.tensor_parallel import compare_gradients, parallelize
-from course.tp_pp_wip.transformer import Config as TransformerConfig
-from course.tp_pp_wip.transformer import build, loss, sample_batch
+from course.model_parallel.tensor_parallel import compare_gradients, parallelize
+from course.model_parallel.transformer import Config as TransformerConfig
+from course.model_parallel.transformer import build, loss, sample_batch
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from course.labs.comm_log import CommLog
-from course.tp_pp_wip.transformer import MLP, Attention, Transformer, attend, build, loss, sample_batch
-from course.tp_pp_wip.transformer import Config as TransformerConfig
+from course.model_parallel.transformer import MLP, Attention, Transformer, attend, build, loss, sample_batch
+from course.model_parallel.transformer import Config as TransformerConfig
 
 Communication = Callable[[torch.Tensor, "dist.ProcessGroup | None"], torch.Tensor]
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812 - torch's own idiom
 
-from course.tp_pp_wip import corpus
+from course.model_parallel import corpus
 
 
 @dataclass(frozen=True)

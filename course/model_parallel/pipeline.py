@@ -10,7 +10,7 @@ also normalises and projects to logits), keeping the model's parameter names so 
          gradient of the stage's input to rank-1, free the micro-batch
 
 Sends are ``isend`` (a rank never waits for its receiver), receives block: the order of the ops alone decides who
-waits for whom. Every op is recorded: when it ran (``course.pipeline_bubble.Event``), how many micro-batches were
+waits for whom. Every op is recorded: when it ran (``course.model_parallel.bubble.Event``), how many micro-batches were
 in flight and how many bytes of saved activations the rank held (measured with ``saved_tensors_hooks``).
 Taught in ``notebooks/08_tensor_pipeline.ipynb``.
 """
@@ -25,12 +25,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course.activations import _SavedBytes
-from course.pipeline_bubble import Event
-from course.tp_pp_wip.schedules import SCHEDULES, Op, check_ops
-from course.tp_pp_wip.transformer import Config as TransformerConfig
-from course.tp_pp_wip.transformer import Transformer, build, loss, sample_batch
-from course.validation import check_choice
+from course.arguments import check_choice
+from course.memory.activations import _SavedBytes
+from course.model_parallel.bubble import Event
+from course.model_parallel.schedules import SCHEDULES, Op, check_ops
+from course.model_parallel.transformer import Config as TransformerConfig
+from course.model_parallel.transformer import Transformer, build, loss, sample_batch
 
 #: The schedules this runner executes: one model chunk per rank (interleaved 1F1B is simulated only).
 RUNNABLE = ("gpipe", "1f1b")

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from course.pipeline_bubble import Event, measured_bubble
-from course.validation import check_count
+from course.arguments import check_count
+from course.model_parallel.bubble import Event, measured_bubble
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
     times per chunk.
 
     Returns:
-        every stage's ops as ``course.pipeline_bubble.Event`` s (``measured_bubble`` gives the idle fraction).
+        every stage's ops as ``course.model_parallel.bubble.Event`` s (``measured_bubble`` gives the idle fraction).
 
     Raises:
         ValueError: a schedule in which every stage waits for another (a deadlock).

@@ -24,17 +24,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from course.activations import measure_bytes
 from course.labs.comm_log import CommLog
-from course.tp_pp_wip.tensor_parallel import (
+from course.memory.activations import measure_bytes
+from course.model_parallel.tensor_parallel import (
     ColumnParallelLinear,
     ParallelAttention,
     ParallelMLP,
     compare_gradients,
     parallelize,
 )
-from course.tp_pp_wip.transformer import Config as TransformerConfig
-from course.tp_pp_wip.transformer import Transformer, build, loss, sample_batch
+from course.model_parallel.transformer import Config as TransformerConfig
+from course.model_parallel.transformer import Transformer, build, loss, sample_batch
 
 
 def all_gather_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -160,7 +160,7 @@ def sync_gradients(model: SequenceParallelTransformer) -> None:
 
 
 def saved_bytes(block: nn.Module, x: torch.Tensor) -> int:
-    """Bytes one block keeps for backward on this rank (``course.activations.measure_bytes``: each storage once,
+    """Bytes one block keeps for backward on this rank (``course.memory.activations.measure_bytes``: each storage once,
     parameters left out) for its input ``x``: ``(B, S, d)`` whole, or ``(B, S/t, d)`` under sequence parallelism."""
     return measure_bytes(block, x.detach().requires_grad_())
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.validation import check_count
+from course.arguments import check_count
 
 ARTICLES = ("the", "a", "one", "every")
 ADJECTIVES = ("small", "red", "quick", "old", "quiet", "green")

@@ -2,7 +2,7 @@
 
 For every ``t x p x d = N`` (``t`` at most one node's GPUs, ``p`` dividing the layers) :func:`estimate` adds up
 one training step on the course's hardware catalog and performance-model assumptions
-(``course.perf_model.Assumptions``, ``course.cost_model``), nothing measured:
+(``course.perf.model.Assumptions``, ``course.cost_model``), nothing measured:
 
 * compute: ``6·Φ·B·s`` FLOPs (forward + backward, Narayanan et al. 2021 eq. 3 without recomputation) over ``N`` GPUs
   at ``compute_efficiency`` of their 16-bit peak;
@@ -12,7 +12,7 @@ one training step on the course's hardware catalog and performance-model assumpt
 * data parallelism: one all-reduce of this rank's 16-bit gradients, ``2Φ/(t·p)`` bytes, on ``d`` ranks over the
   network when the step spans nodes, hidden behind the backward pass (2/3 of the compute) as far as it lasts
   (``Assumptions.overlap``);
-* memory: model states from ``course.memory_budget`` (Adam, bf16 with fp32 master weights, ZeRO-1 over ``d``), and
+* memory: model states from ``course.memory.budget`` (Adam, bf16 with fp32 master weights, ZeRO-1 over ``d``), and
   activations of tensor + sequence parallelism, ``s·b·h·L·(34/t + 5·a·s/(h·t))`` bytes on the first stage, which
   holds ``p`` micro-batches of ``L/p`` layers under 1F1B (Korthikanti et al. 2022, Table 2 and section 4.2.3).
 
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course import cost_model
-from course.memory_budget import Setup, model_states
-from course.perf_model import Assumptions, Cluster, alpha_beta
+from course.collectives import cost_model
+from course.memory.budget import Setup, model_states
+from course.perf.model import Assumptions, Cluster, alpha_beta
 
 KORTHIKANTI = "https://arxiv.org/abs/2205.05198"  # activation bytes per layer, Table 2
 NARAYANAN = "https://arxiv.org/abs/2104.04473"  # 6·Φ·B·s FLOPs per step and the 1F1B bubble
