@@ -3,7 +3,6 @@ fails exactly the checks its mistake breaks, with a message that names the mista
 
 import os
 
-import nbformat
 import pytest
 
 from course.labs import one_f_one_b
@@ -41,9 +40,3 @@ def test_each_wrong_schedule_fails_the_checks_its_mistake_breaks(attempt, fails,
     assert set(result.failed()) == fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
 
-
-def test_the_notebook_writes_the_stub_as_it_is_packaged():
-    notebook = nbformat.read(os.path.join(ROOT, "notebooks", "08_tensor_pipeline.ipynb"), as_version=4)
-    cells = [c.source for c in notebook.cells if c.source.startswith("%%writefile labs/one_f_one_b.py")]
-    with open(os.path.join(ROOT, "course", "labs", "stubs", "one_f_one_b.py")) as handle:
-        assert cells == ["%%writefile labs/one_f_one_b.py\n" + handle.read().rstrip("\n")]

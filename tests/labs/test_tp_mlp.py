@@ -3,7 +3,6 @@ exactly the checks its mistake breaks, with a message that names the mistake."""
 
 import os
 
-import nbformat
 import pytest
 
 from course.labs import tp_mlp
@@ -40,9 +39,3 @@ def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, 
     assert set(result.failed()) == fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
 
-
-def test_the_notebook_writes_the_stub_as_it_is_packaged():
-    notebook = nbformat.read(os.path.join(ROOT, "notebooks", "08_tensor_pipeline.ipynb"), as_version=4)
-    cells = [c.source for c in notebook.cells if c.source.startswith("%%writefile labs/tp_mlp.py")]
-    with open(os.path.join(ROOT, "course", "labs", "stubs", "tp_mlp.py")) as handle:
-        assert cells == ["%%writefile labs/tp_mlp.py\n" + handle.read().rstrip("\n")]
