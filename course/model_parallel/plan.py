@@ -2,7 +2,7 @@
 
 For every ``t x p x d = N`` (``t`` at most one node's GPUs, ``p`` dividing the layers) :func:`estimate` adds up
 one training step on the course's hardware catalog and performance-model assumptions
-(``course.perf.model.Assumptions``, ``course.cost_model``), nothing measured:
+(``course.perf.model.Assumptions``, ``course.collectives.cost_model``), nothing measured:
 
 * compute: ``6·Φ·B·s`` FLOPs (forward + backward, Narayanan et al. 2021 eq. 3 without recomputation) over ``N`` GPUs
   at ``compute_efficiency`` of their 16-bit peak;
