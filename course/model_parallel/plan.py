@@ -1,23 +1,15 @@
-"""Which split would a cluster pick? Tensor x pipeline x data parallelism for a GPT-sized model, modelled.
+"""Which split would a cluster pick? Every tensor x pipeline x data split of a GPT model, the fastest that fits.
 
-For every ``t x p x d = N`` (``t`` at most one node's GPUs, ``p`` dividing the layers) :func:`estimate` adds up
-one training step on the course's hardware catalog and performance-model assumptions
-(``course.perf.model.Assumptions``, ``course.collectives.cost_model``), nothing measured:
-
-* compute: ``6·Φ·B·s`` FLOPs (forward + backward, Narayanan et al. 2021 eq. 3 without recomputation) over ``N`` GPUs
-  at ``compute_efficiency`` of their 16-bit peak;
-* the pipeline bubble: ``(p-1)/(m+p-1)`` of the step idle, ``m = B/(d·b)`` micro-batches of ``b`` sequences;
-* tensor parallelism: 4 all-reduces of ``b·s·h`` 16-bit activations per layer and micro-batch (the count the
-  course measures in ``tensor_parallel``) on ``t`` ranks over NVLink (over the network if ``t`` spans nodes);
-* data parallelism: one all-reduce of this rank's 16-bit gradients, ``2Φ/(t·p)`` bytes, on ``d`` ranks over the
-  network when the step spans nodes, hidden behind the backward pass (2/3 of the compute) as far as it lasts
-  (``Assumptions.overlap``);
-* memory: model states from ``course.memory.budget`` (Adam, bf16 with fp32 master weights, ZeRO-1 over ``d``), and
-  activations of tensor + sequence parallelism, ``s·b·h·L·(34/t + 5·a·s/(h·t))`` bytes on the first stage, which
-  holds ``p`` micro-batches of ``L/p`` layers under 1F1B (Korthikanti et al. 2022, Table 2 and section 4.2.3).
-
-:func:`choose` keeps the plans that fit the GPU's memory and picks the fastest. Tensor- and pipeline-parallel
-communication never overlaps compute here, so those times are upper bounds.
+For every ``t x p x d = N`` (``t`` at most one node's GPUs and dividing the heads, ``p`` dividing the layers,
+``d`` dividing the global batch) :func:`splits` asks the course's performance model for one step
+(:func:`course.perf.parallel.step_time`: compute, tensor-parallel all-reduces, the pipeline bubble, the
+data-parallel all-reduce), and :func:`memory_per_gpu` adds up what one GPU of the first stage holds: model states
+of its ``1/(t·p)`` of the parameters (:mod:`course.memory.budget`: mixed-precision Adam, ZeRO-1 over the ``d``
+data-parallel ranks) and, with recomputation, every layer's 16-bit input for the ``p`` micro-batches 1F1B keeps
+in flight there, one layer's working set and the logits (the terms of :func:`course.perf.planner.memory_per_gpu`,
+which plans without pipelines; Korthikanti et al. 2022, section 4.2.3, for the ``p`` in flight). :func:`choose`
+keeps the splits that fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those
+GPUs.
 Taught in ``notebooks/08_tensor_pipeline.ipynb``.
 """
 
@@ -25,97 +17,78 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course.collectives import cost_model
-from course.memory.budget import Setup, model_states
-from course.perf.model import Assumptions, Cluster, alpha_beta
+from course.memory import budget
+from course.perf import parallel
+from course.perf.comm import Cluster
 
-KORTHIKANTI = "https://arxiv.org/abs/2205.05198"  # activation bytes per layer, Table 2
-NARAYANAN = "https://arxiv.org/abs/2104.04473"  # 6·Φ·B·s FLOPs per step and the 1F1B bubble
-MIXED = Assumptions(precision="fp16")  # 16-bit tensor-core compute, the course's other assumptions as they are
-
-
-@dataclass(frozen=True)
-class Model:
-    """A GPT-style model: ``num_layers`` blocks of width ``d_model``; ``12·L·h²`` parameters in the blocks."""
-
-    name: str
-    num_layers: int
-    d_model: int
-    num_heads: int
-    seq_len: int = 2048
-
-    @property
-    def params(self) -> float:
-        return 12 * self.num_layers * self.d_model**2
+#: GPT-3's shapes (Brown et al. 2020, Table 2.1): 1.3B, 13B and 175B parameters.
+GPT = [parallel.Transformer("GPT 1.3B", 24, 2048, 16), parallel.Transformer("GPT 13B", 40, 5120, 40),
+       parallel.Transformer("GPT 175B", 96, 12288, 96)]
+GPT_SOURCE = "https://arxiv.org/abs/2005.14165"
 
 
 @dataclass(frozen=True)
-class Plan:
-    """One way to split the model over ``t·p·d`` GPUs, with its modelled step (seconds) and memory (bytes)."""
+class Split:
+    """One way to split the model: the plan, its modelled step, the bytes one GPU holds, and whether they fit."""
 
-    tp: int
-    pp: int
-    dp: int
-    seconds: dict[str, float]  # "compute", "bubble", "tensor parallel", "data parallel"
+    plan: parallel.Plan
+    step: parallel.TransformerStep
     memory_bytes: float
     fits: bool
 
     @property
-    def step_s(self) -> float:
-        return sum(self.seconds.values())
+    def name(self) -> str:
+        return f"{self.plan.tensor} x {self.plan.pipeline} x {self.plan.data}"
 
 
-def estimate(model: Model, tp: int, pp: int, dp: int, global_batch: int, cluster: Cluster,
-             a: Assumptions = MIXED, micro_batch: int = 1) -> Plan:
-    """The modelled step and memory of one ``tp x pp x dp`` split (module docstring)."""
-    gpus, s, h = tp * pp * dp, model.seq_len, model.d_model
-    m = max(global_batch // (dp * micro_batch), 1)
-    compute = 6 * model.params * global_batch * s / (gpus * cluster.gpu.peak_flops(a.precision) * a.compute_efficiency)
-    fast = cluster.intra if tp <= cluster.gpus_per_node else cluster.inter
-    tensor = 4 * model.num_layers // pp * m * float(
-        cost_model.predict("ring", micro_batch * s * h * 2, tp, alpha_beta(fast, a))) if tp > 1 else 0.0
-    spans_nodes = gpus > cluster.gpus_per_node
-    slow = cluster.inter if spans_nodes and cluster.inter else cluster.intra
-    data = float(cost_model.predict("ring", 2 * model.params / (tp * pp), dp, alpha_beta(slow, a))) if dp > 1 else 0.0
-    if a.overlap:  # DDP-style buckets: the all-reduce hides behind the backward pass (2/3 of the compute)
-        data = max(0.0, data - 2 / 3 * compute)
-    busy = compute + tensor
-    seconds = {"compute": compute, "bubble": busy * (pp - 1) / m, "tensor parallel": tensor, "data parallel": data}
-    states = model_states(model.params / (tp * pp), Setup("adam", "bf16", zero_stage=1 if dp > 1 else 0,
-                                                           world_size=dp)).total
-    activations = s * micro_batch * h * model.num_layers * (34 / tp + 5 * model.num_heads * s / (h * tp))
-    memory = states + activations
-    return Plan(tp, pp, dp, seconds, memory, memory <= cluster.gpu.memory_bytes)
+def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> float:
+    """Bytes one GPU of the first pipeline stage holds under ``plan`` (module docstring)."""
+    setup = budget.Setup("adam", "bf16", zero_stage, plan.data)
+    states = budget.model_states(model.params / (plan.tensor * plan.pipeline), setup).model_states
+    s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
+    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
+    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+    logits = 4 * s * b * model.vocab / t
+    return states + layer_inputs + working + logits
 
 
-def plans(model: Model, num_gpus: int, global_batch: int, cluster: Cluster) -> list[Plan]:
-    """Every split of ``num_gpus`` with ``t`` dividing the heads (at most a node) and ``p`` dividing the layers."""
+def evaluate(model: parallel.Transformer, tensor: int, pipeline: int, data: int, cluster: Cluster,
+             global_batch: int = 512) -> Split:
+    """The modelled step and memory of one ``tensor x pipeline x data`` split (ZeRO-1 when ``data > 1``)."""
+    plan = parallel.Plan(tensor, pipeline, data, global_batch, 1, "zero1" if data > 1 else "ddp")
+    memory = memory_per_gpu(model, plan, 1 if data > 1 else 0)
+    return Split(plan, parallel.step_time(model, plan, cluster), memory, memory <= cluster.gpu.memory_bytes)
+
+
+def splits(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512) -> list[Split]:
+    """Every split of ``gpus`` GPUs the model can run (see the module docstring)."""
     found = []
-    for tp in (t for t in range(1, cluster.gpus_per_node + 1) if num_gpus % t == 0 and model.num_heads % t == 0):
-        for pp in (p for p in range(1, num_gpus // tp + 1) if (num_gpus // tp) % p == 0 and model.num_layers % p == 0):
-            found.append(estimate(model, tp, pp, num_gpus // (tp * pp), global_batch, cluster))
+    for t in range(1, min(cluster.gpus_per_node, gpus) + 1):
+        if gpus % t or model.heads % t:
+            continue
+        for p in range(1, gpus // t + 1):
+            d = gpus // (t * p)
+            if (gpus // t) % p == 0 and model.layers % p == 0 and global_batch % d == 0:
+                found.append(evaluate(model, t, p, d, cluster, global_batch))
     return found
 
 
-def choose(model: Model, num_gpus: int, global_batch: int, cluster: Cluster) -> Plan | None:
+def choose(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512) -> Split | None:
     """The fastest split that fits the GPU's memory, or None when none fits."""
-    fitting = [plan for plan in plans(model, num_gpus, global_batch, cluster) if plan.fits]
-    return min(fitting, key=lambda plan: plan.step_s) if fitting else None
+    fitting = [split for split in splits(model, gpus, cluster, global_batch) if split.fits]
+    return min(fitting, key=lambda split: split.step.step_s) if fitting else None
 
 
-def table(models: list[Model], num_gpus: int, global_batch: int, cluster: Cluster) -> list[dict]:
-    """One row per model: its size, what pure data parallelism would need, and the split :func:`choose` picks."""
+def table(models: list[parallel.Transformer], gpus: int, cluster: Cluster, global_batch: int = 512) -> list[dict]:
+    """One row per model: its size, the bytes pure data parallelism needs per GPU, and the split it picks."""
     rows = []
     for model in models:
-        pure = estimate(model, 1, 1, num_gpus, global_batch, cluster)
-        best = choose(model, num_gpus, global_batch, cluster)
+        pure = evaluate(model, 1, 1, gpus, cluster, global_batch)
+        best = choose(model, gpus, cluster, global_batch)
         rows.append({"model": model.name, "parameters (B)": round(model.params / 1e9, 1),
                      "pure DP GB/GPU": round(pure.memory_bytes / 1e9, 1),
-                     "pick t x p x d": f"{best.tp} x {best.pp} x {best.dp}" if best else "none fits",
+                     "pick t x p x d": best.name if best else "none fits",
                      "GB/GPU": round(best.memory_bytes / 1e9, 1) if best else None,
-                     "step s": round(best.step_s, 2) if best else None,
-                     "bubble %": round(100 * best.seconds["bubble"] / best.step_s, 1) if best else None})
+                     "step s": round(best.step.step_s, 2) if best else None,
+                     "bubble %": round(100 * best.step.bubble_s / best.step.step_s, 1) if best else None})
     return rows
-
-
-GPT = [Model("GPT 1.3B", 24, 2048, 16), Model("GPT 13B", 40, 5120, 40), Model("GPT 175B", 96, 12288, 96)]
