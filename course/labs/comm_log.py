@@ -27,7 +27,8 @@ COLLECTIVES = (
     "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
     "all_gather_coalesced", "_all_gather_base", "all_gather_object", "gather", "gather_object", "scatter",
     "scatter_object_list", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all",
-    "all_to_all_single", "barrier", "monitored_barrier", "broadcast_object_list",
+    "all_to_all_single", "all_gather_single", "reduce_scatter_single", "barrier", "monitored_barrier",
+    "broadcast_object_list",
 )
 #: Point-to-point: one sender, one receiver. ``send``/``isend`` carry the bytes a rank sends.
 POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
