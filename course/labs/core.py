@@ -25,6 +25,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from course.runtime.launch import RankFailed, RankTimeout, launch
@@ -251,6 +252,17 @@ def _not_attempted(report_dir: str) -> bool:
     return False
 
 
+def stub_path(lab: Lab) -> Path:
+    """The packaged stub of ``lab``: ``course/labs/stubs/<the student file's name>``."""
+    return Path(__file__).with_name("stubs") / Path(lab.student_file).name
+
+
+def _is_the_stub(lab: Lab, path: str) -> bool:
+    """True if ``path`` is still the packaged stub, byte for byte (nothing written yet)."""
+    stub = stub_path(lab)
+    return os.path.isfile(path) and stub.is_file() and Path(path).read_bytes() == stub.read_bytes()
+
+
 def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
     """Run every run of ``lab`` on the student's file ``path`` and merge the findings into a :class:`LabResult`.
 
@@ -260,6 +272,9 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
         hidden: also the hidden runs and hidden checks (the grader's ``grade``; never the self-check).
     """
     checks = [check for check in lab.checks if hidden or not check.hidden]
+    if _is_the_stub(lab, path):  # every check would fail the same way: say so without starting any rank
+        message = NOT_ATTEMPTED.format(entry=lab.entry, path=path)
+        return LabResult(lab, path, tuple(CheckResult(check, False, message) for check in checks), 0.0, hidden, 0)
     first_failure: dict[str, str] = {}
     seen: set[str] = set()
     start, runs = time.monotonic(), 0
