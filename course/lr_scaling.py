@@ -2,12 +2,12 @@
 
 A k-times bigger global batch averages k times more per-sample gradients, so its gradient is less noisy and
 a bigger step is safe. The rules: keep the rate (``none``), scale it by k (``linear``, Goyal et al. 2017,
-"Accurate, Large Minibatch SGD", for SGD) or by sqrt(k) (``sqrt``: for SGD the variance-preserving choice; for
-Adam the rule Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms", derive,
+"Accurate, Large Minibatch SGD", for SGD) or by sqrt(k) (``sqrt``: for SGD the variance-preserving choice;
+for Adam the rule Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms", derive,
 measured here by :func:`adam_step_gain`). Early in training a large rate diverges, so it is reached by a
-linear warmup (the course's ramps from ``lr / warmup_steps``; Goyal et al.'s from the small-batch rate). LARS (You et al. 2017, "Large Batch
-Training of Convolutional Networks", in :mod:`course.lars`) gives each layer its own rate from the ratio of its
-weight norm to its gradient norm. Where the rules stop working is measured by :mod:`course.batch_sweep`. Taught in
+linear warmup (the course's ramps from ``lr / warmup_steps``; Goyal et al.'s from the small-batch rate).
+LARS (You et al. 2017, "Large Batch Training of Convolutional Networks", in :mod:`course.lars`) gives each
+layer its own rate from the ratio of its weight norm to its gradient norm. Where the rules stop working is measured by :mod:`course.batch_sweep`. Taught in
 ``notebooks/02_large_batch.ipynb``.
 """
 
@@ -82,7 +82,8 @@ def adam_step_gain(per_sample_grads: torch.Tensor, batch_size: int, global_batch
     gradient does. Taught in ``notebooks/02_large_batch.ipynb``.
 
     Args:
-        per_sample_grads: ``(N, P)`` one flattened gradient per sample (:func:`course.noise_scale.per_sample_gradients`).
+        per_sample_grads: ``(N, P)``, one flattened gradient per sample
+            (:func:`course.noise_scale.per_sample_gradients`).
         batch_size, global_batch_size: the small and the big batch, in samples.
 
     Raises:

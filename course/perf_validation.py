@@ -1,9 +1,10 @@
 """The performance model against published figures: one row per figure, model vs published, and their ratio.
 
-Each row names its source (a paper, a vendor page, documentation, a blog post or a GitHub thread) and says
-which inputs the source leaves open and the row therefore *assumes* (which GPU, batch size, whether communication overlaps backward). All rows share one :class:`~course.perf_model.Assumptions`
-(software efficiency), except that the back-of-envelope rows use their source's own idealisation (full link
-rate, no latency). ``tests/test_perf_validation.py`` requires every ratio within 15%; ``benchmarks/perf_model.py``
+Each row names its source (a paper, a vendor page, documentation, a blog post or a GitHub thread) and
+says which inputs the source leaves open and the row therefore *assumes* (which GPU, batch size, whether
+communication overlaps backward). All rows share one :class:`~course.perf_model.Assumptions` (software
+efficiency), except that the back-of-envelope rows use their source's own idealisation (full link rate, no
+latency). ``tests/test_perf_validation.py`` requires every ratio within 15%; ``benchmarks/perf_model.py``
 prints the table and ``notebooks/05_ddp.ipynb`` shows it.
 
 Two rows (14 days on one M40, 29 hours on 8 P100) measure little more than the assumed ``compute_efficiency``
@@ -62,17 +63,21 @@ def validation_table(a: pm.Assumptions | None = None) -> list[Row]:
     goyal256 = pm.step_time(r50, 32, 256, dgx1, "hierarchical", a)
     nbytes = 2**30
     return [
-        Row("WRN on CIFAR-10, 4 GPUs vs 1, Torch DataParallelTable (speedup)", "Rescale blog, 'Deep Learning with Multiple GPUs on Rescale: Torch'", 3.33,
+        Row("WRN on CIFAR-10, 4 GPUs vs 1, Torch DataParallelTable (speedup)",
+            "Rescale blog, 'Deep Learning with Multiple GPUs on Rescale: Torch'", 3.33,
             pm.scaling_curve(wrn, None, (1, 4), k40, "naive", a, global_batch_size=128)[4]["speedup"], "x",
             "WRN-28-10, global batch 128 (the repository's default), Kepler K40-class GPUs on PCIe 3 (unnamed)"),
-        Row("ResNet-50, 8 M40 vs 1, Caffe2 data_parallel_model (speedup)", "Caffe2 docs, Synchronous SGD, https://caffe2.ai/docs/SynchronousSGD.html", 7.0,
+        Row("ResNet-50, 8 M40 vs 1, Caffe2 data_parallel_model (speedup)", "Caffe2 docs, Synchronous SGD, "
+            "https://caffe2.ai/docs/SynchronousSGD.html", 7.0,
             pm.scaling_curve(r50, 32, (1, 8), m40, "ring", after_backward)[8]["speedup"], "x",
             "32 images per GPU (the same page's example), ring over PCIe 3, allreduce after backward"),
-        Row("ResNet-50, 90 epochs of ImageNet on one M40", "You et al. 2017, ImageNet Training in Minutes, https://arxiv.org/abs/1709.05011", 14.0,
+        Row("ResNet-50, 90 epochs of ImageNet on one M40", "You et al. 2017, ImageNet Training in "
+            "Minutes, https://arxiv.org/abs/1709.05011", 14.0,
             _imagenet_hours(pm.step_time(r50, 32, 1, m40, "ring", a), 32) / 24, "days",
             "batch 32, FP32; data loading never the bottleneck"),
-        Row("4 MB of gradients over a 40 Gbit/s link", "Tim Dettmers' blog post on model parallelism (2014)", 0.75,
-            1e3 * pm.message_seconds(4e6, pm.alpha_beta(hardware.Link("40 Gbit/s", 40e9 / 8, "the row's source"), ideal)),
+        Row("4 MB of gradients over a 40 Gbit/s link", "Tim Dettmers' blog post on model "
+            "parallelism (2014)", 0.75,
+            1e3 * pm.message_seconds(4e6, pm.alpha_beta(hardware.Link("40 Gbit/s", 40e9 / 8, "Dettmers"), ideal)),
             "ms", "one message at the full link rate"),
         Row("ResNet-50, 90 epochs on 8 P100 (Goyal's baseline)", f"{GOYAL}; https://developer.nvidia.com/"
             "facebook-trains-imagenet-1-hour", 29.0, _imagenet_hours(goyal8, 256), "hours",
