@@ -7,8 +7,8 @@ for Adam the rule Malladi et al. 2022, "On the SDEs and Scaling Rules for Adapti
 measured here by :func:`adam_step_gain`). Early in training a large rate diverges, so it is reached by a
 linear warmup (the course's ramps from ``lr / warmup_steps``; Goyal et al.'s from the small-batch rate).
 LARS (You et al. 2017, "Large Batch Training of Convolutional Networks", in :mod:`course.lars`) gives each
-layer its own rate from the ratio of its weight norm to its gradient norm. Where the rules stop working is measured by :mod:`course.batch_sweep`. Taught in
-``notebooks/02_large_batch.ipynb``.
+layer its own rate from the ratio of its weight norm to its gradient norm. Where the rules stop working is
+measured by :mod:`course.batch_sweep`. Taught in ``notebooks/02_large_batch.ipynb``.
 """
 
 from __future__ import annotations
