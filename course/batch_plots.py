@@ -44,8 +44,8 @@ def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: fl
         ValueError: no run reached the target (there is nothing to draw).
     """
     if not any(r.steps_to_target for r in results):
-        raise ValueError(f"none of the {len(results)} runs reached {target_text(target_accuracy)} accuracy, so there are no "
-                         f"steps-to-target to plot: raise SweepConfig.max_steps or lower target_accuracy.")
+        raise ValueError(f"none of the {len(results)} runs reached {target_text(target_accuracy)} accuracy, so "
+                         f"there are no steps-to-target to plot: raise SweepConfig.max_steps or lower target_accuracy.")
     fig, (steps_ax, epochs_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for rule in dict.fromkeys(r.rule for r in results):
         for warmup in sorted({r.warmup_steps for r in results}):
