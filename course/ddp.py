@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import data, exercise, train, world
+from course import data, ddp_hooks, exercise, train, world
 from course.distributed_optimizer import DistributedOptimizer
 from course.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
@@ -54,11 +53,6 @@ def _wrap(model: nn.Module, me: world.Rank, **kwargs) -> DistributedDataParallel
     return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
 
 
-def _sum_hook(state, bucket):  # no annotations: DDP checks them and `from __future__` makes them strings
-    """A DDP comm hook that sums gradients instead of averaging them (the reference for ``op="sum"``)."""
-    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
-
-
 def _batch(images: torch.Tensor, labels: torch.Tensor, index: int, batch_size: int, me: world.Rank
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's ``batch_size`` samples of global batch ``index`` (global batch = world_size x batch_size)."""
@@ -89,9 +83,9 @@ def compare_with_ddp(optimizer: str = "momentum", steps: int = 3, batch_size: in
     broadcast_parameters(ours.state_dict())
     ddp = _wrap(reference, me)
     if options.get("op", "avg") == "sum":
-        ddp.register_comm_hook(None, _sum_hook)
+        ddp.register_comm_hook(None, ddp_hooks.summing)
     if options.get("compression", "none") == "fp16":
-        ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+        ddp_hooks.compress_fp16(ddp)
     lr = _LR[check_choice("optimizer", optimizer, _LR)]
     ddp_optimizer = train.make_optimizer(optimizer, ddp.parameters(), lr)
     our_optimizer = DistributedOptimizer(train.make_optimizer(optimizer, ours.parameters(), lr),
@@ -140,17 +134,11 @@ def no_sync_check(accumulation_steps: int = 4, batch_size: int = 32, seed: int =
     torch.manual_seed(seed)
     whole = DigitsCNN(width=8).to(me.device)
     copies = {"whole": whole, "no_sync": copy.deepcopy(whole), "every_pass": copy.deepcopy(whole)}
-    counts = dict.fromkeys(copies, 0)
-
-    def counting(name: str):
-        def hook(state, bucket):
-            counts[name] += 1
-            return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
-        return hook
+    calls: dict[str, list[int]] = {name: [] for name in copies}  # bucket indices, one per allreduce
 
     models = {name: _wrap(model, me) for name, model in copies.items()}
     for name, model in models.items():
-        model.register_comm_hook(None, counting(name))
+        model.register_comm_hook(None, ddp_hooks.counting(calls[name].append))
     images, labels = _batch(*data.load().train.tensors, 0, batch_size, me)
     nn.functional.cross_entropy(models["whole"](images), labels).backward()
     for micro, (x, y) in enumerate(zip(images.chunk(accumulation_steps), labels.chunk(accumulation_steps),
@@ -165,7 +153,7 @@ def no_sync_check(accumulation_steps: int = 4, batch_size: int = 32, seed: int =
         return max((a.grad - b.grad).abs().max().item() for a, b in pairs)
 
     return {"max_grad_diff": diff("no_sync"), "max_grad_diff_every_pass": diff("every_pass"),
-            **{f"allreduces_{name}": count for name, count in counts.items()}}
+            **{f"allreduces_{name}": len(indices) for name, indices in calls.items()}}
 
 
 def global_batch_statistics(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

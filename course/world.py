@@ -19,6 +19,7 @@ import gc
 import importlib.metadata
 import os
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -223,6 +224,22 @@ def forget_on_shutdown(forget: Callable[[], None]) -> None:
     _FORGETTERS.append(forget)
 
 
+#: How long :func:`settle` leaves the GIL to gloo's worker threads.
+SETTLE_S = 0.05
+
+
+def settle(seconds: float = SETTLE_S) -> None:
+    """Let gloo's worker threads finish freeing completed collectives before a model or group is torn down.
+
+    A collective started during ``backward()`` (every DDP bucket's allreduce) holds a Python object that its
+    worker thread needs the GIL to free. Destroying the process group joins those threads while holding the GIL,
+    so a worker still freeing one then waits for ever (see :mod:`course.ddp_hooks`). Sleeping releases the GIL:
+    a worker that finished a collective gets it and lets go. Call it after the last collective and before
+    ``destroy_process_group`` or dropping a DDP model (:func:`shutdown` does).
+    """
+    time.sleep(seconds)
+
+
 def shutdown(barrier: bool = True) -> None:
     """Leave the process group cleanly (a no-op if none was joined).
 
@@ -239,6 +256,7 @@ def shutdown(barrier: bool = True) -> None:
     if dist.is_initialized():
         if barrier:
             dist.barrier()
+        settle()
         dist.destroy_process_group()
     for forget in _FORGETTERS:
         forget()

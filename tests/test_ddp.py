@@ -3,12 +3,10 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 from groups import single_rank_group
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import ddp
+from course import ddp, ddp_hooks
 from course.models import DigitsCNN
 from course.runtime.launch import launch
 
@@ -20,12 +18,7 @@ def test_bucket_report_counts_the_allreduces_ddp_really_issues(bucket_cap_mb):
     with single_rank_group():
         model = DistributedDataParallel(DigitsCNN(), bucket_cap_mb=bucket_cap_mb)
         calls = []
-
-        def counting_hook(state, bucket):
-            calls.append(bucket.index())
-            return default_hooks.allreduce_hook(dist.group.WORLD, bucket)
-
-        model.register_comm_hook(None, counting_hook)
+        model.register_comm_hook(None, ddp_hooks.counting(calls.append))
         for _ in range(2):  # DDP rebuilds its buckets after the first iteration
             calls.clear()
             model(torch.randn(4, 1, 8, 8)).sum().backward()
