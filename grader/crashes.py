@@ -16,7 +16,7 @@ import signal
 import textwrap
 from dataclasses import dataclass
 
-from course.root_cause import PEER_LOST, TRACEBACK, trim  # PEER_LOST: how a rank that only lost a peer ends
+from course.runtime.root_cause import PEER_LOST, TRACEBACK, trim  # PEER_LOST: how a rank that only lost a peer ends
 from grader.evidence import RunRecords
 
 # frames of the grader's own code between the student's script and the interpreter: not the student's concern

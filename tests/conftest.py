@@ -1,10 +1,31 @@
-"""Fixtures shared by the test modules, and a watchdog that ends a hung run."""
+"""Fixtures shared by the test modules, each test's course unit taken from its folder, and a watchdog that ends a
+hung run."""
 
 import faulthandler
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+# tests/<folder>/ mirrors course/<folder>/; a module of another unit says so with its own `pytestmark`
+UNIT_OF_FOLDER = {"runtime": "unit0", "optimization": "unit2", "naive": "unit3", "model_parallel": "unit3",
+                  "collectives": "unit4", "ddp": "unit5", "multinode": "unit5", "perf": "unit5", "monitor": "unit6",
+                  "memory": "unit7"}
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m unitN` selects
+def pytest_collection_modifyitems(items):
+    """Mark every test under tests/<folder>/ with its folder's unit, unless the module names another unit."""
+    for item in items:
+        try:
+            folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # the notebooks (nbval)
+            continue
+        unit = UNIT_OF_FOLDER.get(folder)
+        if unit and not any(mark.name.startswith("unit") for mark in item.iter_markers()):
+            item.add_marker(unit)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ Each round makes a one-rank gloo group (``groups.single_rank_group``, as the tes
 with the hook named on the command line, runs two backward passes, destroys the group while the model is still
 alive, and lets the model die afterwards. Without :func:`course.world.settle` before the group is destroyed, or
 with a hook whose future carries a Python callback (torch's ``default_hooks.allreduce_hook``: pass
-``python-then``), that teardown can hang for ever holding the GIL (see :mod:`course.ddp_hooks`). faulthandler's
+``python-then``), that teardown can hang for ever holding the GIL (see :mod:`course.ddp.hooks`). faulthandler's
 watchdog, a C thread that needs no GIL, prints every thread's stack and exits 1 if the rounds are not done in
 time.
 
@@ -22,7 +22,7 @@ from groups import single_rank_group
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from course import ddp_hooks
+from course.ddp import hooks as ddp_hooks
 from course.models import DigitsCNN
 
 HOOKS = {

@@ -285,7 +285,7 @@ def with_lr(ev: Run, peak: float, optimizer: str) -> Run:
     return ev
 
 
-@pytest.mark.parametrize("peak, optimizer, rule", [(0.004, "Adam", "square-root"), (0.004, "AdamW", "square-root"),
+@pytest.mark.parametrize("peak, optimizer, rule", [(0.004, "Adam", "sqrt"), (0.004, "AdamW", "sqrt"),
                                                    (0.008, "Adam", "linear"), (0.008, "SGD", "linear")])
 def test_every_scaling_rule_the_course_teaches_for_the_optimizer_passes_and_is_named(peak, optimizer, rule):
     passed, message = outcome(with_lr(perfect_run(), peak, optimizer), "lr_scaled")
@@ -294,9 +294,9 @@ def test_every_scaling_rule_the_course_teaches_for_the_optimizer_passes_and_is_n
 
 def test_the_square_root_rule_is_not_accepted_for_sgd():
     passed, message = outcome(with_lr(perfect_run(), 0.004, "SGD"), "lr_scaled")
-    assert not passed and "linear 0.008" in message and "square-root" not in message
+    assert not passed and "linear 0.008" in message and "sqrt" not in message
     passed, message = outcome(with_lr(perfect_run(), 0.002, "Adam"), "lr_scaled")
-    assert not passed and "linear 0.008 or square-root 0.004" in message
+    assert not passed and "linear 0.008 or sqrt 0.004" in message
 
 
 def test_processes_that_never_joined_a_group_are_not_told_about_averaged_samples():

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(1800)]
 SUBMISSIONS = Path(__file__).parent / "submissions"
 ALL = {c.name for c in CHECKS}
 SCORED = {c.name for c in CHECKS if c.points > 0}
-BASE = GradingConfig(straggler_s=10.0)
+BASE = GradingConfig(straggler_s=20.0)  # the default: a correct rank that ends last under load is no straggler
 CONFIGS = {
     "infinite_loop": replace(BASE, limits=Limits(wall_s=20.0)),
     "hang_in_collective": replace(BASE, limits=Limits(wall_s=45.0)),
@@ -145,7 +145,7 @@ def test_credit_only_for_data_parallelism_that_happened(graded):
 
 def test_the_square_root_rule_is_accepted_for_adam_and_named(graded):
     message = {c.name: c.message for c in graded["sqrt_lr_adam"].checks}["lr_scaled"]
-    assert "square-root rule (Adam)" in message
+    assert "sqrt rule (Adam)" in message
 
 
 def test_checks_a_crash_left_without_evidence_give_no_advice(graded):

@@ -8,9 +8,8 @@ watchdog here stops it at the time limit, or when it breaks one of ``limits`` (t
 volume), or when ``stop`` is set; then :func:`~course.runtime.process_tree.kill_tree` stops it and everything it
 started, and :mod:`~course.runtime.outcome` says how it ended. Every process it started is gone when ``run``
 returns, whatever the command did. :class:`Running` is the same in two halves, for a caller that needs the
-process while it runs (:func:`course.monitor.run_and_watch` samples it). Used by
-:func:`course.ddp_scripts.run_torchrun`, :func:`course.monitor.run_and_watch` and :mod:`grader.sandbox`
-(notebooks 05 and 06).
+process while it runs (:func:`course.monitor.watch.run_and_watch` samples it). :func:`run_together` runs commands
+that need each other (two nodes of one job) and stops them all as soon as one fails. Notebooks 05, 05b and 06.
 """
 
 from __future__ import annotations
@@ -158,3 +157,54 @@ def run(argv: Sequence[str], timeout_s: float, limits: Limits | None = None, cap
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
     return Running(argv, cwd=cwd, env=env, capture=capture).finish(timeout_s, limits, stop)
+
+
+def run_together(argvs: Sequence[Sequence[str]], timeout_s: float, *, envs: Sequence[dict[str, str] | None] = (),
+                 capture: int | None = None) -> list[Outcome]:
+    """Run commands that need each other (two nodes of one job): start all, watch each as :func:`run` does, and
+    stop the others as soon as one fails (status ``interrupted``), so that none waits for a dead peer.
+
+    Args:
+        argvs: the commands. timeout_s: wall-clock limit for each, from the start.
+        envs: each command's complete environment (default: this process's). capture: as for :func:`run`.
+
+    Returns:
+        one :class:`~course.runtime.outcome.Outcome` per command, in order; every process is gone on return.
+
+    Raises:
+        ValueError: no commands, or ``timeout_s`` not positive. OSError: a program cannot be started (those
+        already started are stopped).
+    """
+    if not argvs:
+        raise ValueError("argvs must hold at least one command.")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
+    envs = list(envs) or [None] * len(argvs)
+    started: list[Running] = []
+    try:
+        for argv, env in zip(argvs, envs, strict=True):
+            started.append(Running(argv, env=env, capture=capture))
+    except BaseException:
+        for running in started:
+            running.kill()
+        raise
+    stop = threading.Event()
+    outcomes: list[Outcome | None] = [None] * len(started)
+
+    def watch(index: int) -> None:
+        outcomes[index] = started[index].finish(timeout_s, None, stop)
+        if outcomes[index].status != "ok":
+            stop.set()
+
+    threads = [threading.Thread(target=watch, args=(index,), daemon=True) for index in range(len(started))]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        raise
+    return [outcome for outcome in outcomes if outcome is not None]

@@ -3,9 +3,9 @@ parameters, gradients averaged as one process on the union batch would, and the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
+from course.optimization.lr_scaling import RULES
 from grader.assignment import Assignment
 from grader.checks.common import (
     Outcome,
@@ -163,17 +163,15 @@ def matches_single_process(ev: Evidence, a: Assignment) -> Outcome:
                   f"{a.world_size} ranks' batches (relative error at most {worst:.1e}).")
 
 
-# What notebook 02 (course.lr_scaling) teaches for a k-times bigger global batch: linear scaling (Goyal et al.
-# 2017, for SGD) everywhere; the square-root rule too for Adam-family optimizers (Malladi et al. 2022).
+# What notebook 02 (course.optimization.lr_scaling) teaches for a k-times bigger global batch: linear scaling (Goyal
+# et al. 2017, for SGD) everywhere; the sqrt rule too for Adam-family optimizers (Malladi et al. 2022).
 ADAPTIVE_OPTIMIZERS = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam")
 
 
 def lr_rules(optimizer: str | None) -> dict[str, Callable[[float], float]]:
     """The scaling rules the course accepts for ``optimizer`` (its class name): rule -> ``k -> factor``."""
-    rules: dict[str, Callable[[float], float]] = {"linear": lambda k: k}
-    if optimizer in ADAPTIVE_OPTIMIZERS:
-        rules["square-root"] = math.sqrt
-    return rules
+    names = ("linear", "sqrt") if optimizer in ADAPTIVE_OPTIMIZERS else ("linear",)
+    return {name: RULES[name] for name in names}
 
 
 def lr_scaled(ev: Evidence, a: Assignment) -> Outcome:
