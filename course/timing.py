@@ -190,9 +190,11 @@ class PhaseClock:
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []
+        self.started: list[float] = []  # time.monotonic() at each new_step(): where each step sits in time
 
     def new_step(self) -> None:
         self.steps.append({})
+        self.started.append(time.monotonic())
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:

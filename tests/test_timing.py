@@ -98,6 +98,7 @@ def test_phase_clock_adds_up_each_phase_per_step():
     assert len(compute) == len(total) == 3 and all(c > 0 for c in compute)
     assert total == pytest.approx([a + b for a, b in zip(compute, communicate, strict=True)])
     assert clock.seconds("never") == [0.0, 0.0, 0.0]
+    assert len(clock.started) == 3 and clock.started == sorted(clock.started)  # each step's start, in order
     with pytest.raises(RuntimeError, match="new_step"):
         with timing.PhaseClock().phase("compute"):
             pass

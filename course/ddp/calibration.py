@@ -21,8 +21,8 @@ context switches per call per rank on 4 ranks against 7 on 2). So it is timed al
 :func:`measure` times every configuration in one launch, in turns (round after round), so load that drifts
 from elsewhere falls on all of them alike; :func:`fit` uses the 1-rank steps at two batch sizes, the 2-rank steps
 at those batch sizes and the allreduces; :func:`held_out` predicts the steps it did not use (4 ranks, and a batch
-size never fitted) beside what was measured. Taught in ``notebooks/05_ddp.ipynb``; ``benchmarks/calibration.py``
-repeats it and prints the spread.
+size never fitted) beside what was measured. ``notebooks/05_ddp.ipynb`` uses :func:`measure` for its scaling
+table; ``benchmarks/calibration.py`` runs the whole calibration and prints the spread.
 """
 
 from __future__ import annotations

@@ -29,6 +29,17 @@ def speedup_verdict(one: Estimate, many: Estimate, world_size: int, cores: int) 
     return speedup.median, timing.speedup_verdict(speedup, world_size, cores)
 
 
+def speedup_against_limit(one: Estimate, many: Estimate, world_size: int, cores: int) -> str:
+    """The weak-scaling speedup of ``world_size`` ranks over 1 beside the most ``cores`` cores allow
+    (``min(world_size, cores)``), with no faster/slower verdict: near 1x the interval's side of 1 changes from run
+    to run on shared cores, so only a speedup beyond what the cores allow is called out (as noise)."""
+    speedup = Estimate(world_size * one.median / many.median, world_size * one.low / many.high,
+                       world_size * one.high / many.low, min(one.repeats, many.repeats))
+    limit = timing.max_speedup(world_size, cores)
+    text = f"speedup {speedup.format_ratio()}, of at most {limit:g}x that {world_size} ranks on {cores} core(s) allow"
+    return text + (": above that, so noise (a slow baseline), not a result" if speedup.median > limit else "")
+
+
 def plot_measured(timings: dict[tuple[int, int], Estimate], calibration: Calibration | None = None) -> object:
     """Measured ms per step (median, 95% interval) against ranks, one line per batch size; dashed: the
     calibration's prediction (:mod:`course.ddp.calibration`)."""

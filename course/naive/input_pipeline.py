@@ -152,7 +152,7 @@ def sweep(dataset: Dataset, model: nn.Module, batch_size: int, num_workers: Sequ
 
 def modelled_samples_per_s(transform_s: float, compute_s: float, num_workers: int, cores: int | None = None,
                            kind: str = "sleep") -> float:
-    """Throughput of the loop in the simple model: ``min(data rate, device rate)``.
+    """Throughput of the loop in the simple model: ``min(data rate, device rate)`` with workers, serial without.
 
     Args:
         transform_s: seconds to transform one sample. compute_s: device seconds per sample (training step / batch).
@@ -187,7 +187,7 @@ def plot_sweep(measured: Sequence[Measurement], modelled: Sequence[float] | None
     workers = [m.num_workers for m in measured]
     axes[0].plot(workers, [m.samples_per_s for m in measured], "o-", label="measured")
     if modelled is not None:
-        axes[0].plot(workers, modelled, "k--", label="model: min(data rate, device rate)")
+        axes[0].plot(workers, modelled, "k--", label="model: min(data rate, device rate); serial at 0 workers")
     axes[0].set_ylabel("samples / s")
     axes[0].legend()
     axes[1].bar([str(w) for w in workers], [100 * m.wait_fraction for m in measured])

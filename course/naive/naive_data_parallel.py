@@ -1,8 +1,7 @@
 """Single-process data parallelism, as the course's sources built it: scatter, replicate, parallel_apply, gather.
 
 Torch's and cunn's ``DataParallelTable``, Caffe2's ``data_parallel_model`` and ``torch.nn.DataParallel`` run one
-process that drives every GPU (Rescale's "Deep Learning with Multiple GPUs on Rescale: Torch"; Caffe2's
-documentation of ``data_parallel_model``). One step, in the five calls of
+process that drives every GPU (the cunn and Caffe2 docs cited in :data:`SYSTEMS`). One step, in the five calls of
 ``torch.nn.DataParallel.forward``::
 
     chunks = scatter(inputs, devices)               # split the batch: one chunk to each device, from device 0
@@ -155,32 +154,29 @@ SYSTEMS = (
            "forward and backward of each clone on its GPU",
            "gradients collected on the primary GPU, which alone looks like the model to the optimizer",
            "optim runs on the primary GPU's parameters only",
-           "cunn documentation, DataParallelTable; Rescale blog, "
-           "\"Deep Learning with Multiple GPUs on Rescale: Torch\""),
+           "cunn docs, https://github.com/torch/cunn/blob/master/doc/cunnmodules.md"),
     System("Caffe2 data_parallel_model", "one process builds one copy of the net per GPU",
            "each GPU runs its share of the mini-batch (8 GPUs x 32 = one GPU with 256)",
            "each GPU holds the same parameters",
            "each GPU executes exactly the same code on its share",
            "the gradients of all GPUs are averaged between mini-batches",
            "every GPU executes the same parameter update",
-           "Caffe2 documentation, data_parallel_model (synchronous SGD)"),
+           "Caffe2 docs, https://caffe2.ai/docs/SynchronousSGD.html"),
     System("torch.nn.DataParallel", "one process, a thread per GPU",
            "scatter: chunks of the batch from GPU 0", "replicate: GPU 0's parameters copied out every forward",
            "parallel_apply: a thread runs each replica", "gather the outputs to GPU 0; backward sums every "
            "replica's gradient into GPU 0's parameters", "the optimizer on GPU 0 only",
-           "\"Multi GPU Training\" (blog post, 2020); https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html"),
+           "https://pytorch.org/docs/stable/generated/torch.nn.DataParallel.html"),
     System("TF MirroredStrategy", "one process, a replica per GPU",
            "the dataset is distributed across the replicas", "variables mirrored on every GPU",
            "each replica runs the step on its part", "gradients all-reduced across the replicas",
            "every replica applies the same update",
-           "\"Multi GPU Training\" (blog post, 2020); "
            "https://www.tensorflow.org/api_docs/python/tf/distribute/MirroredStrategy"),
     System("Horovod", "one process per GPU (MPI or Gloo)",
            "each process reads its shard", "broadcast of rank 0's parameters at the start",
            "each process runs forward and backward", "DistributedOptimizer averages gradients with ring-allreduce",
            "every process applies the same update",
-           "\"Deep learning with Multi-GPUs\" (blog post on NVIDIA's course \"Fundamentals of Deep Learning for "
-           "Multi-GPUs\"); Sergeev & Del Balso 2018, https://arxiv.org/abs/1802.05799"),
+           "Sergeev & Del Balso 2018, https://arxiv.org/abs/1802.05799"),
     System("PyTorch DDP", "one process per GPU (torchrun)",
            "DistributedSampler: a shard per rank", "broadcast of rank 0's parameters when the model is wrapped",
            "each rank runs forward and backward", "bucketed allreduce of the gradients, overlapping backward",

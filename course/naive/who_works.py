@@ -84,15 +84,18 @@ def timed_training(strategy: str, model: nn.Module, batches: Sequence[tuple[torc
         warmup_steps: first steps left out of the timings (they allocate memory and connect the ranks).
 
     Returns:
-        ``{"losses": [...], "compute_s": [...], "communicate_s": [...], "step_s": [...]}``: losses for every
-        step, seconds for every step after the warm-up.
+        ``{"losses": [...], "compute_s": [...], "communicate_s": [...], "step_s": [...], "span": (start, end)}``:
+        losses for every step, seconds for every step after the warm-up, and the ``time.monotonic()`` span of
+        those timed steps (what a monitor reading must fall in to describe them).
     """
     run_strategy = STRATEGIES[check_choice("strategy", strategy, STRATEGIES)]
     clock = PhaseClock()
     losses = run_strategy(model, batches, lr, optimizer=optimizer, clock=clock)
+    end = time.monotonic()
     kept = slice(min(warmup_steps, len(batches) - 1), None)
     return {"losses": losses, "compute_s": clock.seconds("compute")[kept],
-            "communicate_s": clock.seconds("communicate")[kept], "step_s": clock.seconds()[kept]}
+            "communicate_s": clock.seconds("communicate")[kept], "step_s": clock.seconds()[kept],
+            "span": (clock.started[kept][0], end)}
 
 
 def compare_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], lr: float,
@@ -109,15 +112,15 @@ def compare_on_ranks(model: nn.Module, batches: Sequence[tuple[torch.Tensor, tor
 
     Returns:
         ``{"rank0": timed_training(...), "ranks": timed_training(...), "phases": {strategy: (start, end)},
-        "then": ...}``, ``phases`` in ``time.monotonic()`` seconds (one clock for every process on the
-        machine), so a :mod:`course.monitor.watch` timeline can be cut into the two runs (:func:`plot_monitor`).
+        "then": ...}``, ``phases`` the ``time.monotonic()`` span of each strategy's timed steps on this rank
+        (one clock for every process on the machine; the warm-up step is left out, as in the timings), so a
+        :mod:`course.monitor.watch` timeline can be cut into the two runs (:func:`plot_monitor`).
     """
     results: dict[str, Any] = {"phases": {}}
     for strategy in STRATEGIES:
         dist.barrier()
-        start = time.monotonic()
         results[strategy] = timed_training(strategy, copy.deepcopy(model), batches, lr, optimizer)
-        results["phases"][strategy] = (start, time.monotonic())
+        results["phases"][strategy] = results[strategy]["span"]
     if then is not None:
         function, args = then
         results["then"] = function(*args)
@@ -136,8 +139,8 @@ def watch_both(model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Ten
     from course.monitor import watch as monitor
     from course.runtime.launch import launch
 
-    origin = time.monotonic()
     with monitor.watch(interval_s=interval_s) as history:
+        origin = time.monotonic()  # the sampler has just started: its readings' t_s count from about here
         results = launch(compare_on_ranks, world_size, model, batches, lr, optimizer, then, timeout_s=240)
     phases = {name: (a - origin, b - origin) for name, (a, b) in results[0]["phases"].items()}
     return results, history, phases

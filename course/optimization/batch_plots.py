@@ -32,6 +32,11 @@ def _by_batch(results: Sequence[RunResult], rule: str, warmup_steps: int) -> lis
                   key=lambda r: r.global_batch_size)
 
 
+def target_text(target_accuracy: float) -> str:
+    """The target as the plot's axes and the notebook's printout both write it (``0.955`` -> ``"95.5%"``)."""
+    return f"{target_accuracy:.1%}"
+
+
 def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: float) -> Figure:
     """Steps- and epochs-to-target against global batch size, one line per rule x warmup; runs that never
     reached the target are left out. The dotted line is perfect scaling from the smallest batch.
@@ -40,8 +45,8 @@ def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: fl
         ValueError: no run reached the target (there is nothing to draw).
     """
     if not any(r.steps_to_target for r in results):
-        raise ValueError(f"none of the {len(results)} runs reached {target_accuracy:.1%} accuracy, so there are no "
-                         f"steps-to-target to plot: raise SweepConfig.max_steps or lower target_accuracy.")
+        raise ValueError(f"none of the {len(results)} runs reached {target_text(target_accuracy)} accuracy, so "
+                         f"there are no steps-to-target to plot: raise SweepConfig.max_steps or lower target_accuracy.")
     fig, (steps_ax, epochs_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for rule in dict.fromkeys(r.rule for r in results):
         for warmup in sorted({r.warmup_steps for r in results}):
@@ -55,7 +60,7 @@ def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: fl
                   label="perfect scaling")
     for ax, label in ((steps_ax, "steps"), (epochs_ax, "epochs")):
         ax.set(xscale="log", yscale="log", xlabel="global batch size",
-               ylabel=f"{label} to {target_accuracy:.0%} val. accuracy")
+               ylabel=f"{label} to {target_text(target_accuracy)} val. accuracy")
         ax.set_xticks(sizes, [str(b) for b in sizes])
     steps_ax.legend(fontsize=7)
     fig.tight_layout()

@@ -36,7 +36,7 @@ class SweepConfig:
     warmup_steps: tuple[int, ...] = (0, 10)  # each rule is run with each of these warmups
     base_lr: float = 0.01  # a rate tuned at base_batch_size
     base_batch_size: int = 8
-    optimizer: str = "sgd"  # "sgd" (with momentum) or "lars"
+    optimizer: str = "sgd"  # "sgd" (with momentum), "lars" or "adam"
     momentum: float = 0.9
     trust_coefficient: float = 0.001  # LARS only (eta; 0.001 as in You et al.)
     max_steps: int = 1000  # step budget per run (the base batch needs about 800 at the defaults)
@@ -110,7 +110,9 @@ def _optimizer(model: nn.Module, lr: float, config: SweepConfig) -> torch.optim.
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum)
     if config.optimizer == "lars":
         return LARS(model.parameters(), lr=lr, momentum=config.momentum, trust_coefficient=config.trust_coefficient)
-    raise ValueError(f"unknown optimizer {config.optimizer!r}; choose 'sgd' or 'lars'.")
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr)
+    raise ValueError(f"unknown optimizer {config.optimizer!r}; choose 'sgd', 'lars' or 'adam'.")
 
 
 def _batches(n: int, global_batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

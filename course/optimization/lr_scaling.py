@@ -2,13 +2,13 @@
 
 A k-times bigger global batch averages k times more per-sample gradients, so its gradient is less noisy and
 a bigger step is safe. The rules: keep the rate (``none``), scale it by k (``linear``, Goyal et al. 2017,
-"Accurate, Large Minibatch SGD") or by sqrt(k) (``sqrt``, the variance-preserving choice). Early in
-training a large rate diverges, so it is reached by a linear warmup. LARS (You et al. 2017, "Large Batch
-Training of Convolutional Networks", in :mod:`course.optimization.lars`) gives each layer its own rate from the ratio
-of its
-weight norm to its gradient norm. Where the rules stop working is measured by :mod:`course.optimization.batch_sweep`.
-Taught in
-``notebooks/02_large_batch.ipynb``.
+"Accurate, Large Minibatch SGD", for SGD) or by sqrt(k) (``sqrt``: for SGD the variance-preserving choice;
+for Adam the rule Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms", derive,
+measured here by :func:`adam_step_gain`). Early in training a large rate diverges, so it is reached by a
+linear warmup (the course's ramps from ``lr / warmup_steps``; Goyal et al.'s from the small-batch rate).
+LARS (You et al. 2017, "Large Batch Training of Convolutional Networks", in :mod:`course.optimization.lars`) gives each
+layer its own rate from the ratio of its weight norm to its gradient norm. Where the rules stop working is
+measured by :mod:`course.optimization.batch_sweep`. Taught in ``notebooks/02_large_batch.ipynb``.
 """
 
 from __future__ import annotations
@@ -65,6 +65,44 @@ def warmup_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> tor
     ``optimizer.step()``."""
     warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_factor(step, warmup_steps))
+
+
+def adam_step_gain(per_sample_grads: torch.Tensor, batch_size: int, global_batch_size: int) -> float:
+    """How much further one Adam step at the same rate goes with ``global_batch_size`` than with ``batch_size``.
+
+    Adam divides each coordinate's gradient by the root of its second moment, which for a batch of B samples is
+    ``E[g_i^2] = G_i^2 + var_i / B`` (G: the mean gradient, var_i: the per-sample variance). The expected
+    first-order loss decrease of one step is then ``lr * sum_i G_i^2 / sqrt(G_i^2 + var_i / B)``; SGD's,
+    ``lr * |G|^2``, does not depend on B, hence its linear rule (k small steps go k times as far as one). The gain
+    is the ratio of Adam's decrease at the two batch sizes: sqrt(k) where the noise dominates (then k / gain = sqrt(k)
+    is the rate factor that makes one big step go as far as k small ones: the square-root rule), 1 where the mean
+    gradient does. Taught in ``notebooks/02_large_batch.ipynb``.
+
+    Args:
+        per_sample_grads: ``(N, P)``, one flattened gradient per sample
+            (:func:`course.optimization.noise_scale.per_sample_gradients`).
+        batch_size, global_batch_size: the small and the big batch, in samples.
+
+    Raises:
+        ValueError: fewer than 2 samples, a batch size below 1, or a zero mean gradient (no direction to go).
+    """
+    if per_sample_grads.dim() != 2 or per_sample_grads.shape[0] < 2:
+        raise ValueError(f"per_sample_grads must be (N, P) with N >= 2, got shape {tuple(per_sample_grads.shape)}: "
+                         "pass one flattened gradient per sample, e.g. from noise_scale.per_sample_gradients.")
+    batch_size, global_batch_size = (check_count(name, b, unit="number of samples") for name, b in
+                                     (("batch_size", batch_size), ("global_batch_size", global_batch_size)))
+    grads = per_sample_grads.double()
+    mean_sq, variance = grads.mean(dim=0) ** 2, grads.var(dim=0, unbiased=False)
+
+    def decrease(b: int) -> float:
+        second_moment = mean_sq + variance / b
+        return float((mean_sq / second_moment.sqrt().clamp_min(1e-300)).sum())
+
+    small = decrease(batch_size)
+    if small == 0.0:
+        raise ValueError("the mean of per_sample_grads is zero: at an exact optimum no step makes progress, so "
+                         "there is nothing to compare; measure away from the optimum.")
+    return decrease(global_batch_size) / small
 
 
 @exercise.checker

@@ -33,12 +33,14 @@ def main() -> None:
         # TODO 5: sampler.set_epoch(epoch), so every epoch is shuffled anew.
         train_loss = train.train_epoch(model, train_loader, optimizer, device)
         _, val_accuracy = train.evaluate(model, val_loader, device)
-        # TODO 6: average train_loss and val_accuracy across ranks (dist.all_reduce), then
+        # TODO 6: make train_loss and val_accuracy global: give each rank its own shard of the validation set,
+        #         then sum (loss x samples, correct, samples) over the ranks with dist.all_reduce and divide once:
+        #         reduce sums and counts, not per-rank means (notebook 05, step 6).
         # TODO 7: report on rank 0 only.
         report(epoch, train_loss, val_accuracy)
-    # TODO 7: save the checkpoint on rank 0 only (the model's state_dict, not the DDP wrapper's).
+    # TODO 8: save the checkpoint on rank 0 only (the model's state_dict, not the DDP wrapper's).
     torch.save(model.state_dict(), CHECKPOINT)
-    # TODO 8: leave the process group cleanly (course.world.shutdown()).
+    # TODO 9: leave the process group cleanly (course.world.shutdown()).
 
 
 if __name__ == "__main__":

@@ -18,6 +18,15 @@ def test_speedup_above_the_cores_is_flagged_as_noise():
     assert "noise" not in text and text.endswith("faster than the baseline")
 
 
+def test_speedup_against_limit_gives_no_verdict_near_1x_and_flags_only_noise():
+    one, two = timing.summarize([0.030, 0.031, 0.029] * 3), timing.summarize([0.060, 0.059, 0.062] * 3)
+    text = scaling.speedup_against_limit(one, two, 2, cores=2)
+    assert text.startswith("speedup 1.0") and "of at most 2x" in text
+    assert not any(word in text for word in ("faster", "slower", "noise"))  # near 1x: no verdict that could flip
+    four = timing.summarize([0.036] * 5)
+    assert "noise" in scaling.speedup_against_limit(timing.summarize([0.030] * 5), four, 4, cores=2)
+
+
 def test_modelled_plots_draw_without_error():
     cluster = perf_model.Cluster(hardware.gpu("A100 SXM4"), hardware.link("PCIe 4.0 x16"), 8)
     curve = perf_model.scaling_curve(workloads.resnet(), 32, (1, 2, 4, 8), cluster)

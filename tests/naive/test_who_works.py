@@ -31,6 +31,9 @@ def test_both_strategies_train_like_one_process_and_the_clocks_say_who_computed(
         assert result["who"]["then"] == 5  # the rank function run after both, in the same launch
         start, end = result["who"]["phases"]["rank0"]
         assert start < end <= result["who"]["phases"]["ranks"][0]
+        for strategy in who_works.STRATEGIES:  # the phase is the timed steps' span: it holds them, warm-up excluded
+            span_start, span_end = result["who"]["phases"][strategy]
+            assert span_end - span_start >= sum(result["who"][strategy]["step_s"])
     shares = who_works.shares([r["who"]["rank0"] for r in report])
     assert shares[0].compute_fraction > 0 and all(s.compute_fraction == 0 for s in shares[1:])
 

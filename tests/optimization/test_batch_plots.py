@@ -28,6 +28,14 @@ def test_steps_and_epochs_plot_one_line_per_rule_and_warmup_plus_perfect_scaling
     plt.close(fig)
 
 
+def test_the_axes_state_the_target_the_notebook_prints():
+    results = [run(8, "linear", 0, 100), run(16, "linear", 0, 60)]
+    fig = batch_plots.steps_and_epochs_to_target(results, 0.955)
+    assert batch_plots.target_text(0.955) == "95.5%"  # not rounded to 96%
+    assert all(f"to {batch_plots.target_text(0.955)} val. accuracy" in ax.get_ylabel() for ax in fig.axes)
+    plt.close(fig)
+
+
 def test_noise_scale_plot_shows_both_estimates():
     points = [TrackPoint(s, 1.0 / s, NoiseScale(1.0, 1.0 / s), NoiseScale(1.0, 2.0 / s)) for s in (10, 20)]
     fig = batch_plots.noise_scale_during_training(points)

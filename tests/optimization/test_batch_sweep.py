@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from course import data
+from course import data, models
 from course.optimization import batch_sweep as bs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -161,3 +161,25 @@ def test_numpy_integers_are_accepted_as_batch_sizes_and_warmup():
     config = bs.SweepConfig(base_lr=0.5, base_batch_size=np.int64(16), max_steps=np.int64(3), stop_at_target=False)
     run = bs.train_run(train, val, np.int64(16), "linear", np.int64(2), config)
     assert len(run.losses) == 3 and run.global_batch_size == 16 and type(run.global_batch_size) is int
+
+
+def test_adam_is_torch_adam_at_the_scaled_rate():
+    train, val = digits_like(256), digits_like(64, seed=1)
+    config = bs.SweepConfig(optimizer="adam", base_lr=0.01, base_batch_size=32, max_steps=3, stop_at_target=False)
+    result = bs.train_run(train, val, 128, "sqrt", 0, config)
+    torch.manual_seed(config.seed)  # the same model and batches by hand, with torch.optim.Adam
+    model = models.build(config.model, (1, 8, 8))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)  # 0.01 x sqrt(128 / 32)
+    losses = []
+    for batch in bs._batches(256, 128, 3, torch.Generator().manual_seed(config.seed)):
+        loss = torch.nn.functional.cross_entropy(model(train[0][batch]), train[1][batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert result.lr == pytest.approx(0.02) and result.losses == pytest.approx(losses, rel=1e-6)
+
+
+def test_unknown_optimizer_names_the_choices():
+    with pytest.raises(ValueError, match="'sgd', 'lars' or 'adam'"):
+        bs.train_run(*[digits_like(64)] * 2, 32, "none", 0, bs.SweepConfig(optimizer="rmsprop"))

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -90,3 +90,28 @@ def test_warmup_checker_reports_the_notebook_stub_as_not_attempted(capsys):
 
     assert not ls.check_warmup_exercise(stub)
     assert capsys.readouterr().out.startswith("Not attempted yet")
+
+
+def test_adam_gain_is_sqrt_k_when_noise_dominates_and_1_without_noise():
+    generator = torch.Generator().manual_seed(0)
+    noisy = 0.01 + torch.randn(20000, 3, generator=generator, dtype=torch.float64)  # |G| << noise
+    assert ls.adam_step_gain(noisy, 4, 64) == pytest.approx(4.0, rel=0.01)  # sqrt(16)
+    no_noise = torch.tensor([[0.5, -2.0, 1.0]] * 10, dtype=torch.float64)
+    assert ls.adam_step_gain(no_noise, 4, 64) == pytest.approx(1.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(mean=st.floats(-2, 2), std=st.floats(0.01, 5), b=st.integers(1, 64), k=st.integers(1, 64))
+def test_adam_gain_matches_the_closed_form_for_one_coordinate(mean, std, b, k):
+    assume(abs(mean) > 1e-3)
+    grads = torch.tensor([[mean - std], [mean + std]], dtype=torch.float64)  # mean `mean`, variance std^2
+    closed = math.sqrt(mean ** 2 + std ** 2 / b) / math.sqrt(mean ** 2 + std ** 2 / (b * k))
+    assert ls.adam_step_gain(grads, b, b * k) == pytest.approx(closed, rel=1e-6)
+    assert 1.0 - 1e-9 <= ls.adam_step_gain(grads, b, b * k) <= math.sqrt(k) + 1e-9
+
+
+def test_adam_gain_rejects_a_single_sample_and_a_zero_mean():
+    with pytest.raises(ValueError, match="N >= 2"):
+        ls.adam_step_gain(torch.zeros(1, 3), 1, 2)
+    with pytest.raises(ValueError, match="mean of per_sample_grads is zero"):
+        ls.adam_step_gain(torch.tensor([[1.0], [-1.0]]), 1, 2)
