@@ -31,13 +31,15 @@ from course import world
 
 DEBUG_ENV = "TORCH_DISTRIBUTED_DEBUG"
 DEBUG_LEVELS = ("OFF", "INFO", "DETAIL")
+#: The rank that skips the collective in :func:`skipped_collective`.
+SKIPPING_RANK = 1
 
 
 def skipped_collective(load_s: float = 60.0) -> float:
     """Rank 1 skips the all-reduce of the loss and moves on to load its next batch (``load_s`` seconds)."""
     rank = world.current()
     loss = torch.tensor([float(rank.rank + 1)], device=rank.device)
-    if rank.rank != 1:  # the planted bug: a condition meant for logging guards a collective
+    if rank.rank != SKIPPING_RANK:  # the planted bug: a condition meant for logging guards a collective
         dist.all_reduce(loss)
     time.sleep(load_s)  # the next batch's data loading
     return loss.item()

@@ -173,6 +173,11 @@ def train_ddp(precision: str = "bf16", steps: int = 20, batch_size: int = 32, lr
     return run
 
 
+def train_each(precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"), **kwargs: int | float) -> dict[str, AmpRun]:
+    """:func:`train_ddp` once per precision on this rank, in one launch (``kwargs`` go to each run)."""
+    return {precision: train_ddp(precision, **kwargs) for precision in precisions}
+
+
 def _record(run: AmpRun, model: nn.Module, optimizer: torch.optim.Optimizer, logits: torch.Tensor,
             loss: torch.Tensor) -> None:
     first = next(iter(model.parameters()))
