@@ -33,7 +33,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course import data, world
+from course.ddp.scripts import torchrun_command, torchrun_environment
 from course.practice import checkpoint
+from course.runtime import process
 
 CRASH_RANK = 1
 #: Without it a restarted gloo job reads the dead attempt's addresses (see the module docstring).
@@ -114,9 +116,6 @@ def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int 
         ValueError: ``directory`` already holds a checkpoint (the run would resume, not start).
         RuntimeError: torchrun failed or timed out; the message shows its output.
     """
-    from course.ddp.scripts import torchrun_command, torchrun_environment
-    from course.runtime import process
-
     directory = Path(directory)
     if (directory / "checkpoint.pt").exists():
         raise ValueError(f"{directory} already holds a checkpoint; pass a new directory to start from scratch")
