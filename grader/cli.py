@@ -1,7 +1,8 @@
 """``grader``: the assignment's autograder, a thin layer over :mod:`grader.runner`, :mod:`grader.gradebook`
-and :mod:`grader.reports`.
+and :mod:`grader.render`.
 
     grader check train_4gpu.py               the student's self-check: the visible checks, with feedback
+    grader check ring ring_allreduce.py      a lab's self-check (course.labs): its visible checks, with feedback
     grader grade SUBMISSIONS_DIR -o OUT      an instructor grades a class (CSV, Gradescope JSON, feedback)
     grader report OUT [--submissions DIR]    re-render OUT's gradebook from its saved raw results
     grader gradescope                        inside Gradescope: /autograder/submission -> results.json
@@ -22,10 +23,11 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
-from grader import reports
-from grader.gradebook import GRADER_ERROR, graded_before, output_keys, report, save, scan, submissions_in
+from grader import render
+from grader.gradebook import GRADER_ERROR, graded_before, output_keys, rebuild, save, scan, submissions_in
+from grader.labs import grade_labs, only_labs
 from grader.results import Results
-from grader.runner import INTERRUPTED, GradingConfig, grade, not_run
+from grader.runner import BAD, GRADER_STOPPED, GradingConfig, grade, not_run
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -63,21 +65,39 @@ def check(path: Path, config: GradingConfig | None = None) -> Results:
     """The self-check: grade ``path`` on the visible checks and print the feedback. Usable from a notebook."""
     with stopping_on_signals(config) as config:
         results = grade(Path(path), replace(config, visible_only=True))
-    print(reports.feedback(results, visible_only=True), end="")
+    print(render.feedback(results, visible_only=True), end="")
     return results
 
 
 DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (README)
 
 
+def check_lab(lab: str, path: Path) -> bool:
+    """A lab's self-check: its visible checks on ``path``, the report printed; True if every check passed."""
+    from course import labs
+
+    return labs.check(lab, str(path)).passed
+
+
 def _grade_safely(path: Path, config: GradingConfig) -> Results | None:
-    """``grade``, turning the grader's own exceptions into a ``grader error`` result; None if stopped before."""
+    """``grade``, turning the grader's own exceptions into a ``grader error`` result; None if stopped before.
+
+    The labs found in the submission (:mod:`grader.labs`) are graded after the assignment, into ``labs``.
+    """
     if config.stop is not None and config.stop.is_set():
         return None
     try:
-        return grade(path, config)
+        if only_labs(path):  # lab files alone: no assignment script to run (not even a lab file taken for one)
+            results = not_run(path.name, BAD, "no assignment script: the submission holds only lab files", config)
+        else:
+            results = grade(path, config)
     except Exception as error:  # noqa: BLE001  (one submission must never stop the batch)
-        return not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
+        results = not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
+    try:
+        results.labs = grade_labs(path, hidden=not config.visible_only, isolation=config.isolation, stop=config.stop)
+    except Exception as error:  # noqa: BLE001  (a lab's grader failure must not lose the assignment's grade)
+        results.detail += f" (the labs could not be graded: {type(error).__name__}: {error})"
+    return results
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | None = None,
@@ -125,10 +145,10 @@ def _grade_all(folder: Path, out: Path, jobs: int, config: GradingConfig, progre
                 continue
             save(results, out, keys[results.submission])
             graded[results.submission] = results
-            reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
+            render.write_gradebook(list(graded.values()), out / "gradebook.csv")
             bar.set_postfix_str(f"{results.submission}: {results.grade_status}")
             bar.update()
-    reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
+    render.write_gradebook(list(graded.values()), out / "gradebook.csv")
     return [graded[p.name] for p in submissions if p.name in graded]
 
 
@@ -137,17 +157,22 @@ def run_autograder(submission: Path = Path("/autograder/submission"),
                    config: GradingConfig | None = None) -> Results:
     """Gradescope's entry: grade the submission folder, write ``results.json`` there; always writes it."""
     with stopping_on_signals(config) as config:
-        results = _grade_safely(Path(submission), config) or not_run(Path(submission).name, INTERRUPTED,
+        results = _grade_safely(Path(submission), config) or not_run(Path(submission).name, GRADER_STOPPED,
                                                                        "the grader was stopped before it started")
-    reports.write_gradescope(results, Path(results_path))
+    if results.labs and results.status == BAD:  # a lab submitted on its own: the assignment's checks do not apply
+        results = replace(results, checks=[], status="ok", detail=f"graded the lab(s) submitted: "
+                          f"{', '.join(results.labs)} (no assignment script: {results.detail})")
+    render.write_gradescope(results, Path(results_path))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grader", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p_check = sub.add_parser("check", help="self-check one script on the visible checks")
-    p_check.add_argument("file", type=Path)
+    p_check = sub.add_parser("check", help="self-check one script (or, given a lab's name first, a lab file) on the "
+                                           "visible checks")
+    p_check.add_argument("file", type=Path, nargs="+", metavar="[LAB] FILE",
+                         help="the assignment's script, or a lab's name (e.g. ring) and your file for it")
     p_grade = sub.add_parser("grade", help="grade a folder of submissions")
     p_grade.add_argument("submissions", type=Path)
     p_grade.add_argument("-o", "--out", type=Path, default=Path("grading_out"))
@@ -167,7 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     p_gs.add_argument("--results", type=Path, default=Path("/autograder/results/results.json"))
     args = parser.parse_args(argv)
     if args.command == "check":
-        results = check(args.file)
+        if len(args.file) == 2:
+            try:
+                return 0 if check_lab(str(args.file[0]), args.file[1]) else 1
+            except ValueError as error:  # no such lab
+                print(f"grader: {error}", file=sys.stderr)
+                return 2
+        if len(args.file) > 2:
+            parser.error("check takes FILE, or LAB FILE")
+        results = check(args.file[0])
         return 0 if all(c.passed for c in results.checks) else 1
     if args.command == "grade":
         try:
@@ -180,14 +213,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"graded {len(all_results)} submission(s): {args.out / 'gradebook.csv'}")
         if config.stop.is_set():
-            stopped = sum(r.status == INTERRUPTED for r in all_results)
+            stopped = sum(r.status == GRADER_STOPPED for r in all_results)
             print(f"grader: stopped by a signal; {stopped} run(s) were interrupted and the rest not started: "
                   f"`grader grade {args.submissions} -o {args.out} --resume` grades them", file=sys.stderr)
             return 128 + getattr(config.stop, "signum", signal.SIGTERM)
         return 0
     if args.command == "report":
         try:
-            all_results, notes = report(args.out, args.submissions)
+            all_results, notes = rebuild(args.out, args.submissions)
         except (FileNotFoundError, ValueError) as error:
             print(f"grader: {error}", file=sys.stderr)
             return 2
@@ -196,5 +229,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(all_results)} result(s) -> {args.out / 'gradebook.csv'}")
         return 0
     results = run_autograder(args.submission, args.results)
-    print(reports.feedback(results), end="")
+    print(render.feedback(results), end="")
     return 0

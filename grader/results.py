@@ -1,8 +1,7 @@
-"""The results object of one graded submission: what the runner returns, saves raw, and reports render.
+"""The results object of one graded submission: what the runner returns, saves raw, and :mod:`grader.render` renders.
 
 Plain dataclasses that round-trip through JSON (``to_dict`` / ``from_dict``), so a class's results can be
-saved as they complete and rendered later (CSV, Gradescope, feedback) without re-running anything. Used by
-the grader of notebook 06.
+saved as they complete and rendered later (CSV, Gradescope, feedback) without re-running anything.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ class Results:
         test_accuracy: the grader's own evaluation of the checkpoint, or None.
         output: the head of rank 0's output and the tail of a failing rank's errors, for the feedback.
         seed: the grader's evaluation seed (derived from the submission's content, so regrading agrees).
+        labs: the labs found in the submission, graded (:mod:`grader.labs`); not part of :attr:`score`.
     """
 
     submission: str
@@ -56,6 +56,7 @@ class Results:
     test_accuracy: float | None = None
     output: str = ""
     seed: int = 0
+    labs: dict[str, dict[str, Any]] = field(default_factory=dict)  # lab name -> its verdict (grader.labs.grade_lab)
 
     @property
     def raw_score(self) -> float:

@@ -158,7 +158,9 @@ def test_check_prints_the_feedback(capsys):
 
 
 def questions_in(cell_source: str) -> list[str]:
-    """The `reveal` names of the Questions a cell builds."""
+    """The `reveal` names of the Questions a cell builds (none in a cell magic's cell, e.g. a lab's %%writefile)."""
+    if cell_source.lstrip().startswith("%%"):
+        return []
     names = []
     for node in ast.walk(ast.parse(cell_source)):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "Question":

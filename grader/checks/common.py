@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from grader.assignment import Assignment
 from grader.evidence import Evidence, fingerprints_equal
-from grader.records import Report, Save
+from grader.inrank.records import Report, Save
 
-Outcome = tuple[bool, str]
+Finding = tuple[bool, str]  # what one check found: passed, and the message saying why
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -20,7 +20,7 @@ def took(ranks: list[int]) -> str:
     return f"{ranks_text(ranks)} took no optimizer step"
 
 
-def not_assessed(ev: Evidence, advice: str) -> Outcome:
+def not_assessed(ev: Evidence, advice: str) -> Finding:
     """A failure for lack of evidence: ``advice`` if the run finished, else "not assessed" and no advice
     (what was never seen is the crash's doing, which the run's status names)."""
     if ev.status != "ok":
@@ -43,7 +43,7 @@ def copies_of_rank0(ev: Evidence) -> list[int]:
             and all(a == b for a, b in zip(batches(r), mine, strict=False))]
 
 
-def needs_data_parallel(ev: Evidence) -> Outcome | None:
+def needs_data_parallel(ev: Evidence) -> Finding | None:
     """Why the run cannot show gradients averaged across ranks that saw different data (what the check needs,
     as a failure), or None when it can."""
     alone = [r for r in ev.ranks if not ev.inits.get(r)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grader.assignment import Assignment
 from grader.checks.common import (
-    Outcome,
+    Finding,
     diverged_at,
     idle_ranks,
     not_assessed,
@@ -15,7 +15,7 @@ from grader.checks.common import (
 from grader.evidence import Evidence
 
 
-def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
+def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Finding:
     savers = [r for r in ev.ranks if ev.saves.get(r) or ev.writes.get(r)]
     if savers and savers != [0]:
         return False, (f"{ranks_text(savers)} wrote files: save the checkpoint on rank 0 only (if rank.is_main), "
@@ -37,7 +37,7 @@ def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
     return True, "only rank 0 wrote the checkpoint and printed."
 
 
-def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
+def metrics_averaged(ev: Evidence, a: Assignment) -> Finding:
     reports = ev.reports.get(0, ())
     if not reports:
         return not_assessed(ev, "rank 0 never called report(epoch, train_loss, val_accuracy).")
@@ -69,7 +69,7 @@ def _trained_epochs(ev: Evidence) -> dict[int, int]:
     return {r: len(ev.epochs(r)) for r in ev.ranks}
 
 
-def target_accuracy(ev: Evidence, a: Assignment) -> Outcome:
+def target_accuracy(ev: Evidence, a: Assignment) -> Finding:
     over = {r: n for r, n in _trained_epochs(ev).items() if n > a.epochs}
     if over:
         return False, (f"{ranks_text(sorted(over))} trained {max(over.values())} epochs; the budget is {a.epochs}: "

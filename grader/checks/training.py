@@ -8,7 +8,7 @@ from collections.abc import Callable
 from course.optimization.lr_scaling import RULES
 from grader.assignment import Assignment
 from grader.checks.common import (
-    Outcome,
+    Finding,
     copies_of_rank0,
     idle_ranks,
     needs_data_parallel,
@@ -19,7 +19,7 @@ from grader.checks.common import (
 from grader.evidence import Evidence, fingerprints_equal
 
 
-def ran_to_the_end(ev: Evidence, a: Assignment) -> Outcome:
+def ran_to_the_end(ev: Evidence, a: Assignment) -> Finding:
     if ev.status != "ok":
         idle = idle_ranks(ev)
         lone = (f" Before that, {took(idle)}: every rank must train, not only "
@@ -66,7 +66,7 @@ def _wrong_devices(ev: Evidence) -> str | None:
             "(course.world.init_from_env() does), and move the model there before building the optimizer.")
 
 
-def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
+def disjoint_shards(ev: Evidence, a: Assignment) -> Finding:
     epochs = {r: ev.epochs(r) for r in ev.ranks}
     idle = idle_ranks(ev)
     if idle:
@@ -95,7 +95,7 @@ def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
                   f"({', '.join(str(len(first[r])) for r in ev.ranks)} samples) covering {len(union)} of {n}.")
 
 
-def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
+def reshuffled(ev: Evidence, a: Assignment) -> Finding:
     epochs = {r: ev.epochs(r) for r in ev.ranks}
     idle = idle_ranks(ev)
     if idle:
@@ -119,7 +119,7 @@ def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
     return True, "every rank drew its own samples in a new order each epoch."
 
 
-def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
+def equal_parameters(ev: Evidence, a: Assignment) -> Finding:
     initial = {r: ev.initials[r][0].fingerprint for r in ev.ranks if ev.initials.get(r)}
     if len(initial) < a.world_size:
         idle = [r for r in ev.ranks if r not in initial]
@@ -143,7 +143,7 @@ def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
                   "each rank having trained on its own batches.")
 
 
-def matches_single_process(ev: Evidence, a: Assignment) -> Outcome:
+def matches_single_process(ev: Evidence, a: Assignment) -> Finding:
     needs = needs_data_parallel(ev)
     if needs:
         return needs
@@ -174,7 +174,7 @@ def lr_rules(optimizer: str | None) -> dict[str, Callable[[float], float]]:
     return {name: RULES[name] for name in names}
 
 
-def lr_scaled(ev: Evidence, a: Assignment) -> Outcome:
+def lr_scaled(ev: Evidence, a: Assignment) -> Finding:
     alone, idle = [r for r in ev.ranks if not ev.inits.get(r)], idle_ranks(ev)
     if 0 in idle:
         return not_assessed(ev, "rank 0 took no optimizer step.")

@@ -16,6 +16,6 @@ def test_the_port_is_free_to_listen_on():
 
 
 def test_importing_it_does_not_import_torch():
-    code = "import sys, course.runtime.ports, grader.launcher; print('torch' in sys.modules)"
+    code = "import sys, course.runtime.ports, grader.inrank.launcher; print('torch' in sys.modules)"
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == "False"

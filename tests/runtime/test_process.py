@@ -81,6 +81,36 @@ def test_bad_arguments_are_refused_before_anything_starts():
         process.run([], 10)
 
 
+def test_finish_together_stops_the_stragglers_once_one_has_ended_saying_why():
+    # rank 1 fails at once; ranks 0 and 2 would sleep a minute, and each has a child that must go with it
+    sleepers = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)"
+    runs = [process.Running(python(code), new_session=False) for code in (sleepers, "import sys; sys.exit(1)",
+                                                                          sleepers)]
+    stopped = process.finish_together(runs, straggler_s=0.5)
+    assert stopped == {0: "stopped after rank 1 failed", 2: "stopped after rank 1 failed"}
+    assert [run.process.returncode for run in runs] == [-signal.SIGKILL, 1, -signal.SIGKILL]
+    assert live_children() == []
+
+
+def test_finish_together_lets_every_rank_end_by_itself_and_stops_all_at_once_on_request():
+    runs = [process.Running(python("pass"), new_session=False) for _ in range(3)]
+    assert process.finish_together(runs, straggler_s=30) == {}
+    assert [run.process.returncode for run in runs] == [0, 0, 0]
+    stop = threading.Event()
+    stop.set()
+    runs = [process.Running(python("import time; time.sleep(60)"), new_session=False) for _ in range(2)]
+    assert process.finish_together(runs, straggler_s=30, stop=stop) == {0: "interrupted", 1: "interrupted"}
+    hung = [process.Running(python(code), new_session=False) for code in ("pass", "import time; time.sleep(60)")]
+    assert process.finish_together(hung, straggler_s=0.2) == {1: "hang"}
+    assert live_children() == []
+
+
+def test_a_capture_of_head_and_tail_keeps_exactly_those():
+    run = process.Running(python("print('h' * 100 + 't' * 50, end='')"), capture=(10, 5), new_session=False)
+    process.finish_together([run], straggler_s=30)
+    assert run.stdout.text() == "h" * 10 + "\n[135 bytes of output dropped here]\n" + "t" * 5
+
+
 def test_commands_run_together_end_together_when_one_fails():
     failing = python("import sys; print('gone', file=sys.stderr); sys.exit(3)")
     waiting = python("import time; print('up', flush=True); time.sleep(120)")  # a node waiting for its dead peer

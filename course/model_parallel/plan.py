@@ -1,0 +1,94 @@
+"""Which split would a cluster pick? Every tensor x pipeline x data split of a GPT model, the fastest that fits.
+
+For every ``t x p x d = N`` (``t`` at most one node's GPUs and dividing the heads, ``p`` dividing the layers,
+``d`` dividing the global batch) :func:`splits` asks the course's performance model for one step
+(:func:`course.perf.parallel.step_time`: compute, tensor-parallel all-reduces, the pipeline bubble, the
+data-parallel all-reduce), and :func:`memory_per_gpu` adds up what one GPU of the first stage holds: model states
+of its ``1/(t·p)`` of the parameters (:mod:`course.memory.budget`: mixed-precision Adam, ZeRO-1 over the ``d``
+data-parallel ranks) and, with recomputation, every layer's 16-bit input for the ``p`` micro-batches 1F1B keeps
+in flight there, one layer's working set and the logits (the terms of :func:`course.perf.planner.memory_per_gpu`,
+which plans without pipelines; Korthikanti et al. 2022, section 4.2.3, for the ``p`` in flight). :func:`choose`
+keeps the splits that fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those
+GPUs.
+Taught in ``notebooks/08_tensor_pipeline.ipynb``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course.memory import budget
+from course.perf import parallel
+from course.perf.comm import Cluster
+
+#: GPT-3's shapes (Brown et al. 2020, Table 2.1): 1.3B, 13B and 175B parameters.
+GPT = [parallel.Transformer("GPT 1.3B", 24, 2048, 16), parallel.Transformer("GPT 13B", 40, 5120, 40),
+       parallel.Transformer("GPT 175B", 96, 12288, 96)]
+GPT_SOURCE = "https://arxiv.org/abs/2005.14165"
+
+
+@dataclass(frozen=True)
+class Split:
+    """One way to split the model: the plan, its modelled step, the bytes one GPU holds, and whether they fit."""
+
+    plan: parallel.Plan
+    step: parallel.TransformerStep
+    memory_bytes: float
+    fits: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.plan.tensor} x {self.plan.pipeline} x {self.plan.data}"
+
+
+def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> float:
+    """Bytes one GPU of the first pipeline stage holds under ``plan`` (module docstring)."""
+    setup = budget.Setup("adam", "bf16", zero_stage, plan.data)
+    states = budget.model_states(model.params / (plan.tensor * plan.pipeline), setup).model_states
+    s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
+    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
+    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+    logits = 4 * s * b * model.vocab / t
+    return states + layer_inputs + working + logits
+
+
+def evaluate(model: parallel.Transformer, tensor: int, pipeline: int, data: int, cluster: Cluster,
+             global_batch: int = 512) -> Split:
+    """The modelled step and memory of one ``tensor x pipeline x data`` split (ZeRO-1 when ``data > 1``)."""
+    plan = parallel.Plan(tensor, pipeline, data, global_batch, 1, "zero1" if data > 1 else "ddp")
+    memory = memory_per_gpu(model, plan, 1 if data > 1 else 0)
+    return Split(plan, parallel.step_time(model, plan, cluster), memory, memory <= cluster.gpu.memory_bytes)
+
+
+def splits(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512) -> list[Split]:
+    """Every split of ``gpus`` GPUs the model can run (see the module docstring)."""
+    found = []
+    for t in range(1, min(cluster.gpus_per_node, gpus) + 1):
+        if gpus % t or model.heads % t:
+            continue
+        for p in range(1, gpus // t + 1):
+            d = gpus // (t * p)
+            if (gpus // t) % p == 0 and model.layers % p == 0 and global_batch % d == 0:
+                found.append(evaluate(model, t, p, d, cluster, global_batch))
+    return found
+
+
+def choose(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512) -> Split | None:
+    """The fastest split that fits the GPU's memory, or None when none fits."""
+    fitting = [split for split in splits(model, gpus, cluster, global_batch) if split.fits]
+    return min(fitting, key=lambda split: split.step.step_s) if fitting else None
+
+
+def table(models: list[parallel.Transformer], gpus: int, cluster: Cluster, global_batch: int = 512) -> list[dict]:
+    """One row per model: its size, the bytes pure data parallelism needs per GPU, and the split it picks."""
+    rows = []
+    for model in models:
+        pure = evaluate(model, 1, 1, gpus, cluster, global_batch)
+        best = choose(model, gpus, cluster, global_batch)
+        rows.append({"model": model.name, "parameters (B)": round(model.params / 1e9, 1),
+                     "pure DP GB/GPU": round(pure.memory_bytes / 1e9, 1),
+                     "pick t x p x d": best.name if best else "none fits",
+                     "GB/GPU": round(best.memory_bytes / 1e9, 1) if best else None,
+                     "step s": round(best.step.step_s, 2) if best else None,
+                     "bubble %": round(100 * best.step.bubble_s / best.step.step_s, 1) if best else None})
+    return rows

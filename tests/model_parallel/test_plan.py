@@ -1,0 +1,45 @@
+"""course.model_parallel.plan: every split of the GPUs is tried, each priced by the performance model; the choice
+is the fastest that fits, and the memory follows the budget's closed form."""
+
+import pytest
+
+from course.memory import budget
+from course.model_parallel import plan
+from course.perf import catalog, parallel
+from course.perf.comm import Cluster
+
+pytestmark = pytest.mark.unit8  # notebook 08, though the folder is notebook 03's
+
+CLUSTER = Cluster(catalog.gpu("H100 SXM5"), catalog.link("NVSwitch (H100, NVLink 4)"), 8,
+                  catalog.link("InfiniBand NDR"), nics_per_node=8)
+SMALL, MEDIUM, LARGE = plan.GPT
+
+
+def test_every_split_uses_every_gpu_and_is_priced_by_the_performance_model():
+    found = plan.splits(MEDIUM, 64, CLUSTER)
+    names = {split.name for split in found}
+    assert {"1 x 1 x 64", "8 x 8 x 1", "2 x 4 x 8"} <= names and "3 x 1 x 21" not in names
+    for split in found:
+        assert split.plan.gpus == 64 and split.plan.tensor <= CLUSTER.gpus_per_node
+        assert split.step == parallel.step_time(MEDIUM, split.plan, CLUSTER)
+
+
+def test_model_states_are_the_budgets_for_one_gpus_share_of_the_parameters():
+    split = plan.evaluate(LARGE, 8, 8, 1, CLUSTER)
+    states = budget.model_states(LARGE.params / 64, budget.Setup("adam", "bf16")).model_states
+    assert states < split.memory_bytes < states + 20e9  # activations with recomputation: a few GB on top
+
+
+def test_splitting_the_weights_shrinks_the_memory_per_gpu():
+    memory = [plan.evaluate(LARGE, t, 8, 8 // t, CLUSTER).memory_bytes for t in (1, 2, 4, 8)]
+    assert memory == sorted(memory, reverse=True)
+
+
+def test_the_choice_is_the_fastest_split_that_fits():
+    rows = {row["model"]: row for row in plan.table(plan.GPT, 64, CLUSTER)}
+    assert rows["GPT 175B"]["pure DP GB/GPU"] > CLUSTER.gpu.memory_bytes / 1e9
+    for model in plan.GPT:
+        best = plan.choose(model, 64, CLUSTER)
+        assert best is not None and best.fits
+        assert all(best.step.step_s <= other.step.step_s for other in plan.splits(model, 64, CLUSTER) if other.fits)
+    assert plan.choose(LARGE, 8, CLUSTER) is None  # 175B parameters do not fit in one node
