@@ -1,0 +1,33 @@
+"""course.practice.drills: each planted bug, run on 2 ranks, is named by the tool the drill teaches."""
+
+import pytest
+
+from course.practice import drills
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(300)
+def test_hang_report_names_the_rank_that_skipped_the_collective():
+    report = drills.run_drill("skip", timeout_s=60)
+    assert report.startswith("RankTimeout: rank(s) 1 did not finish")
+    assert "rank 0 was waiting for it in all_reduce" in report
+
+
+@pytest.mark.timeout(300)
+def test_detail_debug_names_both_shapes():
+    report = drills.run_drill("shapes", debug="DETAIL", timeout_s=120)
+    assert "Detected mismatch between collectives" in report
+    assert "TensorShape=[4]" in report and "TensorShape=[5]" in report
+
+
+@pytest.mark.timeout(300)
+def test_mismatched_shapes_fail_without_debug_too():
+    assert drills.run_drill("shapes", timeout_s=120).startswith("RankFailed")
+
+
+def test_bad_names_are_refused():
+    with pytest.raises(ValueError, match="drill"):
+        drills.run_drill("nope")
+    with pytest.raises(ValueError, match="DEBUG"):
+        drills.run_drill("skip", debug="LOUD")
