@@ -6,7 +6,13 @@ from grader.assignment import Assignment
 from grader.evidence import Evidence, fingerprints_equal
 from grader.records import Report, Save
 
-Outcome = tuple[bool, str]
+Outcome = tuple[bool | None, str]  # passed (None: cannot be assessed on this finished run), what to tell the student
+
+
+def cannot_assess(why: str) -> Outcome:
+    """The run finished but cannot show this check's evidence: neither points nor a penalty (the check's points
+    are left out of the total), and ``why`` said."""
+    return None, f"cannot be assessed: {why}"
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -62,9 +68,9 @@ def needs_data_parallel(ev: Evidence) -> Outcome | None:
                        "data.load().train itself (see disjoint shards).")
     same = copies_of_rank0(ev)
     if same:
-        return False, (f"needs each rank to see its own shard: {ranks_text(same)} trained on rank 0's batches "
-                       "at every step, so they stay equal to rank 0 whether or not gradients are averaged "
-                       "(see disjoint shards).")
+        return cannot_assess(f"needs each rank to see its own shard: {ranks_text(same)} trained on rank 0's "
+                             "batches at every step, so they stay equal to rank 0 whether or not gradients are "
+                             "averaged (see disjoint shards).")
     return None
 
 
