@@ -81,6 +81,7 @@ class TrainedBatches:
         self._batches: list[tuple[list[int], torch.Tensor | None]] = []  # (indices, per-sample sums)
         self._sizes: list[int] = []  # elements per sample of each batch's first tensor
         self._used: set[int] = set()
+        self._seen: set[int] = set()  # ids of the tensors already matched to a batch since the last step
         self.precision: str | None = None
 
     def fetched(self, indices: list[int], item: Any) -> None:
@@ -89,18 +90,23 @@ class TrainedBatches:
         self._sizes.append(first[0].numel() if first is not None else 0)
 
     def forward(self, module: torch.nn.Module, args: tuple) -> None:
-        """A module's forward is about to run on ``args``: mark the fetched batches among them as trained."""
+        """A module's forward is about to run on ``args``: mark the fetched batch among them as trained (the
+        latest fetched that matches: a peeked batch can hold the same samples as the one trained on)."""
         if not self._batches or not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return
         for arg in _tensors(args):
+            if id(arg) in self._seen:  # a submodule's forward on the same tensor: one batch per tensor
+                continue
             sums = None
-            for i, (indices, signature) in enumerate(self._batches):
+            for i in reversed(range(len(self._batches))):
+                indices, signature = self._batches[i]
                 if i in self._used or signature is None or arg.shape[0] != len(indices) \
                         or arg.numel() != len(indices) * self._sizes[i]:
                     continue
                 sums = _signature(arg) if sums is None else sums
                 if sums is not None and torch.allclose(sums, signature, rtol=1e-2, atol=1e-2):
                     self._used.add(i)
+                    self._seen.add(id(arg))
                     self.precision = self.precision or _precision(module, arg)
                     break
 
@@ -108,7 +114,7 @@ class TrainedBatches:
         """The trained batches' indices (else every fetched batch's) and their precision; starts afresh."""
         kept = [b for i, b in enumerate(self._batches) if i in self._used] or self._batches
         indices, precision = [i for batch, _ in kept for i in batch], self.precision
-        self._batches, self._sizes, self._used, self.precision = [], [], set(), None
+        self._batches, self._sizes, self._used, self._seen, self.precision = [], [], set(), set(), None
         return indices, precision
 
 

@@ -57,6 +57,7 @@ class Probes:
         self.steps = 0
         self._pending_grads: list[torch.Tensor] | None = None
         self._pending_full: dict[str, Any] = {}  # rank 0's full parameters before one of the first steps
+        self._algorithm = ""  # class of the innermost optimizer stepped in the current step
         self._depth = 0  # optimizer steps under way: a wrapping optimizer's (ZeRO's) step runs its inner one's
         self._last: list[torch.Tensor] = []  # rank 0: the whole parameters after the last step
         self._broken: set[str] = set()  # probes that failed (the grader's error): they record no more
@@ -213,6 +214,7 @@ class Probes:
         steps an inner one on its shard: the step is the outer one's, on every parameter). Sharded parameters
         and gradients (DTensors) are gathered whole on every rank."""
         self._depth += 1
+        self._algorithm = type(optimizer).__name__  # the innermost optimizer's: the update rule (Adam, ...)
         if self._depth > 1:
             return
         local = self._parameters(optimizer)
@@ -241,7 +243,7 @@ class Probes:
         fields: dict[str, Any] = {
             "step": self.steps, "epoch": self.epoch, "indices": indices, "precision": precision,
             "lr": [float(g.get("lr", float("nan"))) for g in optimizer.param_groups],
-            "optimizer": type(optimizer).__name__, "fingerprint": self._fingerprint(params),
+            "optimizer": self._algorithm, "fingerprint": self._fingerprint(params),
             "world_size": dist.get_world_size() if dist.is_initialized() else None,
             "backend": str(dist.get_backend()) if dist.is_initialized() else None,
         }

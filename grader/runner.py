@@ -47,6 +47,7 @@ from grader.submission import BadSubmission, find_script
 BAD = "bad submission"
 INTERRUPTED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 GRADER_ERROR = "grader error"  # the grader's own code failed (grader.gradebook retries these)
+MISSING_LIBRARY = "missing library"  # the script imports what the grading environment does not have
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
             shutil.copyfile(script, run_dir / config.assignment.script_name)
             records, result, extra = _run(run_dir, seed, config)
             status, detail = _status(records, result, config)
-            if status in (INTERRUPTED, GRADER_ERROR):  # nothing to conclude about the submission: no check is run
+            if status in (INTERRUPTED, GRADER_ERROR, MISSING_LIBRARY):  # nothing ran to check: no check is run
                 return not_run(name, status, detail, config, start, output=extra)
             replay = helper.submit(replay_first_steps, records)
             checkpoint = _checkpoint(run_dir, evaluation, records, config)
@@ -154,7 +155,9 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
     if failure:
         return failure
     status, detail = _ended(ev, result, config)
-    return status, (_spawned(ev) + detail if status != INTERRUPTED else detail)
+    if status in ("ok", INTERRUPTED):
+        return status, detail
+    return status, _spawned(ev) + _compiled(ev, status) + detail
 
 
 def _ended(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -> tuple[str, str]:
@@ -201,7 +204,7 @@ def _limit_or_library(ev: Evidence, failed: list[int], config: GradingConfig) ->
     for rank in failed:
         library = crashes.missing_library(crashes.error_text(ev, rank) + ev.exits[rank].stderr)
         if library:
-            return "missing library", (f"this library is not available in the grading environment: {library} "
+            return MISSING_LIBRARY, (f"this library is not available in the grading environment: {library} "
                                        f"(rank {rank}: No module named '{library}'); the assignment needs only "
                                        "torch and the course.")
     for rank in failed:
@@ -226,6 +229,15 @@ def _spawned(ev: Evidence) -> str:
     return (f"Under torchrun every rank is already one training process, and the ranks started more with "
             f"torch.multiprocessing.spawn ({counts}): {total} processes in all, the spawned ones claiming ranks "
             "torchrun already gave. Call the training function directly; torchrun does the spawning. ")
+
+
+def _compiled(ev: Evidence, status: str) -> str:
+    """That the run used torch.compile, which the assignment leaves out of scope (one sentence), or ''."""
+    if status == "file too large" or not any(c.function == "torch.compile" for r in ev.ranks
+                                             for c in ev.calls.get(r, ())):
+        return ""
+    return ("This run used torch.compile, which the assignment leaves out of scope: compiling takes minutes per "
+            "rank on the grader's CPUs and the model is too small to gain from it; train without it. ")
 
 
 def _probe_failure(ev: Evidence) -> tuple[str, str] | None:
