@@ -53,7 +53,8 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
         if not reports:
             return cannot_assess("the ranks held different parameters by the time rank 0 reported, so the "
                                  "averaged accuracy cannot be compared with one model's (see equal parameters).")
-    unreduced = next((r for r in reports if not _reduced_before(ev, r)), None)
+    training = [r for r in ev.ranks if ev.inits.get(r) and ev.steps.get(r)]  # one rank alone has nothing to reduce
+    unreduced = next((r for r in reports if not _reduced_before(ev, r)), None) if len(training) > 1 else None
     if unreduced is not None:
         return False, (f"at epoch {unreduced.epoch:g} rank 0 reported without combining anything across ranks "
                        "since its last optimizer step (no all_reduce, reduce or all_gather): each rank evaluates its "
