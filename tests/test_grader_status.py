@@ -15,8 +15,8 @@ LOST = "RuntimeError: [/gloo/transport/tcp/pair.cc:534] Connection closed by pee
 
 
 def exits(codes: dict[int, tuple[int, str]]) -> list[dict]:
-    return [{"kind": "rank_exit", "rank": r, "returncode": code, "stderr": err, "exit_s": float(r), "signer": "launcher"}
-            for r, (code, err) in codes.items()]
+    return [{"kind": "rank_exit", "rank": r, "returncode": code, "stderr": err, "exit_s": float(r),
+             "signer": "launcher"} for r, (code, err) in codes.items()]
 
 
 def status(raw: list[dict], result: str = "error") -> tuple[str, str]:

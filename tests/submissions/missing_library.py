@@ -1,6 +1,7 @@
 """Wrong: imports a library the grading environment does not have (the assignment needs only torch and the
 course). The status names the library."""
 
+import accelerate  # noqa: F401,E402  (not part of the grading environment)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -9,8 +10,6 @@ from torch.utils.data.distributed import DistributedSampler
 
 from course import data, models, train, world
 from course.report import report
-
-import accelerate  # noqa: F401,E402  (not part of the grading environment)
 
 EPOCHS = 6              # the epoch budget, unchanged
 BATCH_SIZE = 32         # samples per step on each rank: the global batch is BATCH_SIZE * world_size
