@@ -133,14 +133,28 @@ def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
         differ = [r for r in ev.ranks if not fingerprints_equal(ev.steps[r][i].fingerprint,
                                                                  ev.steps[0][i].fingerprint)]
         if differ:
-            return False, (f"after step {i + 1} the parameters of {ranks_text(differ)} differ from rank 0's: every "
-                           "rank must apply the same averaged gradient (DDP, or all_reduce the gradients) and "
-                           "change its parameters in no other way (no per-rank random noise or re-initialisation).")
+            return False, (f"after step {i + 1} the parameters of {ranks_text(differ)} differ from rank 0's"
+                           + _short_batch(ev, i) + ": every rank must apply the same averaged gradient (DDP, or "
+                           "all_reduce the gradients) and change its parameters in no other way (no per-rank random "
+                           "noise or re-initialisation).")
     needs = needs_data_parallel(ev)
     if needs:
         return needs
     return True, (f"all ranks held identical parameters at the start and after each of {steps} steps, "
                   "each rank having trained on its own batches.")
+
+
+def _short_batch(ev: Evidence, i: int) -> str:
+    """`` (the short last batch of epoch 0: ...)`` when rank 0's step ``i`` (from 0) trained on fewer samples than
+    its full steps and ended an epoch, and the steps before it kept the ranks equal, else ''."""
+    steps = ev.steps[0]
+    full = max(len(s.indices) for s in steps)
+    last_of_epoch = i + 1 == len(steps) or steps[i + 1].epoch != steps[i].epoch
+    if not 0 < len(steps[i].indices) < full or not last_of_epoch or i == 0:
+        return ""
+    return (f" (step {i + 1} was the short last batch of an epoch: {len(steps[i].indices)} samples "
+            f"on rank 0 instead of {full}, and the steps before it kept the ranks equal: that batch's gradients "
+            "were not averaged; average every batch, the short last one included)")
 
 
 def matches_single_process(ev: Evidence, a: Assignment) -> Outcome:
