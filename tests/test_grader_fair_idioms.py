@@ -2,7 +2,7 @@
 marks, and the failure classes next to them get feedback that names what happened.
 
 Each submission in tests/submissions/ listed here is graded for real (4 ranks in the sandbox), two at a time, once
-per test session. Expensive: 8 four-rank runs, about 8 minutes on a loaded 2-core machine. torch.compile is not
+per test session. Expensive: 9 four-rank runs, about 9 minutes on a loaded 2-core machine. torch.compile is not
 among them: compiling one DigitsCNN takes about two minutes on one core here (measured once: 128 s), so four ranks
 do not fit the run's wall clock on this machine; the assignment leaves it out of scope and the grader says so
 (tests/test_grader_status.py proves the message).
@@ -27,7 +27,8 @@ CONFIGS = {
     "writes_huge_file": replace(BASE, limits=Limits(wall_s=90.0, file_size_bytes=8 * 2**20)),
 }
 CORRECT = ("tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast")
-WRONG = ("unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "writes_huge_file")
+WRONG = ("unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "writes_huge_file",
+         "short_last_batch_unaveraged")
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +96,12 @@ def test_the_graders_file_limit_is_named_as_the_graders(graded):
     assert results.detail.startswith("the grader's limit stopped rank 1: a process wrote a file larger than the "
                                      "grader allows (8 MiB per file)."), results.detail
     assert {c.name for c in results.checks if not c.passed} == SCORED
+
+
+def test_the_short_last_batch_left_unaveraged_is_named(graded):
+    results = graded["short_last_batch_unaveraged"]
+    failed = {c.name for c in results.checks if not c.passed and c.assessed} - {"target_accuracy"}  # near target
+    assert (results.status, failed) == ("ok", {"equal_parameters"})
+    assert "step 10 was the short last batch of an epoch: 12 samples on rank 0 instead of 32" in \
+        messages(results)["equal_parameters"]
+    assert {c.name for c in results.checks if not c.assessed} == {"metrics_averaged"}  # different models by then
