@@ -289,6 +289,8 @@ class Probes:
         at ``nprocs_at``), for the feedback to name."""
         def make(original):
             def noted(*args, **kwargs):
+                if sys._getframe(1).f_code.co_filename.startswith(TORCH):  # torch's own use, not the script's
+                    return original(*args, **kwargs)
                 nprocs = None
                 if nprocs_at is not None:
                     nprocs = kwargs.get("nprocs", args[nprocs_at] if len(args) > nprocs_at else 1)
