@@ -1,4 +1,4 @@
-"""Speed target for course.allreduce: the ring keeps up with gloo's own allreduce at 16 MB and above.
+"""Speed target for course.collectives.allreduce: the ring keeps up with gloo's own allreduce at 16 MB and above.
 
 Times naive, ring and tree against ``torch.distributed.all_reduce`` on 4 ranks (gloo on emulated GPUs) at
 1, 16 and 64 MB, side by side in one run, and prints algbw, busbw (nccl-tests definitions) and each one's
@@ -25,8 +25,10 @@ from functools import partial
 import numpy as np
 import torch.distributed as dist
 
-from course import allreduce_timing, cost_model, timing
-from course.allreduce import naive_allreduce, ring_allreduce, tree_allreduce
+from course import timing
+from course.collectives import cost_model
+from course.collectives import timing_ranks as allreduce_timing
+from course.collectives.allreduce import naive_allreduce, ring_allreduce, tree_allreduce
 from course.runtime.launch import launch
 
 MB = 1 << 20

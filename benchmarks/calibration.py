@@ -4,7 +4,7 @@ configurations (4 ranks at batch sizes it saw, every rank count at one it never 
     .venv/bin/python benchmarks/calibration.py [--runs 3] [--rounds 20]
 
 Each run launches 4 ranks once and times DDP steps of DigitsCNN at per-rank batches 16, 32 and 64 on 1, 2 and 4
-ranks, and gloo's allreduce on 2 and 4 ranks, in turns (``course.calibration.measure``); it fits the model on
+ranks, and gloo's allreduce on 2 and 4 ranks, in turns (``course.ddp.calibration.measure``); it fits the model on
 the 1- and 2-rank steps at batches 16 and 64 and the allreduces (the 4-rank one timed alone: the α-β ring fitted
 on 2 ranks does not extrapolate to 4 processes on 2 cores, printed as a component check), then prints every
 held-out step prediction beside the measured median and its 95% interval, and the largest error. Runs are
@@ -23,7 +23,8 @@ import sys
 
 import numpy as np
 
-from course import calibration, timing
+from course import timing
+from course.ddp import calibration
 from course.runtime.launch import launch
 
 TARGET = 0.20

@@ -1,4 +1,5 @@
-"""Speed target for course.shm_allreduce: at least 3x gloo's all_reduce at 16 MB on 4 ranks, in the same run.
+"""Speed target for course.collectives.shm_allreduce: at least 3x gloo's all_reduce at 16 MB on 4 ranks, in the same
+run.
 
 Times ``shm_allreduce`` (checked, and ``check=False``) against ``torch.distributed.all_reduce`` (gloo, through
 loopback sockets) on 4 ranks of float32 tensors, side by side in one launch: the algorithms take turns within
@@ -7,7 +8,7 @@ comparison: load that drifts between rounds cancels out), with a 95% bootstrap i
 Each timing is a few calls back to back (``--calls``): wall seconds per call of the slowest rank, and CPU
 seconds per call of all ranks together (what the work costs, whoever else shares the cores).
 
-In the same run, every rank copies a tensor at the same time (``course.shm_allreduce.copy_bandwidth``): this
+In the same run, every rank copies a tensor at the same time (``course.collectives.shm_allreduce.copy_bandwidth``): this
 machine's memory copy bandwidth per rank, the physical limit of an allreduce through memory. The shared-memory
 allreduce's bus bandwidth (nccl-tests' busbw) is printed as a fraction of it: a measurement, not a target
 (each call copies 7/4 tensors per rank and adds 4 chunks, while busbw counts 3/2 tensors).
@@ -30,9 +31,11 @@ import numpy as np
 import torch.distributed as dist
 from shm_allreduce_ranks import PHASES, time_phases, time_rounds
 
-from course import allreduce_timing, cost_model, timing
+from course import timing
+from course.collectives import cost_model
+from course.collectives import timing_ranks as allreduce_timing
+from course.collectives.shm_allreduce import copy_bandwidth, shm_allreduce
 from course.runtime.launch import launch
-from course.shm_allreduce import copy_bandwidth, shm_allreduce
 
 MB = 1 << 20
 TARGET = 3.0

@@ -2,7 +2,7 @@
 
 :func:`time_rounds` times each algorithm in turn within a round (the order rotating from round to round), wall
 seconds of the slowest rank and CPU seconds summed over ranks; :func:`time_phases` times the five steps of
-``course.shm_allreduce.shm_allreduce`` one by one on every rank, from the module's own step functions.
+``course.collectives.shm_allreduce.shm_allreduce`` one by one on every rank, from the module's own step functions.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-import course.shm_allreduce as shm
-from course import shm_group, world
+import course.collectives.shm_allreduce as shm
+from course import world
+from course.collectives import shm_group
 
 PHASES = ("copy in", "barrier 1", "reduce", "barrier 2", "copy out")
 

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from course import world
-from course.validation import check_count
+from course.arguments import check_count
 
 DATASETS = ("digits", "fashion-mnist", "cifar10")
 

@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch import nn
 
 from course import train
+from course.arguments import LossFn, check_count
 from course.timing import PhaseClock
-from course.validation import LossFn, check_count
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor | None, world_size: int, *, equal: bool = False
@@ -34,7 +34,7 @@ def split_batch(inputs: torch.Tensor, targets: torch.Tensor | None, world_size: 
     """Split a global batch into ``world_size`` contiguous shards, one per rank (or replica), in rank order.
 
     The one split of the course: notebook 02's ranks, this module's replicas, the parameter server's workers, the
-    pipeline's micro-batches and ``torch.nn.DataParallel``'s scatter (:mod:`course.naive_data_parallel`) all cut
+    pipeline's micro-batches and ``torch.nn.DataParallel``'s scatter (:mod:`course.naive.naive_data_parallel`) all cut
     their batch here.
 
     Args:
@@ -83,7 +83,7 @@ def replicate(model: nn.Module, devices: Sequence[torch.device | str], *, differ
             parameters and buffers are made from ``model``'s inside autograd (``to`` onto another device,
             ``clone`` onto the same one), so a backward through a copy sums its gradient into ``model``'s own
             parameters, as ``torch.nn.DataParallel``'s ``Broadcast`` does every forward
-            (:mod:`course.naive_data_parallel`). Such copies are for one forward: replicate again after a step.
+            (:mod:`course.naive.naive_data_parallel`). Such copies are for one forward: replicate again after a step.
 
     Raises:
         ValueError: no devices.
@@ -162,7 +162,7 @@ class StepStats:
 def forward_backward(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                      loss_fn: LossFn = nn.functional.cross_entropy) -> torch.Tensor:
     """Zero ``model``'s gradients, then its loss on a batch (moved to the model's device) and its backward: what
-    every worker computes, here, on a parameter server's worker (:mod:`course.parameter_server`) or in DDP.
+    every worker computes, here, on a parameter server's worker (:mod:`course.naive.parameter_server`) or in DDP.
 
     Returns:
         The loss, detached.
@@ -212,7 +212,7 @@ def allreduce_gradients(model: nn.Module, group: dist.ProcessGroup | None = None
     """On ranks: average every gradient over the process group with **one** ``dist.all_reduce``.
 
     The gradients (and ``loss``, if given) are copied into one flat buffer, reduced in one call and copied
-    back: one message per step, as :func:`course.who_works.train_on_rank0` broadcasts one (every collective makes
+    back: one message per step, as :func:`course.naive.who_works.train_on_rank0` broadcasts one (every collective makes
     all ranks wait for the slowest, which on shared cores costs more than the bytes). Each rank must have called
     ``backward`` on an equal-sized shard. Notebook 04b cuts the buffer into buckets so that communication can
     start during backward.

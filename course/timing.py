@@ -11,7 +11,7 @@ would move on another execution. Every timing a notebook shows goes through here
 
 The interval is a percentile bootstrap (resample the repeats with replacement, take the median each time,
 keep the middle 95% of those medians), with a fixed seed, so the same repeats always give the same interval.
-Used by notebooks 01-04b.
+Notebooks 01-04b time with it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from course.validation import check_count
+from course.arguments import check_count
 
 #: Bootstrap resamples per interval: enough for a stable 95% interval, cheap (a few ms).
 RESAMPLES = 2000

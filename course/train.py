@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from course.validation import check_choice
+from course.arguments import check_choice
 
 #: The optimizers the course builds by name: plain SGD, SGD with momentum 0.9, Adam.
 OPTIMIZERS = {"sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),

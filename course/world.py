@@ -19,13 +19,14 @@ import gc
 import importlib.metadata
 import os
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from course.validation import check_count
+from course.arguments import check_count
 
 #: Each emulated GPU is a whole process; past this many, a 2-core laptop only thrashes.
 MAX_EMULATED_WORLD_SIZE = 64
@@ -223,13 +224,29 @@ def forget_on_shutdown(forget: Callable[[], None]) -> None:
     _FORGETTERS.append(forget)
 
 
+#: How long :func:`settle` leaves the GIL to gloo's worker threads.
+SETTLE_S = 0.05
+
+
+def settle(seconds: float = SETTLE_S) -> None:
+    """Let gloo's worker threads finish freeing completed collectives before a model or group is torn down.
+
+    A collective started during ``backward()`` (every DDP bucket's allreduce) holds a Python object that its
+    worker thread needs the GIL to free. Destroying the process group joins those threads while holding the GIL,
+    so a worker still freeing one then waits for ever (see :mod:`course.ddp.hooks`). Sleeping releases the GIL:
+    a worker that finished a collective gets it and lets go. Call it after the last collective and before
+    ``destroy_process_group`` or dropping a DDP model (:func:`shutdown` does).
+    """
+    time.sleep(seconds)
+
+
 def shutdown(barrier: bool = True) -> None:
     """Leave the process group cleanly (a no-op if none was joined).
 
     Every process group must be freed here, while Python still runs: a group that outlives this call (held by
     a module's cache) keeps gloo's worker threads alive until the interpreter exits, and one of them can then
     free the last reference to a tensor Python owns, find the interpreter gone and abort the rank ("terminate
-    called without an active exception", about 1 run in 10 of ``course.nodes``'s demo). So the caches
+    called without an active exception", about 1 run in 10 of ``course.multinode.nodes``'s demo). So the caches
     registered with :func:`forget_on_shutdown` are cleared and the groups collected, which joins their threads.
 
     Args:
@@ -239,6 +256,7 @@ def shutdown(barrier: bool = True) -> None:
     if dist.is_initialized():
         if barrier:
             dist.barrier()
+        settle()
         dist.destroy_process_group()
     for forget in _FORGETTERS:
         forget()

@@ -1,7 +1,6 @@
 """The assignment's fixed facts: what the starter script does and what the grader expects of the 4-GPU one.
 
-``notebooks/assignment/train_1gpu.py`` defines the same values (a test keeps them equal). Used by the
-grader of notebook 06.
+``notebooks/assignment/train_1gpu.py`` defines the same values (a test keeps them equal).
 """
 
 from __future__ import annotations

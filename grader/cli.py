@@ -1,5 +1,5 @@
 """``grader``: the assignment's autograder, a thin layer over :mod:`grader.runner`, :mod:`grader.gradebook`
-and :mod:`grader.reports`.
+and :mod:`grader.render`.
 
     grader check train_4gpu.py               the student's self-check: the visible checks, with feedback
     grader grade SUBMISSIONS_DIR -o OUT      an instructor grades a class (CSV, Gradescope JSON, feedback)
@@ -22,10 +22,10 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
-from grader import reports
-from grader.gradebook import GRADER_ERROR, graded_before, output_keys, report, save, scan, submissions_in
+from grader import render
+from grader.gradebook import GRADER_ERROR, graded_before, output_keys, rebuild, save, scan, submissions_in
 from grader.results import Results
-from grader.runner import INTERRUPTED, GradingConfig, grade, not_run
+from grader.runner import GRADER_STOPPED, GradingConfig, grade, not_run
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -63,7 +63,7 @@ def check(path: Path, config: GradingConfig | None = None) -> Results:
     """The self-check: grade ``path`` on the visible checks and print the feedback. Usable from a notebook."""
     with stopping_on_signals(config) as config:
         results = grade(Path(path), replace(config, visible_only=True))
-    print(reports.feedback(results, visible_only=True), end="")
+    print(render.feedback(results, visible_only=True), end="")
     return results
 
 
@@ -125,10 +125,10 @@ def _grade_all(folder: Path, out: Path, jobs: int, config: GradingConfig, progre
                 continue
             save(results, out, keys[results.submission])
             graded[results.submission] = results
-            reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
+            render.write_gradebook(list(graded.values()), out / "gradebook.csv")
             bar.set_postfix_str(f"{results.submission}: {results.grade_status}")
             bar.update()
-    reports.write_gradebook(list(graded.values()), out / "gradebook.csv")
+    render.write_gradebook(list(graded.values()), out / "gradebook.csv")
     return [graded[p.name] for p in submissions if p.name in graded]
 
 
@@ -137,9 +137,9 @@ def run_autograder(submission: Path = Path("/autograder/submission"),
                    config: GradingConfig | None = None) -> Results:
     """Gradescope's entry: grade the submission folder, write ``results.json`` there; always writes it."""
     with stopping_on_signals(config) as config:
-        results = _grade_safely(Path(submission), config) or not_run(Path(submission).name, INTERRUPTED,
+        results = _grade_safely(Path(submission), config) or not_run(Path(submission).name, GRADER_STOPPED,
                                                                        "the grader was stopped before it started")
-    reports.write_gradescope(results, Path(results_path))
+    render.write_gradescope(results, Path(results_path))
     return results
 
 
@@ -180,14 +180,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"graded {len(all_results)} submission(s): {args.out / 'gradebook.csv'}")
         if config.stop.is_set():
-            stopped = sum(r.status == INTERRUPTED for r in all_results)
+            stopped = sum(r.status == GRADER_STOPPED for r in all_results)
             print(f"grader: stopped by a signal; {stopped} run(s) were interrupted and the rest not started: "
                   f"`grader grade {args.submissions} -o {args.out} --resume` grades them", file=sys.stderr)
             return 128 + getattr(config.stop, "signum", signal.SIGTERM)
         return 0
     if args.command == "report":
         try:
-            all_results, notes = report(args.out, args.submissions)
+            all_results, notes = rebuild(args.out, args.submissions)
         except (FileNotFoundError, ValueError) as error:
             print(f"grader: {error}", file=sys.stderr)
             return 2
@@ -196,5 +196,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(all_results)} result(s) -> {args.out / 'gradebook.csv'}")
         return 0
     results = run_autograder(args.submission, args.results)
-    print(reports.feedback(results), end="")
+    print(render.feedback(results), end="")
     return 0

@@ -5,8 +5,7 @@ the lost connection (gloo: "Connection reset by peer", "Connection closed by pee
 exited"). The student must see the first rank's own traceback, not its peers' echoes of it, so the first
 failure is the earliest to exit (by the launcher's exit times) among the ranks whose error is their own.
 When every failure is secondary, the ranks that left early with exit code 0 are the cause ("only rank 0
-trains": ranks 1-3 skip the loop and exit, rank 0 loses them in its first collective). Used by
-:mod:`grader.runner` (notebook 06).
+trains": ranks 1-3 skip the loop and exit, rank 0 loses them in its first collective).
 """
 
 from __future__ import annotations
@@ -16,12 +15,11 @@ import signal
 import textwrap
 from dataclasses import dataclass
 
-from course.root_cause import PEER_LOST, TRACEBACK, trim  # PEER_LOST: how a rank that only lost a peer ends
+from course.runtime.root_cause import PEER_LOST, TRACEBACK, trim  # PEER_LOST: how a rank that only lost a peer ends
 from grader.evidence import RunRecords
 
 # frames of the grader's own code between the student's script and the interpreter: not the student's concern
-_HIDDEN_FRAMES = ("grader/harness.py", "grader/launcher.py", "grader/probes.py", "grader/probed_data.py",
-                  "grader/fingerprints.py", "grader/records.py", "<frozen runpy>")
+_HIDDEN_FRAMES = ("grader/inrank/", "<frozen runpy>")  # inrank: everything the grader runs in a rank
 MAX_TRACEBACK_LINES, MAX_TRACEBACK_CHARS = 30, 2500
 
 

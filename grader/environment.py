@@ -1,6 +1,6 @@
 """The environment a graded process starts in: which interpreter, which variables; nothing else leaks in.
 
-Used by :mod:`grader.runner` for the run and the checkpoint's evaluation (notebook 06).
+The same for the run and for the checkpoint's evaluation.
 """
 
 from __future__ import annotations

@@ -10,13 +10,13 @@ by a small random affine jitter (rotation, scale, sub-pixel shift) and given pix
 grader's seed. The harness hides the test split from the student's script, but the digits are public
 (scikit-learn ships them); the jitter and noise make the exact samples the grader scores unknowable without
 the seed, which depends on the submission and on the instructor's secret (:mod:`grader.secret`), and never
-enters the student's processes (see :mod:`grader.runner`, :func:`grader.harness.probe_seed`). They do not
+enters the student's processes (see :mod:`grader.runner`, :func:`grader.inrank.harness.probe_seed`). They do not
 stop a model trained on the clean public test digits from scoring well (measured once: 0.99-1.00 against
 the reference's 0.95-0.98): what stops that is that the grader evaluates only parameters rank 0's optimizer
 produced under the probes (``digests``, :func:`grader.evidence.bind_checkpoint`).
 ``val_accuracy`` (whole validation split, no noise), ``fingerprint`` (as the probes compute it) and
-``digests`` (:func:`grader.fingerprints.digests`) let the grader check the student's records against the model
-actually submitted. Used by the grader of notebook 06.
+``digests`` (:func:`grader.inrank.fingerprints.digests`) let the grader check the student's records against the model
+actually submitted.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from course import data, models
-from grader.fingerprints import digests, fingerprint
-from grader.harness import probe_seed
+from grader.inrank.fingerprints import digests, fingerprint
+from grader.inrank.harness import probe_seed
 
 NOISE_STD = 0.06  # of the pixel noise on the held-out images (pixels in [0, 1])
 # the affine jitter of each held-out image, uniform in +-: degrees of rotation, relative scale, pixels of shift.
@@ -145,7 +145,7 @@ def evaluate(path: Path, seed: int, test_data: Path | None = None) -> dict[str, 
     Returns:
         ``accuracy`` on the perturbed test split; ``val_accuracy`` on the validation split (None if
         ``test_data`` holds none); ``fingerprint`` of the parameters with the probes' seed; ``digests`` of
-        the parameters (:func:`grader.fingerprints.digests`), in the model's order.
+        the parameters (:func:`grader.inrank.fingerprints.digests`), in the model's order.
 
     Raises:
         CheckpointError: see :func:`load_state_dict` and :func:`build_model`.

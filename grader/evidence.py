@@ -8,9 +8,8 @@ Built in two frozen stages, nothing changed afterwards:
                            checkpoint=judge_checkpoint(records, verdict, "checkpoint.pt"),
                            replay=replay_first_steps(records))
 
-The records are typed (:mod:`grader.records`, the one declaration of their format); the checks
+The records are typed (:mod:`grader.inrank.records`, the one declaration of their format); the checks
 (:mod:`grader.checks`) read only an :class:`Evidence`. Nothing here comes from the student's printed output.
-Used by the grader of notebook 06.
 """
 
 from __future__ import annotations
@@ -24,10 +23,11 @@ from typing import Any
 import torch
 
 from course import data
-from grader import channel, fingerprints, replay
-from grader.records import Call as CallRecord
-from grader.records import Collective as CollectiveRecord
-from grader.records import (
+from grader import replay
+from grader.inrank import channel, fingerprints
+from grader.inrank.records import Call as CallRecord
+from grader.inrank.records import Collective as CollectiveRecord
+from grader.inrank.records import (
     End,
     Forgery,
     Init,
@@ -64,7 +64,7 @@ class RunRecords:
         last_record: each rank's last record (of the kinds above).
         rejected_records: lines on the record channel refused (no valid signature, or out of sequence).
         misattributed: signed records claiming to come from someone other than their signer (ignored).
-        malformed: why each signed record that did not fit the format (:func:`grader.records.parse`) was refused.
+        malformed: why each signed record that did not fit the format (:func:`grader.inrank.records.parse`) was refused.
     """
 
     world_size: int
@@ -181,7 +181,7 @@ class Evidence(RunRecords):
 
 
 def collect(raw: list[dict[str, Any]], world_size: int, rejected_records: int = 0) -> RunRecords:
-    """Sort verified records (dicts from :class:`grader.channel.Reader`) by kind and rank, typed.
+    """Sort verified records (dicts from :class:`grader.inrank.channel.Reader`) by kind and rank, typed.
 
     Records of ranks outside ``0..world_size-1`` are ignored. A record's ``signer`` must fit it: exit records
     come from the launcher, every other record from the rank it names (or the launcher, which holds every
@@ -221,7 +221,7 @@ def bind_checkpoint(records: RunRecords, checkpoint_digests: list[str] | None, c
     """Is the checkpoint the model rank 0's optimizer trained? A :class:`Checkpoint` with the ``step`` it was
     bound to, or with the ``error`` saying why not (then the caller must not use the checkpoint's scores).
 
-    The checkpoint's parameter tensors (:func:`grader.fingerprints.digests`, in any order) must be, bit for
+    The checkpoint's parameter tensors (:func:`grader.inrank.fingerprints.digests`, in any order) must be, bit for
     bit, those rank 0's optimizer held after one of its recorded steps (normally the last), and every step up
     to that one must have started from the parameters the step before it left: the model was changed by
     recorded optimizer steps only. Whatever the script did to ``torch.save``, the probes or its model,

@@ -2,10 +2,10 @@
 
     submissions, skipped = scan(Path("submissions"), out=Path("grading_out"))
     save(results, Path("grading_out"), key)           # results/KEY.json, gradescope/KEY/, feedback/KEY.txt
-    report(Path("grading_out"))                       # gradebook.csv again, from the saved results
+    rebuild(Path("grading_out"))                       # gradebook.csv again, from the saved results
 
 Saved results are the raw :class:`grader.results.Results`; everything else is rendered from them by
-:mod:`grader.reports`. Used by ``grader grade`` and ``grader report`` (:mod:`grader.cli`, notebook 06).
+:mod:`grader.render`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from grader import reports
+from grader import render
 from grader.results import Results
-from grader.runner import INTERRUPTED
+from grader.runner import GRADER_STOPPED
 
 GRADER_ERROR = "grader error"
 # the grader's own failures, or runs it was stopped in, not the student's: --resume grades these again
-RETRIED = (GRADER_ERROR, "error", INTERRUPTED)
+RETRIED = (GRADER_ERROR, "error", GRADER_STOPPED)
 SYSTEM_ENTRIES = ("__pycache__", "__MACOSX")  # left by Python and by macOS's zip, never a student's
 
 def scan(folder: Path, out: Path | None = None) -> tuple[list[Path], list[str]]:
@@ -84,8 +84,8 @@ def save(results: Results, out: Path, key: str | None = None) -> None:
     for folder in ("results", "feedback", "gradescope"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     results.save(out / "results" / f"{key}.json")
-    reports.write_gradescope(results, out / "gradescope" / key / "results.json")
-    (out / "feedback" / f"{key}.txt").write_text(reports.feedback(results))
+    render.write_gradescope(results, out / "gradescope" / key / "results.json")
+    (out / "feedback" / f"{key}.txt").write_text(render.feedback(results))
 
 
 def saved_results(out: Path, keys: dict[str, str] | None, skipped: list[str] | None = None) -> dict[str, Results]:
@@ -120,7 +120,7 @@ def graded_before(out: Path, keys: dict[str, str]) -> dict[str, Results]:
     return {name: r for name, r in saved_results(out, keys).items() if r.status not in RETRIED}
 
 
-def report(out: Path, folder: Path | None = None) -> tuple[list[Results], list[str]]:
+def rebuild(out: Path, folder: Path | None = None) -> tuple[list[Results], list[str]]:
     """Rewrite ``out/gradebook.csv`` from the raw results saved in ``out/results``, for the same submissions.
 
     Which submissions: those now in ``folder`` if given, else those the gradebook lists now (what the last
@@ -152,5 +152,5 @@ def report(out: Path, folder: Path | None = None) -> tuple[list[Results], list[s
             notes.append(f"no readable {out / 'gradebook.csv'}: every saved result is included")
     kept = saved_results(out, keys, notes)
     notes += [f"{name}: no saved result (grade it)" for name in keys or () if name not in kept]
-    reports.write_gradebook(list(kept.values()), out / "gradebook.csv")
+    render.write_gradebook(list(kept.values()), out / "gradebook.csv")
     return list(kept.values()), notes

@@ -4,7 +4,7 @@ Data parallelism on 4 ranks is supposed to be plain SGD on the union batch (note
 the parameters rank 0 held before a step and the indices every rank fetched for it, recomputes the
 gradient of the mean loss on that union batch in one process, and compares it with the gradient rank 0's
 optimizer actually applied. Summed gradients come out ``world_size`` times too large; missing
-synchronisation comes out different altogether. Used by the grader of notebook 06.
+synchronisation comes out different altogether.
 """
 
 from __future__ import annotations

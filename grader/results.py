@@ -1,8 +1,7 @@
-"""The results object of one graded submission: what the runner returns, saves raw, and reports render.
+"""The results object of one graded submission: what the runner returns, saves raw, and :mod:`grader.render` renders.
 
 Plain dataclasses that round-trip through JSON (``to_dict`` / ``from_dict``), so a class's results can be
-saved as they complete and rendered later (CSV, Gradescope, feedback) without re-running anything. Used by
-the grader of notebook 06.
+saved as they complete and rendered later (CSV, Gradescope, feedback) without re-running anything.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Apply the rubric (:data:`grader.checks.CHECKS`) to a run's evidence: one CheckResult per check.
 
-Used by :mod:`grader.runner` (notebook 06). A check that the records did not allow (a field missing where the
-check needed it) fails with a message saying so, never with a traceback. A check that returns ``passed`` None
+A check that the records did not allow (a field missing where the check needed it) fails with a message saying
+so, never with a traceback. A check that returns ``passed`` None
 could not be assessed on a run that finished (its evidence cannot show): it scores 0 and its points are left out
 of the total (:attr:`grader.results.Results.score`).
 """

@@ -1,7 +1,7 @@
 """Gradescope's entry point: ``python -m grader.run_autograder`` (the ``run_autograder`` script calls it).
 
 Reads ``/autograder/submission`` and writes ``/autograder/results/results.json``; ``--submission`` and
-``--results`` override the paths. Same as ``grader gradescope``. Used by the grader of notebook 06.
+``--results`` override the paths. Same as ``grader gradescope``.
 """
 
 import sys

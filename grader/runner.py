@@ -1,18 +1,18 @@
 """Grade one submission: check the file, run it on 4 ranks in the sandbox, collect evidence, run the checks.
 
     results = grade(Path("train_4gpu.py"))          # a Results object; nothing printed, nothing rendered
-    results.save(Path("results.json"))              # raw; grader.reports renders CSV, Gradescope, feedback
+    results.save(Path("results.json"))              # raw; grader.render renders CSV, Gradescope, feedback
 
 The run: a fresh directory holding only the submission (as ``train_4gpu.py``); a fresh key; ``python -m
-grader.launcher`` inside :func:`grader.sandbox.run` (own session and uid, wall/memory/process/file/CPU
+grader.inrank.launcher`` inside :func:`grader.sandbox.run` (own session and uid, wall/memory/process/file/CPU
 limits, loopback only) starting 4 ranks with torchrun's environment; the probes' signed records read
 from an inherited pipe; the checkpoint evaluated by :mod:`grader.evaluate` in a second sandboxed
-process. A result is always returned, with a status. Used by the grader of notebook 06.
+process. A result is always returned, with a status.
 
 :func:`grade` composes the grader's jobs, each in its own module: which script (:mod:`grader.submission`),
 its evaluation seed (:func:`grader.secret.submission_seed`), the processes' environment
 (:mod:`grader.environment`), the sandboxed run and how it ended (here: ``_run``, ``_status``), the run's
-evidence (:mod:`grader.evidence`, from the typed records of :mod:`grader.records`) and the rubric
+evidence (:mod:`grader.evidence`, from the typed records of :mod:`grader.inrank.records`) and the rubric
 (:mod:`grader.rubric`, :mod:`grader.checks`).
 """
 
@@ -34,18 +34,19 @@ import torch
 
 from course import data, world
 from course.runtime import outcome
-from grader import channel, crashes, rubric, sandbox
+from grader import crashes, rubric, sandbox
 from grader import secret as instructor_secret
 from grader.assignment import ASSIGNMENT, Assignment
 from grader.environment import python_argv, run_env
 from grader.evidence import Checkpoint, Evidence, RunRecords, collect, judge_checkpoint, replay_first_steps
-from grader.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV, probe_seed
+from grader.inrank import channel
+from grader.inrank.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV, probe_seed
 from grader.results import Results
 from grader.secret import submission_seed
 from grader.submission import BadSubmission, find_script
 
 BAD = "bad submission"
-INTERRUPTED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
+GRADER_STOPPED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 GRADER_ERROR = "grader error"  # the grader's own code failed (grader.gradebook retries these)
 MISSING_LIBRARY = "missing library"  # the script imports what the grading environment does not have
 
@@ -84,7 +85,7 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
             shutil.copyfile(script, run_dir / config.assignment.script_name)
             records, result, extra = _run(run_dir, seed, config)
             status, detail = _status(records, result, config)
-            if status in (INTERRUPTED, GRADER_ERROR, MISSING_LIBRARY):  # nothing ran to check: no check is run
+            if status in (GRADER_STOPPED, GRADER_ERROR, MISSING_LIBRARY):  # nothing ran to check: no check is run
                 return not_run(name, status, detail, config, start, output=extra)
             replay = helper.submit(replay_first_steps, records)
             checkpoint = _checkpoint(run_dir, evaluation, records, config)
@@ -114,7 +115,7 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[RunRecords, s
     key_fd = channel.key_pipe(key)
     reader = channel.Reader(os.fdopen(record_r, "rb"), key)
     env = {**run_env(), KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(record_w), SEED_ENV: str(probe_seed(seed))}
-    argv = [*python_argv(), "-m", "grader.launcher", "--nproc", str(config.assignment.world_size),
+    argv = [*python_argv(), "-m", "grader.inrank.launcher", "--nproc", str(config.assignment.world_size),
             "--straggler-s", str(config.straggler_s), config.assignment.script_name]
     try:
         result = sandbox.run(argv, cwd=run_dir, env=env, limits=config.limits, pass_fds=(key_fd, record_w),
@@ -155,7 +156,7 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
     if failure:
         return failure
     status, detail = _ended(ev, result, config)
-    if status in ("ok", INTERRUPTED):
+    if status in ("ok", GRADER_STOPPED):
         return status, detail
     return status, _spawned(ev) + _compiled(ev, status) + detail
 

@@ -12,7 +12,7 @@ Where it is: ``$GRADER_SECRET_FILE`` if set, else ``$XDG_CONFIG_HOME/multigpu-co
 set, is used instead of any file (e.g. a CI secret). Keep the file, and the same secret, for a whole class:
 regrading with another secret gives other (equally fair) evaluation data. The graded scripts never receive
 it; as root they run as another user (who cannot read the file), as a normal user with namespaces the
-sandbox hides the file from them (:mod:`grader.sandbox`). Used by the grader of notebook 06.
+sandbox hides the file from them (:mod:`grader.sandbox`).
 """
 
 from __future__ import annotations

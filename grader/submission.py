@@ -4,7 +4,7 @@
 
 A submission is refused before anything runs when it is missing, a notebook, not a .py file, one of several
 candidates, empty, not UTF-8 text, not valid Python, the unchanged starter or skeleton, or not a training
-script. Used by :mod:`grader.runner` (notebook 06).
+script.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_allreduce.py: many checks inside ONE launch, since starting ranks is slow.
+"""Rank functions for tests/collectives/test_allreduce.py: many checks inside ONE launch, since starting ranks is slow.
 
 Every subset size k = 1..world_size is a process group of ranks 0..k-1 (``dist.new_group``), so one
 8-rank launch tests every world size from 1 to 8, and the ``group`` argument with it.
@@ -18,10 +18,10 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-import course.allreduce
-import course.allreduce_protocol
+import course.collectives.allreduce
+import course.collectives.protocol
 from course import world
-from course.allreduce import ALGORITHMS, compare_with_reference
+from course.collectives.allreduce import ALGORITHMS, compare_with_reference
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 # For random normal values: how far the sum may drift from gloo's, which adds in another order.
@@ -190,7 +190,7 @@ def changed_calls(bad_rank: int) -> dict[str, tuple[str, bool, bool]]:
         for what, change in changes.items():
             for _ in range(2):  # the second is the verified call repeated
                 ring(torch.ones(6, 4))
-            fast = course.allreduce_protocol.verified.get(dist.group.WORLD) is not None  # the unchanged ranks' path
+            fast = course.collectives.protocol.verified.get(dist.group.WORLD) is not None  # the unchanged ranks' path
             mine = {"shape": (6, 4), "dtype": torch.float32, "op": "sum", "name": "ring"}
             if me.rank in changed:
                 mine.update(change)
@@ -251,7 +251,7 @@ def nan_in_the_data() -> list[bool]:
 def who_a_repeated_ring_call_tells() -> dict[str, list[int]]:
     """The peers a ring call's check messages go to (anything not on the data's tag 0): for a new call, then for
     the same call repeated."""
-    Comm = course.allreduce_protocol.Comm
+    Comm = course.collectives.protocol.Comm
     told: list[int] = []
     saved = Comm.isend
 
@@ -291,7 +291,7 @@ def from_a_thread(numel: int = 4099) -> list[bool]:
 
 def ring_in_pieces(piece_bytes: int = 64) -> list[bool]:
     """The ring with tiny pieces (many per chunk, pipelined), on sizes around chunk and piece edges."""
-    saved, course.allreduce.RING_PIECE_BYTES = course.allreduce.RING_PIECE_BYTES, piece_bytes
+    saved, course.collectives.allreduce.RING_PIECE_BYTES = course.collectives.allreduce.RING_PIECE_BYTES, piece_bytes
     try:
         outcome = []
         for numel in (1, 7, 63, 64 * world.current().world_size + 3, 10_007):
@@ -299,10 +299,10 @@ def ring_in_pieces(piece_bytes: int = 64) -> list[bool]:
             mine = torch.randint(-8, 9, (numel,), generator=generator).float()
             expected = mine.clone()
             dist.all_reduce(expected)
-            outcome.append(torch.equal(course.allreduce.ring_allreduce(mine), expected))
+            outcome.append(torch.equal(course.collectives.allreduce.ring_allreduce(mine), expected))
         return outcome
     finally:
-        course.allreduce.RING_PIECE_BYTES = saved
+        course.collectives.allreduce.RING_PIECE_BYTES = saved
 
 
 def with_reduce_ops() -> list[bool]:
@@ -320,11 +320,11 @@ def with_reduce_ops() -> list[bool]:
 def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
     """Every point-to-point send each algorithm makes on each group size, in order, as (dest, chunk) with
     group ranks and ``allreduce_sim``'s chunk numbering (``WHOLE`` for the whole tensor): ``"name/k"`` keys."""
-    from course.allreduce_sim import WHOLE
+    from course.collectives.simulation import WHOLE
 
     me = world.current()
     groups = _groups(me.world_size)
-    Comm = course.allreduce_protocol.Comm
+    Comm = course.collectives.protocol.Comm
     recorded: list[tuple[int, int]] = []
     flat = torch.empty(0)
 
@@ -332,7 +332,7 @@ def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
         if tensor.numel() == flat.numel():
             return WHOLE
         offset = (tensor.data_ptr() - flat.data_ptr()) // tensor.element_size()
-        bounds = course.allreduce.chunk_bounds(flat.numel(), dist.get_world_size(group))
+        bounds = course.collectives.allreduce.chunk_bounds(flat.numel(), dist.get_world_size(group))
         return bounds.index((offset, offset + tensor.numel()))
 
     def recording(call):
@@ -367,11 +367,11 @@ def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
 @contextlib.contextmanager
 def batched_everywhere() -> Iterator[None]:
     """Run NCCL's code paths on gloo (no ``TAGGED_BACKENDS``): the ring in lock-step, the agreement in one batch."""
-    saved, course.allreduce.TAGGED_BACKENDS = course.allreduce.TAGGED_BACKENDS, ()
+    saved, course.collectives.allreduce.TAGGED_BACKENDS = course.collectives.allreduce.TAGGED_BACKENDS, ()
     try:
         yield
     finally:
-        course.allreduce.TAGGED_BACKENDS = saved
+        course.collectives.allreduce.TAGGED_BACKENDS = saved
 
 
 def batched(bad_rank: int) -> dict[str, Any]:
@@ -391,7 +391,7 @@ def batched(bad_rank: int) -> dict[str, Any]:
                     expected = mine.clone()
                     dist.all_reduce(expected, group=group)
                     expected = expected / k if op == "avg" else expected
-                    got = course.allreduce.ring_allreduce(mine, op, group, check=check)
+                    got = course.collectives.allreduce.ring_allreduce(mine, op, group, check=check)
                     right.append((k, numel, op, torch.equal(got, expected)))
         return {"right": right, "sends": sends(), "mismatches": mismatches(bad_rank)}
 

@@ -1,7 +1,31 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, each test's course unit taken from its folder, and a watchdog that ends a
+hung run."""
+
+import faulthandler
+import os
+from pathlib import Path
 
 import pytest
 import torch
+
+# tests/<folder>/ mirrors course/<folder>/; a module of another unit says so with its own `pytestmark`
+UNIT_OF_FOLDER = {"runtime": "unit0", "optimization": "unit2", "naive": "unit3", "model_parallel": "unit3",
+                  "collectives": "unit4", "ddp": "unit5", "multinode": "unit5", "perf": "unit5", "monitor": "unit6", "grader": "unit6",
+                  "memory": "unit7"}
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m unitN` selects
+def pytest_collection_modifyitems(items):
+    """Mark every test under tests/<folder>/ with its folder's unit, unless the module names another unit."""
+    for item in items:
+        try:
+            folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # the notebooks (nbval)
+            continue
+        unit = UNIT_OF_FOLDER.get(folder)
+        if unit and not any(mark.name.startswith("unit") for mark in item.iter_markers()):
+            item.add_marker(unit)
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +45,43 @@ def grader_secret_in_a_temporary_folder(tmp_path_factory):
     if "GRADER_SECRET_FILE" not in os.environ:
         os.environ["GRADER_SECRET_FILE"] = str(tmp_path_factory.mktemp("grader-config") / "grader-secret")
     yield
+
+
+# -- a watchdog that needs no GIL ---------------------------------------------------------------------------------
+# pytest-timeout's thread method needs the GIL to fire, so a hang that holds it (a C++ destructor joining a thread
+# that waits for the GIL: see course.ddp_hooks) would run until CI's outer limit with nothing in the log.
+# faulthandler's watchdog is a C thread: WATCHDOG_GRACE_S after a test's own timeout it writes every thread's
+# Python stack to the terminal pytest started with and ends the run (exit 1), so CI fails fast and says where.
+# With the ini's timeout of 300 s, a hang in a test without a timeout marker ends the run within 6 minutes.
+WATCHDOG_GRACE_S = float(os.environ.get("COURSE_WATCHDOG_GRACE_S", 60))  # tests/test_watchdog.py sets it
+
+
+def _terminal_fd(config) -> int:
+    """A file descriptor on the terminal (or CI log) pytest started with: fd 2 is captured during a test."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    saved = getattr(getattr(getattr(capture, "_global_capturing", None), "err", None), "targetfd_save", None)
+    return os.dup(saved if saved is not None else 2)
+
+
+def pytest_configure(config):
+    config._watchdog_file = os.fdopen(_terminal_fd(config), "w")
+
+
+def _timeout_s(item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    return float(item.config.getini("timeout") or 0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    timeout_s = _timeout_s(item)
+    if timeout_s > 0:
+        watchdog = item.config._watchdog_file
+        watchdog.write("")  # fail here, not inside the watchdog, if the file is unusable
+        faulthandler.dump_traceback_later(timeout_s + WATCHDOG_GRACE_S, exit=True, file=watchdog)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_distributed_optimizer.py and tests/test_horovod.py (importable, as launch()
+"""Rank functions for tests/ddp/test_distributed_optimizer.py and tests/ddp/test_horovod.py (importable, as launch()
 requires): every 2-rank check in ONE launch (starting ranks is slow).
 
 ``report()`` launches once per test session and caches the per-rank results, so both test modules share it.
@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from course import distributed_optimizer as do
-from course import horovod, overlap, world
+from course import world
+from course.ddp import distributed_optimizer as do
+from course.ddp import horovod, overlap
 from course.runtime.launch import launch
 
 WORLD_SIZE = 2

@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from course import world
+
 
 @contextlib.contextmanager
 def single_rank_group(timeout_s: float = 60.0) -> Iterator[None]:
@@ -21,4 +23,5 @@ def single_rank_group(timeout_s: float = 60.0) -> Iterator[None]:
     try:
         yield
     finally:
+        world.settle()  # gloo's threads let go of finished work before the group is joined (course.ddp_hooks)
         dist.destroy_process_group()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from course.utilization import History, Reading
+from course.monitor.sampling import History, Reading
 
 
 def history_of(values: dict[int, list[float]], kind: str = "process") -> History:

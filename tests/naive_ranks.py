@@ -13,9 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course import data_parallel, model_parallel, parameter_server, who_works, world
+from course import data_parallel, world
 from course.data_parallel import train_step
+from course.model_parallel import two_stage as model_parallel
 from course.models import DigitsCNN
+from course.naive import parameter_server, who_works
 from course.runtime.launch import launch
 from course.train import make_optimizer
 

@@ -107,3 +107,32 @@ def noisy_when_a_peer_fails(bad_rank: int) -> int:
         raise
     return me.rank
 
+
+
+def hook_gradients(steps: int = 2) -> dict[str, object]:
+    """Flat DDP gradients after ``steps`` backward passes on rank-dependent data, without a hook and with each
+    of course.ddp_hooks' hooks (course.ddp_hooks is checked against DDP's own averaging)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from course import ddp_hooks
+    from course.models import DigitsCNN
+
+    me = world.current()
+    counted: list[int] = []
+    hooks = {"default": lambda model: None,
+             "counting": lambda model: model.register_comm_hook(None, ddp_hooks.counting(counted.append)),
+             "summing": lambda model: model.register_comm_hook(None, ddp_hooks.summing),
+             "fp16": ddp_hooks.compress_fp16}
+    result: dict[str, object] = {}
+    for name, register in hooks.items():
+        torch.manual_seed(0)
+        model = DistributedDataParallel(DigitsCNN(width=4), bucket_cap_mb=0.001)
+        register(model)
+        torch.manual_seed(1 + me.rank)  # each rank its own batch: averaging matters
+        counted.clear()
+        model(torch.randn(8, 1, 8, 8)).sum().backward()
+        result[name] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        if name == "counting":
+            result["counted"] = len(counted)
+        del model
+    return result

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_shm_allreduce.py (and test_hierarchical.py): many checks in ONE launch.
+"""Rank functions for tests/collectives/test_shm_allreduce.py (and test_hierarchical.py): many checks in ONE launch.
 
 Every subset size k = 1..world_size is a process group of ranks 0..k-1, as in ``allreduce_ranks``, so one
 4-rank launch tests world sizes 1-4 (the group argument with them).
@@ -17,11 +17,11 @@ from allreduce_ranks import DTYPES, TOLERANCE, _data, _groups
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-import course.shm_group as shm
+import course.collectives.shm_group as shm
 from course import world
-from course.hierarchical import hierarchical_allreduce, node_groups
-from course.shm_allreduce import shm_allreduce
-from course.shm_group import SHM_DIR
+from course.collectives.hierarchical import hierarchical_allreduce, node_groups
+from course.collectives.shm_allreduce import shm_allreduce
+from course.collectives.shm_group import SHM_DIR
 
 
 @st.composite

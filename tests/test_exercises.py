@@ -15,7 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from course import allreduce_sim, buckets, convergence, ddp, lr_scaling, noise_scale, pipeline_bubble
+from course.collectives import simulation as allreduce_sim
+from course.ddp import buckets
+from course.ddp import internals as ddp
+from course.model_parallel import bubble as pipeline_bubble
+from course.optimization import convergence, lr_scaling, noise_scale
 
 pytestmark = pytest.mark.unit0
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"

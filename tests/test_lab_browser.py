@@ -58,7 +58,7 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     (root / "spin.py").write_text(SPIN)
     notebook = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("import sys\nfrom course import monitor"),
+        nbformat.v4.new_code_cell("import sys\nfrom course.monitor import watch as monitor"),
         nbformat.v4.new_code_cell(
             'run = monitor.run_and_watch([sys.executable, "-m", "torch.distributed.run", "--standalone",\n'
             '                             "--nproc_per_node=4", "spin.py"], timeout_s=120)\n'

@@ -168,7 +168,7 @@ def test_a_torchrun_script_joins_the_group_and_prints_once(tmp_path):
 
 def test_shutdown_frees_the_groups_a_module_cached(monkeypatch):
     """A group a cache keeps past shutdown would keep gloo's threads alive into interpreter exit (world.shutdown)."""
-    from course import shm_allreduce, shm_group
+    from course.collectives import shm_allreduce, shm_group
 
     with one_rank_group(monkeypatch):
         assert shm_allreduce.shm_allreduce(torch.ones(5)).tolist() == [1.0] * 5

@@ -4,9 +4,7 @@ A run that floods its output must neither block on a full pipe nor fill the read
 must hold both how it started and how it ended (a traceback is at the end). The stream is either a pipe, drained
 on a thread to its end, or a file that a process writes and that is read as it grows (:meth:`Capped.read_new`):
 a file survives its writers and never blocks them, so the ranks of :func:`course.runtime.launch.launch` write
-their stderr to one. Used by :func:`course.runtime.process.run` (so by :func:`course.ddp_scripts.run_torchrun`,
-:func:`course.monitor.run_and_watch` and :mod:`grader.sandbox`), by :mod:`grader.launcher` for each rank's
-streams, and by :mod:`course.runtime.rank_output` for each launched rank's stderr.
+their stderr to one.
 """
 
 from __future__ import annotations

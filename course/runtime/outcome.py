@@ -3,8 +3,7 @@
 :func:`classify` reads a run that ended by itself (its exit code and error output); :func:`breach` names a
 limit the watchdog saw broken (:func:`course.runtime.process.run` stops the run then). :func:`resource_error` finds
 a resource error in one process's error output; the grader's runner uses it per rank. Every detail is said
-in course terms, with the fix. Used by :mod:`course.runtime.process`, :mod:`grader.sandbox` and
-:mod:`grader.runner` (notebook 06).
+in course terms, with the fix (notebook 06).
 """
 
 from __future__ import annotations

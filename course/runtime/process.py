@@ -8,9 +8,10 @@ watchdog here stops it at the time limit, or when it breaks one of ``limits`` (t
 volume), or when ``stop`` is set; then :func:`~course.runtime.process_tree.kill_tree` stops it and everything it
 started, and :mod:`~course.runtime.outcome` says how it ended. Every process it started is gone when ``run``
 returns, whatever the command did. :class:`Running` is the same in two halves, for a caller that needs the
-process while it runs (:func:`course.monitor.run_and_watch` samples it). Used by
-:func:`course.ddp_scripts.run_torchrun`, :func:`course.monitor.run_and_watch` and :mod:`grader.sandbox`
-(notebooks 05 and 06).
+process while it runs (:func:`course.monitor.watch.run_and_watch` samples it). :func:`run_together` runs commands
+that need each other (two nodes of one job) and stops them all as soon as one fails; :func:`finish_together`
+watches started commands that end together (the ranks of a graded run) and stops those that do not follow the
+first to end within a grace. Notebooks 05, 05b and 06.
 """
 
 from __future__ import annotations
@@ -38,32 +39,38 @@ class Running:
     Args:
         argv: the command.
         cwd, env, pass_fds: as for ``subprocess.Popen``.
-        capture: bytes kept per stream (head and tail), ``None`` for everything.
+        capture: bytes kept per stream (head and tail, :meth:`Capped.split`), or ``(head_bytes, tail_bytes)``;
+            ``None`` for everything.
         marker: put where output was dropped (see :data:`course.runtime.capture.DROPPED`).
         own_depth: the levels of the tree below ``argv``'s process that belong to the runner, not to the
             command (a sandbox's supervisor and init: 2): they are not counted, nor asked to end.
         uid: the command runs as this dedicated uid: every process of it is killed at the end.
+        new_session: start it in its own session (its process group is then killed with it); ``False`` for
+            processes that must stay in their starter's session (the ranks of a graded run, in the sandbox's).
 
     Raises:
         ValueError: ``argv`` is empty or not strings. OSError: it cannot be started.
     """
 
     def __init__(self, argv: Sequence[str], *, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
-                 pass_fds: tuple[int, ...] = (), capture: int | None = None, marker: str = DROPPED,
-                 own_depth: int = 0, uid: int | None = None) -> None:
+                 pass_fds: tuple[int, ...] = (), capture: int | tuple[int, int] | None = None, marker: str = DROPPED,
+                 own_depth: int = 0, uid: int | None = None, new_session: bool = True) -> None:
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError(f"argv must be a non-empty list of strings, e.g. [sys.executable, 'train.py'], got "
                              f"{argv!r}")
         self.start = time.monotonic()
         self.process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                        pass_fds=pass_fds)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=new_session, pass_fds=pass_fds)
         if capture is None:
             self.stdout, self.stderr = Capped(self.process.stdout), Capped(self.process.stderr)
+        elif isinstance(capture, tuple):
+            self.stdout = Capped(self.process.stdout, *capture, marker)
+            self.stderr = Capped(self.process.stderr, *capture, marker)
         else:
             self.stdout = Capped.split(self.process.stdout, capture, marker)
             self.stderr = Capped.split(self.process.stderr, capture, marker)
-        self._own_depth, self._uid = own_depth, uid
+        self._own_depth, self._uid, self._new_session = own_depth, uid, new_session
 
     def finish(self, timeout_s: float, limits: Limits | None = None, stop: threading.Event | None = None,
                exit_code: Callable[[subprocess.Popen], int | None] | None = None) -> Outcome:
@@ -98,7 +105,7 @@ class Running:
         interrupted = False
         while True:
             try:
-                process_tree.kill_tree(self.process, own_group=True, uid=self._uid)
+                process_tree.kill_tree(self.process, own_group=self._new_session, uid=self._uid)
                 break
             except KeyboardInterrupt:
                 interrupted = True
@@ -158,3 +165,90 @@ def run(argv: Sequence[str], timeout_s: float, limits: Limits | None = None, cap
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
     return Running(argv, cwd=cwd, env=env, capture=capture).finish(timeout_s, limits, stop)
+
+
+def finish_together(runs: Sequence[Running], straggler_s: float, stop: threading.Event | None = None
+                    ) -> dict[int, str]:
+    """Watch commands that end together (the ranks of one job) to their end; stop the stragglers.
+
+    Once one has ended (failed or not), those still running ``straggler_s`` later are stopped (:meth:`Running.kill`):
+    a failed rank's peers usually fail at their next collective within a second, and waiting instead of killing
+    them at once lets a rank that already finished (and is only tearing down) end on its own. Once ``stop`` is
+    set, every one still running is stopped at once, with no grace.
+
+    Returns:
+        index in ``runs`` -> why it was stopped, for those that were: ``"interrupted"`` (``stop``),
+        ``"stopped after rank k failed"`` (the first of ``runs`` that had exited non-zero), else ``"hang"``.
+    """
+    stopped: dict[int, str] = {}
+    first_end = None
+    while None in (codes := [run.process.poll() for run in runs]):
+        if first_end is None and any(c is not None for c in codes):
+            first_end = time.monotonic()
+        interrupted = stop is not None and stop.is_set()
+        if interrupted or (first_end is not None and time.monotonic() - first_end > straggler_s):
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            reason = ("interrupted" if interrupted else
+                      f"stopped after rank {failed[0]} failed" if failed else "hang")
+            stopped = {i: reason for i, run in enumerate(runs) if run.process.poll() is None}
+            for i in stopped:  # freeze them all first: one that sees a peer die would end by itself, failing
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(runs[i].process.pid, signal.SIGSTOP)
+            for i in stopped:
+                runs[i].kill()
+            break
+        time.sleep(0.05)
+    for run in runs:
+        run.process.wait()
+    return stopped
+
+
+def run_together(argvs: Sequence[Sequence[str]], timeout_s: float, *, envs: Sequence[dict[str, str] | None] = (),
+                 capture: int | None = None) -> list[Outcome]:
+    """Run commands that need each other (two nodes of one job): start all, watch each as :func:`run` does, and
+    stop the others as soon as one fails (status ``interrupted``), so that none waits for a dead peer.
+
+    Args:
+        argvs: the commands. timeout_s: wall-clock limit for each, from the start.
+        envs: each command's complete environment (default: this process's). capture: as for :func:`run`.
+
+    Returns:
+        one :class:`~course.runtime.outcome.Outcome` per command, in order; every process is gone on return.
+
+    Raises:
+        ValueError: no commands, or ``timeout_s`` not positive. OSError: a program cannot be started (those
+        already started are stopped).
+    """
+    if not argvs:
+        raise ValueError("argvs must hold at least one command.")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
+    envs = list(envs) or [None] * len(argvs)
+    started: list[Running] = []
+    try:
+        for argv, env in zip(argvs, envs, strict=True):
+            started.append(Running(argv, env=env, capture=capture))
+    except BaseException:
+        for running in started:
+            running.kill()
+        raise
+    stop = threading.Event()
+    outcomes: list[Outcome | None] = [None] * len(started)
+
+    def watch(index: int) -> None:
+        outcomes[index] = started[index].finish(timeout_s, None, stop)
+        if outcomes[index].status != "ok":
+            stop.set()
+
+    threads = [threading.Thread(target=watch, args=(index,), daemon=True) for index in range(len(started))]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        raise
+    return [outcome for outcome in outcomes if outcome is not None]

@@ -5,7 +5,7 @@ channel. Its stderr (fd 2, so also what C++ code and the processes it starts wri
 (:func:`stderr_to` while the rank starts), which :class:`StderrRelay` follows through
 :class:`~course.runtime.capture.Capped` readers and copies to the notebook as it grows: a file, not a pipe, so that
 a DataLoader worker the rank started can keep writing after the rank is gone without blocking on a pipe nobody
-drains. Used by :func:`course.runtime.launch.launch`, taught in ``notebooks/00_start_here.ipynb``.
+drains. Taught in ``notebooks/00_start_here.ipynb``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 A rank blocked in a collective (``all_reduce``, ``barrier``) is waiting for a peer that never came; the rank
 elsewhere (sleeping, computing, in an endless loop) is the one at fault. :func:`answer_requests` is called in each
-rank at start; on a timeout the launcher calls :func:`where_blocked`. Used by :mod:`course.runtime.launch`, taught in
-``notebooks/00_start_here.ipynb``.
+rank at start; on a timeout the launcher calls :func:`where_blocked`. Taught in ``notebooks/00_start_here.ipynb``.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ grader's own evaluation) and returns whether it passed and what to tell the stud
 whole rubric; the self-check (``grader check``) runs the ``visible`` ones. Every check is proven by a
 submission in ``tests/submissions/`` that must fail it alone. Where a rank's records can be checked against
 what the grader measured itself (the checkpoint's parameters and validation accuracy), they are: a rank's
-process can sign records as that rank (see :mod:`grader.channel`), so forging one gains nothing. Used by
-the grader of notebook 06.
+process can sign records as that rank (see :mod:`grader.inrank.channel`), so forging one gains nothing.
 
 A check credits only the behaviour its title names, seen happening: ranks that all train on rank 0's batches stay
 identical with or without averaging, so equal parameters show nothing there, and the check fails saying what it
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from grader.assignment import Assignment
-from grader.checks.common import Outcome
+from grader.checks.common import Finding
 from grader.checks.integrity import integrity
 from grader.checks.outputs import metrics_averaged, rank0_checkpoint_and_logs, target_accuracy
 from grader.checks.training import (  # noqa: F401  (lr_rules, ADAPTIVE_OPTIMIZERS: the rules notebook 02 teaches)
@@ -55,7 +54,7 @@ class Check:
     title: str
     points: float
     visibility: str
-    test: Callable[[Evidence, Assignment], Outcome]
+    test: Callable[[Evidence, Assignment], Finding]
     voids_score: bool = False
 
 

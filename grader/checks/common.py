@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from grader.assignment import Assignment
 from grader.evidence import Evidence, fingerprints_equal
-from grader.records import Report, Save
+from grader.inrank.records import Report, Save
 
-Outcome = tuple[bool | None, str]  # passed (None: cannot be assessed on this finished run), what to tell the student
+Finding = tuple[bool | None, str]  # what one check found: passed (None: cannot be assessed on this finished
+# run), and the message saying why
 
 
-def cannot_assess(why: str) -> Outcome:
+def cannot_assess(why: str) -> Finding:
     """The run finished but cannot show this check's evidence: neither points nor a penalty (the check's points
     are left out of the total), and ``why`` said."""
     return None, f"cannot be assessed: {why}"
@@ -26,7 +27,7 @@ def took(ranks: list[int]) -> str:
     return f"{ranks_text(ranks)} took no optimizer step"
 
 
-def not_assessed(ev: Evidence, advice: str) -> Outcome:
+def not_assessed(ev: Evidence, advice: str) -> Finding:
     """A failure for lack of evidence: ``advice`` if the run finished, else "not assessed" and no advice
     (what was never seen is the crash's doing, which the run's status names)."""
     if ev.status != "ok":
@@ -49,7 +50,7 @@ def copies_of_rank0(ev: Evidence) -> list[int]:
             and all(a == b for a, b in zip(batches(r), mine, strict=False))]
 
 
-def needs_data_parallel(ev: Evidence) -> Outcome | None:
+def needs_data_parallel(ev: Evidence) -> Finding | None:
     """Why the run cannot show gradients averaged across ranks that saw different data (what the check needs,
     as a failure), or None when it can."""
     alone = [r for r in ev.ranks if not ev.inits.get(r)]

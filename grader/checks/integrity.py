@@ -1,18 +1,18 @@
 """The integrity check: the grader's probes were left alone and their records agree with what it measured.
 
 Failed, it withholds the whole score (``voids_score``): every other check rests on these records. A rank's
-process can sign records as that rank (see :mod:`grader.channel`), so where its records can be checked
+process can sign records as that rank (see :mod:`grader.inrank.channel`), so where its records can be checked
 against what the grader measured itself (the checkpoint's parameters and validation accuracy), they are.
 """
 
 from __future__ import annotations
 
 from grader.assignment import Assignment
-from grader.checks.common import Outcome, checkpoint_save, report_of_checkpoint
+from grader.checks.common import Finding, checkpoint_save, report_of_checkpoint
 from grader.evidence import Evidence, fingerprints_equal
 
 
-def integrity(ev: Evidence, a: Assignment) -> Outcome:
+def integrity(ev: Evidence, a: Assignment) -> Finding:
     tampered = sorted({t.name for r in ev.ranks for t in ev.tampers.get(r, ())})
     if tampered:
         return False, f"the submission replaced {', '.join(tampered)}; the grader measures what really happened."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grader.assignment import Assignment
 from grader.checks.common import (
-    Outcome,
+    Finding,
     cannot_assess,
     diverged_at,
     idle_ranks,
@@ -14,14 +14,14 @@ from grader.checks.common import (
     took,
 )
 from grader.evidence import Evidence
-from grader.records import Report
+from grader.inrank.records import Report
 
 # collectives that combine the ranks' values (a broadcast or a barrier does not)
 REDUCTIONS = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
               "reduce_scatter", "reduce_scatter_tensor")
 
 
-def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
+def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Finding:
     savers = [r for r in ev.ranks if ev.saves.get(r) or ev.writes.get(r)]
     if savers and savers != [0]:
         return False, (f"{ranks_text(savers)} wrote files: save the checkpoint on rank 0 only (if rank.is_main), "
@@ -43,7 +43,7 @@ def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Outcome:
     return True, "only rank 0 wrote the checkpoint and printed."
 
 
-def metrics_averaged(ev: Evidence, a: Assignment) -> Outcome:
+def metrics_averaged(ev: Evidence, a: Assignment) -> Finding:
     reports = ev.reports.get(0, ())
     if not reports:
         return not_assessed(ev, "rank 0 never called report(epoch, train_loss, val_accuracy).")
@@ -94,7 +94,7 @@ def _trained_epochs(ev: Evidence) -> dict[int, int]:
     return {r: len(ev.epochs(r)) for r in ev.ranks}
 
 
-def target_accuracy(ev: Evidence, a: Assignment) -> Outcome:
+def target_accuracy(ev: Evidence, a: Assignment) -> Finding:
     over = {r: n for r, n in _trained_epochs(ev).items() if n > a.epochs}
     if over:
         return False, (f"{ranks_text(sorted(over))} trained {max(over.values())} epochs; the budget is {a.epochs}: "

@@ -3,12 +3,12 @@ parameters, gradients averaged as one process on the union batch would, and the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
+from course.optimization.lr_scaling import RULES
 from grader.assignment import Assignment
 from grader.checks.common import (
-    Outcome,
+    Finding,
     copies_of_rank0,
     idle_ranks,
     needs_data_parallel,
@@ -19,7 +19,7 @@ from grader.checks.common import (
 from grader.evidence import Evidence, fingerprints_equal
 
 
-def ran_to_the_end(ev: Evidence, a: Assignment) -> Outcome:
+def ran_to_the_end(ev: Evidence, a: Assignment) -> Finding:
     if ev.status != "ok":
         idle = idle_ranks(ev)
         lone = (f" Before that, {took(idle)}: every rank must train, not only "
@@ -66,7 +66,7 @@ def _wrong_devices(ev: Evidence) -> str | None:
             "(course.world.init_from_env() does), and move the model there before building the optimizer.")
 
 
-def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
+def disjoint_shards(ev: Evidence, a: Assignment) -> Finding:
     epochs = {r: ev.epochs(r) for r in ev.ranks}
     idle = idle_ranks(ev)
     if idle:
@@ -95,7 +95,7 @@ def disjoint_shards(ev: Evidence, a: Assignment) -> Outcome:
                   f"({', '.join(str(len(first[r])) for r in ev.ranks)} samples) covering {len(union)} of {n}.")
 
 
-def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
+def reshuffled(ev: Evidence, a: Assignment) -> Finding:
     epochs = {r: ev.epochs(r) for r in ev.ranks}
     idle = idle_ranks(ev)
     if idle:
@@ -119,7 +119,7 @@ def reshuffled(ev: Evidence, a: Assignment) -> Outcome:
     return True, "every rank drew its own samples in a new order each epoch."
 
 
-def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
+def equal_parameters(ev: Evidence, a: Assignment) -> Finding:
     initial = {r: ev.initials[r][0].fingerprint for r in ev.ranks if ev.initials.get(r)}
     if len(initial) < a.world_size:
         idle = [r for r in ev.ranks if r not in initial]
@@ -145,8 +145,8 @@ def equal_parameters(ev: Evidence, a: Assignment) -> Outcome:
 
 
 def _short_batch(ev: Evidence, i: int) -> str:
-    """`` (the short last batch of epoch 0: ...)`` when rank 0's step ``i`` (from 0) trained on fewer samples than
-    its full steps and ended an epoch, and the steps before it kept the ranks equal, else ''."""
+    """`` (step 10 was the short last batch of an epoch: ...)`` when rank 0's step ``i`` (from 0) trained on
+    fewer samples than its full steps and ended an epoch, and the steps before it kept the ranks equal, else ''."""
     steps = ev.steps[0]
     full = max(len(s.indices) for s in steps)
     last_of_epoch = i + 1 == len(steps) or steps[i + 1].epoch != steps[i].epoch
@@ -157,7 +157,7 @@ def _short_batch(ev: Evidence, i: int) -> str:
             "were not averaged; average every batch, the short last one included)")
 
 
-def matches_single_process(ev: Evidence, a: Assignment) -> Outcome:
+def matches_single_process(ev: Evidence, a: Assignment) -> Finding:
     needs = needs_data_parallel(ev)
     if needs:
         return needs
@@ -191,20 +191,18 @@ def _gradient_mismatch(c, world_size: int, precision: str | None, tolerance: flo
     return f"{measured}: the gradients were not averaged across ranks."
 
 
-# What notebook 02 (course.lr_scaling) teaches for a k-times bigger global batch: linear scaling (Goyal et al.
-# 2017, for SGD) everywhere; the square-root rule too for Adam-family optimizers (Malladi et al. 2022).
+# What notebook 02 (course.optimization.lr_scaling) teaches for a k-times bigger global batch: linear scaling (Goyal
+# et al. 2017, for SGD) everywhere; the sqrt rule too for Adam-family optimizers (Malladi et al. 2022).
 ADAPTIVE_OPTIMIZERS = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam")
 
 
 def lr_rules(optimizer: str | None) -> dict[str, Callable[[float], float]]:
     """The scaling rules the course accepts for ``optimizer`` (its class name): rule -> ``k -> factor``."""
-    rules: dict[str, Callable[[float], float]] = {"linear": lambda k: k}
-    if optimizer in ADAPTIVE_OPTIMIZERS:
-        rules["square-root"] = math.sqrt
-    return rules
+    names = ("linear", "sqrt") if optimizer in ADAPTIVE_OPTIMIZERS else ("linear",)
+    return {name: RULES[name] for name in names}
 
 
-def lr_scaled(ev: Evidence, a: Assignment) -> Outcome:
+def lr_scaled(ev: Evidence, a: Assignment) -> Finding:
     alone, idle = [r for r in ev.ranks if not ev.inits.get(r)], idle_ranks(ev)
     if 0 in idle:
         return not_assessed(ev, "rank 0 took no optimizer step.")

@@ -1,7 +1,7 @@
 """Hostile: the reference, then rank 1 signs malformed records itself with its writer's keyed hash.
 
 Both lines get through the channel (valid signature, next sequence number) but do not fit the record format
-(grader.records): a step whose indices are text, and a record of a kind the probes never write. They are
+(grader.inrank.records): a step whose indices are text, and a record of a kind the probes never write. They are
 refused, and fail integrity alone, saying what was wrong; no other check is moved by them.
 """
 

@@ -1,0 +1,144 @@
+"""The hardware the performance model runs on: GPUs and the links between them, each number with its source.
+
+Nothing here is measured on this machine. Every figure is a vendor's or a standard's *peak* (datasheet,
+architecture whitepaper, specification), copied with the address it comes from in the entry's ``source``.
+What a training step actually reaches is a fraction of these peaks; that fraction is an *assumption* of
+:mod:`course.perf.model` (its :class:`~course.perf.model.Assumptions`), never a catalog number.
+
+Units: FLOP/s, bytes/s, bytes. Link bandwidths are **per direction, per GPU** (what one GPU can send while it
+receives as much), the rate the alpha-beta model's ``1/β`` stands for (:mod:`course.collectives.cost_model`); vendors
+often
+quote the bidirectional sum, which is twice that. Taught in ``notebooks/05_ddp.ipynb``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9  # decimal giga: datasheets quote GB/s and GB in powers of ten
+
+_KEPLER = ("NVIDIA Tesla K40 board specification BD-06902-001: "
+           "https://www.nvidia.com/content/PDF/kepler/Tesla-K40-PCIe-Passive-Board-Spec-BD-06902-001_v05.pdf")
+_M40 = ("NVIDIA Tesla M40 product brief PB-07859-001; figures restated at "
+        "https://www.microway.com/hpc-tech-tips/nvidia-tesla-m40-24gb-gpu-accelerator-maxwell-gm200-close")
+_PASCAL = "https://images.nvidia.com/content/pdf/tesla/whitepaper/pascal-architecture-whitepaper.pdf"
+_VOLTA = "https://images.nvidia.com/content/volta-architecture/pdf/volta-architecture-whitepaper.pdf"
+_AMPERE = ("https://images.nvidia.com/aem-dam/en-zz/Solutions/data-center/nvidia-ampere-architecture-whitepaper"
+           ".pdf")
+_HOPPER = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_PCIE = "https://pcisig.com/specifications (8, 16, 32 GT/s per lane, 128b/130b encoding, x16)"
+_IB = "https://www.infinibandta.org/infiniband-roadmap/ (4x EDR 100, HDR 200, NDR 400 Gb/s)"
+_ETHERNET = "IEEE 802.3ae (10GbE), 802.3by (25GbE), 802.3cd (50GbE), 802.3ba (100GbE): https://www.ieee802.org/3/"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU's peak rates, as its datasheet states them.
+
+    Attributes:
+        name: model and form factor, e.g. ``"V100 SXM2"``.
+        fp32_flops: peak dense FP32 FLOP/s (a fused multiply-add counts 2).
+        tf32_flops: peak dense TF32 tensor-core FLOP/s; None where the GPU has no TF32 (before Ampere).
+        fp16_flops: peak dense FP16/BF16 FLOP/s (tensor cores from Volta on); None where 16-bit runs no
+            faster than FP32 (Kepler, Maxwell).
+        memory_bandwidth: peak device-memory bandwidth, bytes/s.
+        memory_bytes: device memory, bytes.
+        source: where these numbers come from.
+    """
+
+    name: str
+    fp32_flops: float
+    tf32_flops: float | None
+    fp16_flops: float | None
+    memory_bandwidth: float
+    memory_bytes: float
+    source: str
+
+    def peak_flops(self, precision: str) -> float:
+        """Peak FLOP/s at ``precision`` (``"fp32"``, ``"tf32"`` or ``"fp16"``), falling back to FP32 where the
+        GPU has no faster unit for it (a K40 runs FP16 at its FP32 rate at best).
+
+        Raises:
+            ValueError: unknown precision.
+        """
+        rates = {"fp32": self.fp32_flops, "tf32": self.tf32_flops, "fp16": self.fp16_flops}
+        if precision not in rates:
+            raise ValueError(f"precision must be one of {sorted(rates)}, got {precision!r}.")
+        return rates[precision] or self.fp32_flops
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link, at its peak rate per direction.
+
+    Attributes:
+        name: e.g. ``"PCIe 3.0 x16"`` or ``"NVLink 3 (A100, 12 links)"``.
+        bandwidth: peak bytes/s one GPU (or one node's adapter) sends per direction.
+        source: where the number comes from.
+    """
+
+    name: str
+    bandwidth: float
+    source: str
+
+
+GPUS: dict[str, Gpu] = {gpu.name: gpu for gpu in (
+    # Kepler: 4.29 TFLOP/s FP32 at boost clock, 288 GB/s GDDR5, 12 GB (board specification).
+    Gpu("K40", 4.29e12, None, None, 288 * GB, 12 * GB, _KEPLER),
+    # Maxwell: 7 TFLOP/s FP32, 288 GB/s, 12 GB (a later card has 24 GB, same rates).
+    Gpu("M40", 7.0e12, None, None, 288 * GB, 12 * GB, _M40),
+    # Pascal SXM2: 10.6 TFLOP/s FP32, 21.2 FP16, 732 GB/s HBM2, 16 GB (whitepaper, Table 1).
+    Gpu("P100 SXM2", 10.6e12, None, 21.2e12, 732 * GB, 16 * GB, _PASCAL),
+    # Pascal PCIe: 9.3 TFLOP/s FP32, 18.7 FP16, 732 GB/s (16 GB card) (whitepaper, Table 1).
+    Gpu("P100 PCIe", 9.3e12, None, 18.7e12, 732 * GB, 16 * GB, _PASCAL),
+    # Volta SXM2: 15.7 TFLOP/s FP32, 125 tensor (FP16), 900 GB/s HBM2, 16 or 32 GB (whitepaper, Table 1).
+    Gpu("V100 SXM2", 15.7e12, None, 125e12, 900 * GB, 16 * GB, _VOLTA),
+    # Ampere SXM4 40 GB: 19.5 FP32, 156 TF32, 312 BF16/FP16 dense, 1555 GB/s HBM2 (whitepaper, Table 1).
+    Gpu("A100 SXM4", 19.5e12, 156e12, 312e12, 1555 * GB, 40 * GB, _AMPERE),
+    # Hopper SXM5: 67 FP32, 495 TF32 and 989 BF16 dense (half the 990 and 1979 sparse), 3.35 TB/s HBM3, 80 GB.
+    Gpu("H100 SXM5", 67e12, 495e12, 989e12, 3350 * GB, 80 * GB, _HOPPER),
+)}
+
+LINKS: dict[str, Link] = {link.name: link for link in (
+    # PCIe x16 per direction: lanes x GT/s x 128/130 / 8 bits.
+    Link("PCIe 3.0 x16", 16 * 8e9 * 128 / 130 / 8, _PCIE),
+    Link("PCIe 4.0 x16", 16 * 16e9 * 128 / 130 / 8, _PCIE),
+    Link("PCIe 5.0 x16", 16 * 32e9 * 128 / 130 / 8, _PCIE),
+    # NVLink per GPU per direction: links x per-link rate (the whitepapers quote twice this, bidirectional).
+    Link("NVLink 1 (P100, 4 links)", 4 * 20 * GB, _PASCAL),
+    Link("NVLink 2 (V100, 6 links)", 6 * 25 * GB, _VOLTA),
+    Link("NVLink 3 (A100, 12 links)", 12 * 25 * GB, _AMPERE),
+    Link("NVLink 4 (H100, 18 links)", 18 * 25 * GB, _HOPPER),
+    # NVSwitch connects every GPU of a DGX/HGX to every other at its full NVLink rate (Ampere whitepaper).
+    Link("NVSwitch (A100, NVLink 3)", 12 * 25 * GB, _AMPERE),
+    # Networks: signalling rate in bits/s over 8; one adapter per node unless a cluster says otherwise.
+    Link("InfiniBand EDR", 100e9 / 8, _IB),
+    Link("InfiniBand HDR", 200e9 / 8, _IB),
+    Link("InfiniBand NDR", 400e9 / 8, _IB),
+    Link("10GbE", 10e9 / 8, _ETHERNET),
+    Link("25GbE", 25e9 / 8, _ETHERNET),
+    Link("50GbE", 50e9 / 8, _ETHERNET),
+    Link("100GbE", 100e9 / 8, _ETHERNET),
+)}
+
+
+def gpu(name: str) -> Gpu:
+    """The catalog entry for ``name``.
+
+    Raises:
+        KeyError: unknown name, listing the known ones.
+    """
+    if name not in GPUS:
+        raise KeyError(f"no GPU {name!r} in the catalog; known: {sorted(GPUS)}.")
+    return GPUS[name]
+
+
+def link(name: str) -> Link:
+    """The catalog entry for ``name``.
+
+    Raises:
+        KeyError: unknown name, listing the known ones.
+    """
+    if name not in LINKS:
+        raise KeyError(f"no link {name!r} in the catalog; known: {sorted(LINKS)}.")
+    return LINKS[name]

@@ -1,0 +1,65 @@
+"""One rank of a graded run: install the trusted probes, then run the student's script as ``__main__``.
+
+Started by :mod:`grader.inrank.launcher` once per rank, with torchrun's environment, as
+``python -m grader.inrank.harness SCRIPT``. Before any student code runs it reads the run's key from the
+descriptor in ``GRADER_KEY_FD`` and closes it, opens the record pipe from ``GRADER_RECORD_FD``, and
+removes both variables; then it runs the script exactly as ``python SCRIPT`` would (``sys.argv`` is
+``[SCRIPT]``: no arguments). Whatever the script does (returns, calls ``sys.exit``, raises) an ``end``
+record says so. The seed it gets is :func:`probe_seed` of the grader's, never the grader's own: what the
+student's process can see must not reveal the seed of the grader's evaluation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import runpy
+import sys
+import traceback
+
+KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV = "GRADER_KEY_FD", "GRADER_RECORD_FD", "GRADER_SEED"
+
+
+def probe_seed(seed: int) -> int:
+    """The seed handed to the student's processes (for the probes' fingerprints): one-way from ``seed``."""
+    return int.from_bytes(hashlib.sha256(f"probes {seed}".encode()).digest()[:4], "big")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m grader.inrank.harness SCRIPT", file=sys.stderr)
+        return 2
+    from grader.inrank import channel
+
+    key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
+    record_fd = int(os.environ.pop(RECORD_FD_ENV))
+    os.set_inheritable(record_fd, False)  # DataLoader workers and subprocesses do not get the channel
+    seed = int(os.environ.pop(SEED_ENV, "0"))
+    rank = int(os.environ.get("RANK", "0"))
+    writer = channel.Writer(record_fd, key, callers=(os.path.join(os.path.dirname(channel.__file__), "probes.py"),))
+    del key
+
+    from grader.inrank.probes import Probes
+
+    probes = Probes(writer, rank, seed, run_dir=os.getcwd())  # the run directory, before the script can chdir
+    probes.install()
+    script = os.path.abspath(argv[0])
+    sys.argv = [script]
+    sys.path.insert(0, os.path.dirname(script))
+    exit_code, how, error = 0, "returned", None
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code
+        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        how = f"sys.exit({code!r})"
+    except BaseException:  # the student's exception: reported, then the rank fails as python would
+        exit_code, how, error = 1, "raised", traceback.format_exc(limit=-8)
+        print(error, file=sys.stderr, flush=True)
+    probes.finish(how, exit_code, error)
+    sys.stdout.flush()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,179 @@
+"""Start the ranks of a graded run the way torchrun does, and watch them.
+
+``python -m grader.inrank.launcher --nproc 4 SCRIPT`` runs inside the sandbox. It gives each rank torchrun's
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``, ...) and starts ``python -m grader.inrank.harness SCRIPT``, so the script sees exactly what
+``torchrun --nproc_per_node=4 SCRIPT`` would give it. Like torchrun's agent it hosts the rendezvous store
+itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
+and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
+counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow;
+those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM
+(the grader is being stopped) it stops every rank at once and still reports. Its own
+records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
+channel. It holds the run's key, so it makes its memory unreadable to the ranks
+(:func:`grader.inrank.channel.hide_memory`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from course.runtime.ports import free_port
+from course.runtime.process import Running, finish_together
+from grader.inrank import channel
+from grader.inrank.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
+
+_STOP = threading.Event()  # set by SIGTERM: the grader is being stopped
+OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to the grader
+STDERR_TAIL_BYTES = 4 * 1024
+
+
+def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
+    """Forward one rank's record lines, whole, to the grader's pipe (the grader checks signatures)."""
+    with stream:
+        for line in stream:
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with lock:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(writer_fd, view):]
+
+
+RANK_MAIN = "from grader.inrank.launcher import rank_main; rank_main()"  # python -c: a rank, argv[1:] is [SCRIPT]
+
+
+def rank_main() -> None:
+    """One rank: :func:`grader.inrank.harness.main` on the script, then leave as Python would, minus the teardown.
+
+    Non-daemon threads are joined, atexit handlers run and the streams flushed, as at any exit; only the
+    interpreter's final teardown is skipped (freeing every module and torch's C++ state: seconds per rank on
+    a loaded machine, and nothing the grader or the script's files can observe). Started by :func:`launch`.
+    """
+    from grader.inrank import harness
+
+    _die_with_parent()
+    _exit_now(harness.main(sys.argv[1:]))
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the launcher dies (killed from outside): no rank outlives the launcher."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
+def _exit_now(code: int) -> None:
+    shutdown = getattr(threading, "_shutdown", None)  # what Python does first at exit: join non-daemon threads
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or replaced by the script
+            pass
+    os._exit(code)
+
+
+def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_NAME="default",
+               WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_WORLD_SIZE="1",
+               ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="grader",
+               TORCHELASTIC_USE_AGENT_STORE="True", TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process per node
+    # init_process_group returns on every rank only once every rank has connected to every other. Without it a
+    # rank that leaves right after init (ranks exit quickly here) can close its sockets while a slower peer is
+    # still connecting, and the peer crashes: "crash on rank k" one time, "ok" the next, for the same script.
+    env["TORCH_DIST_INIT_BARRIER"] = "1"
+    return env
+
+
+def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, straggler_s: float) -> int:
+    """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
+    writer, lock = channel.Writer(record_fd, key), threading.Lock()
+    port, ranks, relays = free_port(), [], []
+    start = time.monotonic()
+    for rank in range(nproc):
+        read_fd, write_fd = os.pipe()
+        key_fd = channel.key_pipe(channel.rank_key(key, rank))  # a rank can sign only as itself
+        env = _rank_env(rank, nproc, port)
+        env.update({KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(write_fd), SEED_ENV: str(seed)})
+        ranks.append(Running([sys.executable, "-c", RANK_MAIN, script], env=env, pass_fds=(key_fd, write_fd),
+                             capture=(OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES), new_session=False))
+        os.close(key_fd)
+        os.close(write_fd)
+        relay = threading.Thread(target=_relay, args=(os.fdopen(read_fd, "rb"), record_fd, lock), daemon=True)
+        relay.start()
+        relays.append(relay)
+    procs = [r.process for r in ranks]
+    exit_s = _exit_times(procs, start)  # before the store's import of torch: a rank may fail meanwhile
+    store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
+    stopped = finish_together(ranks, straggler_s, _STOP)
+    for relay in relays:
+        relay.join(timeout=5.0)
+    order = sorted(range(nproc), key=lambda r: exit_s.get(r, float("inf")))
+    for rank, run in enumerate(ranks):
+        writer.write({"kind": "rank_exit", "rank": rank, "returncode": run.process.returncode,
+                      "stopped": stopped.get(rank), "order": order.index(rank), "exit_s": exit_s.get(rank),
+                      "stdout_bytes": run.stdout.total, "stderr_bytes": run.stderr.total,
+                      "stdout": run.stdout.text(wait_s=2.0), "stderr": run.stderr.text(wait_s=2.0)})
+    return 0 if all(p.returncode == 0 for p in procs) else 1
+
+
+def _exit_times(procs: list[subprocess.Popen], start: float) -> dict[int, float]:
+    """Rank -> seconds from ``start`` to its exit, filled by one waiting thread per rank as each exits.
+
+    Exact to the scheduler's latency, not to a polling period: when rank 2 raises and rank 0 fails a
+    millisecond later on the closed connection, the grader must still see that rank 2 ended first.
+    """
+    times: dict[int, float] = {}
+
+    def wait(rank: int, proc: subprocess.Popen) -> None:
+        proc.wait()
+        times[rank] = round(time.monotonic() - start, 4)
+
+    for rank, proc in enumerate(procs):
+        threading.Thread(target=wait, args=(rank, proc), daemon=True).start()
+    return times
+
+
+def _host_store(port: int, nproc: int):
+    """Host the ranks' rendezvous store here, as torchrun's agent does, so ranks may exit in any order.
+
+    (When rank 0 hosts it, rank 0 leaving first can abort the others' exit.) Imported after the ranks were
+    started, so this import of torch overlaps theirs; the ranks retry until the store is up.
+    """
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, nproc, is_master=True, wait_for_workers=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader.inrank.launcher")
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--straggler-s", type=float, default=20.0)
+    parser.add_argument("script")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: _STOP.set())  # stop the ranks, then still write their records
+    channel.hide_memory()  # before the key is read: the ranks run as this user and must not read it from here
+    key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
+    record_fd = int(os.environ.pop(RECORD_FD_ENV))
+    seed = int(os.environ.pop(SEED_ENV, "0"))
+    return launch(args.script, args.nproc, record_fd, key, seed, args.straggler_s)
+
+
+if __name__ == "__main__":
+    _exit_now(main())  # every record is written: the launcher's torch (the store) need not be torn down

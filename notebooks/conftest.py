@@ -1,0 +1,12 @@
+"""nbval's settings for the notebooks."""
+
+#: How long nbval waits for each of a cell's output messages once the cell has run. nbval's own 5 s is less
+#: than a loaded 2-core machine can take to deliver a message from the kernel, and then a correct cell fails
+#: with "Timeout of 5 seconds exceeded waiting for output" (seen on notebook 04's exercise check under load).
+OUTPUT_TIMEOUT_S = 60
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if hasattr(item, "output_timeout"):  # an nbval cell
+            item.output_timeout = OUTPUT_TIMEOUT_S

@@ -1,0 +1,41 @@
+"""course.ddp.hooks: DDP comm hooks equal to DDP's own reduction, and no teardown hang in fresh processes."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import rank_functions
+import torch
+
+from course.ddp import hooks as ddp_hooks
+from course.runtime.launch import launch
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_hooks_give_ddps_gradients_on_two_ranks():
+    for result in launch(rank_functions.hook_gradients, 2, timeout_s=200):
+        default = result["default"]
+        assert torch.allclose(result["counting"], default, atol=1e-6)  # averaged, like DDP
+        assert torch.allclose(result["summing"], 2 * default, atol=1e-6)  # 2 ranks: the sum is twice the mean
+        assert torch.allclose(result["fp16"], default, atol=1e-3, rtol=1e-2)  # float16 rounding only
+        assert result["counted"] >= 1  # one call per bucket DDP all-reduced
+
+
+def test_an_unknown_op_is_named():
+    with pytest.raises(ValueError, match="op"):
+        ddp_hooks.counting(print, op="mean")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("hook", ["none", "counting", "summing", "fp16"])
+def test_teardown_with_a_hook_never_hangs_in_fresh_processes(hook):
+    """Each process tears DDP down 12 times in the order that deadlocked with a Python-callback hook."""
+    program = Path(__file__).parents[1] / "ddp_teardown.py"
+    for _ in range(4):
+        run = subprocess.run([sys.executable, str(program), hook, "12", "120"], capture_output=True, text=True,
+                             timeout=180)
+        assert run.returncode == 0, f"{hook}: exit {run.returncode}\n{run.stderr[-3000:]}"
+        assert "12 rounds" in run.stdout

@@ -1,0 +1,35 @@
+"""course.ddp.scaling: the core-count verdict and the plots of measured and modelled scaling."""
+
+import pytest
+
+from course import timing
+from course.collectives import cost_model
+from course.ddp import calibration, scaling
+from course.perf import catalog as hardware
+from course.perf import model as perf_model
+from course.perf import workloads
+
+
+def test_speedup_above_the_cores_is_flagged_as_noise():
+    one, four = timing.summarize([0.030] * 5), timing.summarize([0.036] * 5)
+    value, text = scaling.speedup_verdict(one, four, 4, cores=2)
+    assert value == pytest.approx(4 * 30 / 36) and "noise" in text and "above the 2x" in text
+    value, text = scaling.speedup_verdict(one, four, 4, cores=4)
+    assert "noise" not in text and text.endswith("faster than the baseline")
+
+
+def test_modelled_plots_draw_without_error():
+    cluster = perf_model.Cluster(hardware.gpu("A100 SXM4"), hardware.link("PCIe 4.0 x16"), 8)
+    curve = perf_model.scaling_curve(workloads.resnet(), 32, (1, 2, 4, 8), cluster)
+    assert scaling.plot_modelled_scaling({"ResNet-50": curve}) is not None
+    step = perf_model.step_time(workloads.resnet(), 32, 4, cluster, "naive")
+    assert scaling.plot_modelled_timeline({"naive": step, "ring": curve[4]["step"]}) is not None
+
+
+def test_measured_plot_draws_medians_intervals_and_calibration():
+    timings = {(n, b): timing.summarize([0.001 * n * b, 0.0011 * n * b, 0.0012 * n * b]) for n in (1, 2, 4)
+               for b in (16, 64)}
+    model = calibration.Calibration(1e-3, 1e-4, cost_model.AlphaBeta(1e-4, 1e-9), 359_720, 2, {4: 4e-3},
+                                    (16, 64))
+    figure = scaling.plot_measured(timings, model)
+    assert len(figure.axes[0].lines) >= 4  # a measured line and a calibration line per batch size

@@ -1,0 +1,61 @@
+"""grader.inrank.launcher, graded for real: a rank can read neither the launcher's memory (the run's key) nor the
+instructor's secret."""
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from grader import sandbox, secret
+from grader.assignment import ASSIGNMENT
+from grader.runner import GradingConfig, grade
+
+pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(180)]
+
+SNOOP = '''"""Hostile: reads its launcher's memory, where the run's key is, and the grader's secret file."""
+import os
+
+import torch  # noqa: F401  (the grader wants a training script)
+
+launcher = os.getppid()
+for name in ("mem", "environ"):
+    try:
+        with open(f"/proc/{launcher}/{name}", "rb"):
+            print(f"launcher {name}: opened")
+    except OSError as error:
+        print(f"launcher {name}: refused ({error.strerror})")
+try:
+    print(f"secret: read {len(open(SECRET).read())} characters")
+except OSError as error:
+    print(f"secret: refused ({error.strerror})")
+'''
+
+
+def mount_namespace(cwd: Path) -> bool:
+    """The sandbox here has a mount namespace (root, or unprivileged user namespaces), so it can hide files."""
+    result = sandbox.run([sys.executable, "-c", "pass"], cwd=cwd, env=dict(os.environ))
+    return "mount namespace" in result.mechanisms
+
+
+def test_a_rank_reads_neither_the_launchers_memory_nor_the_secret(tmp_path, monkeypatch):
+    folder = Path(tempfile.mkdtemp())  # reachable by the sandbox's uid (0755), unlike pytest's tmp_path
+    try:
+        folder.chmod(0o755)
+        path = folder / "grader-secret"
+        monkeypatch.setenv(secret.SECRET_FILE_ENV, str(path))
+        monkeypatch.delenv(secret.SECRET_ENV, raising=False)
+        secret.ensure()
+        path.chmod(0o644)  # readable by every user: only the sandbox can keep it from the ranks
+        script = tmp_path / "train_4gpu.py"
+        script.write_text(SNOOP.replace("SECRET", repr(str(path))))
+        results = grade(script, GradingConfig(assignment=replace(ASSIGNMENT, world_size=1), straggler_s=5.0))
+    finally:
+        shutil.rmtree(folder)
+    output = results.output
+    assert "launcher mem: refused" in output and "launcher environ: refused" in output, output
+    if mount_namespace(tmp_path):
+        assert "secret: read 0 characters" in output, output

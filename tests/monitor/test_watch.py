@@ -1,0 +1,149 @@
+"""course.monitor.watch: real runs watched to the end, timeouts and interruptions, and no process left behind.
+
+The measurement is tested in test_sampling.py, test_sources.py and test_summary.py, the drawing in test_views.py
+and test_summary_plot.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import rank_functions as rf
+from processes import live_children
+
+from course.monitor import watch as monitor
+from course.runtime.launch import launch
+
+TREE = str(Path(__file__).with_name("monitor_tree.py"))
+
+
+def _tree(seconds: float, *roles: str, pid_file: Path | None = None) -> subprocess.Popen:
+    env = None if pid_file is None else {**os.environ, "MONITOR_TREE_PIDS": str(pid_file)}
+    return subprocess.Popen([sys.executable, TREE, str(seconds), *roles], env=env, start_new_session=True)
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def _pids(pid_file: Path, expected: int, timeout_s: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = [int(line) for line in pid_file.read_text().split()] if pid_file.exists() else []
+        if len(pids) >= expected:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"expected {expected} processes to start, saw {pids}")
+
+
+# ---- measuring real processes -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_real_torchrun_job_is_watched_to_the_end():
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    run = monitor.run_and_watch([*torchrun, TREE, "--act", "busy", "3"], timeout_s=150, interval_s=0.3,
+                                display=False)
+    assert run.returncode == 0, run.stderr
+    assert run.history.devices() == [0, 1]
+    assert all(s.mean_utilization > 5 for s in run.summary()), run.summary()  # both spun (on shared cores)
+    assert live_children() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_ranks_of_course_launch_are_watched():
+    with monitor.watch(None, interval_s=0.2, display=False) as history:
+        launch(rf.identity, 2, "x", timeout_s=120)
+    assert history.devices() == [0, 1]
+    assert live_children() == []
+
+
+# ---- running, timeouts, interruptions, bad input -----------------------------------------------------------
+
+def test_run_and_watch_returns_what_subprocess_run_would():
+    run = monitor.run_and_watch([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"], display=False)
+    assert (run.returncode, run.stdout, run.stderr) == (3, "out\n", "")
+
+
+ORPHAN = """import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # holds the pipes
+print(child.pid)"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_orphaned_by_a_clean_exit_is_not_left_behind():
+    run = monitor.run_and_watch([sys.executable, "-c", ORPHAN], display=False, timeout_s=60)
+    assert run.returncode == 0 and _gone([int(run.stdout)])
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_kills_the_whole_tree(tmp_path):
+    pid_file = tmp_path / "pids"
+    env = {**os.environ, "MONITOR_TREE_PIDS": str(pid_file)}
+    with pytest.raises(subprocess.TimeoutExpired):
+        monitor.run_and_watch([sys.executable, TREE, "-1", "sleep", "loader"], env=env, timeout_s=5,
+                              display=False)
+    pids = pid_file.read_text().split()
+    assert len(pids) == 4, pids  # the launcher, two ranks, one worker: all started before the timeout
+    assert _gone([int(p) for p in pids])
+    assert live_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_watch_kills_the_whole_tree(tmp_path):
+    tree = _tree(-1, "sleep", "loader", pid_file=tmp_path / "pids")
+    pids = _pids(tmp_path / "pids", 4)
+    with pytest.raises(KeyboardInterrupt), monitor.watch(tree, display=False):
+        raise KeyboardInterrupt
+    assert _gone(pids) and tree.returncode is not None
+    assert live_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_run_and_watch_kills_the_whole_tree(tmp_path):
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    pid_file = tmp_path / "pids"
+    env = {**os.environ, "MONITOR_TREE_PIDS": str(pid_file)}
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    # Ctrl-C once the whole tree is up (SIGUSR1 stands in for SIGINT, which pytest handles itself).
+    waiter = threading.Thread(target=lambda: (_pids(pid_file, 4), os.kill(os.getpid(), signal.SIGUSR1)))
+    try:
+        waiter.start()
+        with pytest.raises(KeyboardInterrupt):
+            monitor.run_and_watch([sys.executable, TREE, "-1", "sleep", "loader"], env=env, timeout_s=60,
+                                  display=False)
+    finally:
+        waiter.join()
+        signal.signal(signal.SIGUSR1, previous)
+    assert _gone([int(p) for p in pid_file.read_text().split()])
+    assert live_children() == []
+
+
+def test_bad_input_is_explained():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with pytest.raises(ValueError, match="already exited"), monitor.watch(dead, display=False):
+        pass
+    with pytest.raises(ValueError, match="timeout_s must be a positive"):
+        monitor.run_and_watch([sys.executable, "-c", "pass"], timeout_s=-1)
+    with pytest.raises(ValueError, match="interval_s must be a positive"):
+        monitor.run_and_watch([sys.executable, "-c", "import time; time.sleep(60)"], interval_s=0)
+    assert live_children() == []  # refused before it started anything

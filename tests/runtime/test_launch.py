@@ -1,0 +1,160 @@
+"""course.runtime.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
+
+
+import operator
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import rank_functions as rf
+import torch
+from processes import live_children
+
+from course.runtime.launch import RankFailed, RankTimeout, launch
+
+pytestmark = pytest.mark.slow
+
+
+def test_results_come_back_in_rank_order():
+    assert launch(rf.identity, 3, "x", timeout_s=60) == [(0, "x"), (1, "x"), (2, "x")]
+    assert live_children() == []
+
+
+def test_a_numpy_integer_world_size_is_accepted():
+    assert launch(rf.identity, np.int64(2), "x", timeout_s=60) == [(0, "x"), (1, "x")]
+
+
+def test_tensor_results_arrive_by_value():
+    results = launch(rf.rank_tensor, 2, 100_000, timeout_s=60)
+    assert [r.sum().item() for r in results] == [0.0, 100_000.0]
+
+
+def test_ranks_leave_the_group_together_before_launch_returns(tmp_path, capfd):
+    # Killing a rank that has reported while a peer is still in shutdown's barrier printed a gloo traceback.
+    assert launch(rf.slow_to_leave, 2, str(tmp_path), timeout_s=60) == [0, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["left-0", "left-1"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_every_rank_gets_its_own_copy_of_the_arguments():
+    # The spawn context's pickler would share tensor memory between the caller and all ranks.
+    tensor = torch.zeros(3)
+    assert launch(rf.add_rank_in_place, 2, tensor, timeout_s=60) == [3.0, 6.0]
+    assert tensor.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_arguments_that_cannot_be_pickled_are_refused_clearly():
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        launch(rf.identity, 2, threading.Lock(), timeout_s=60)
+    assert live_children() == []
+
+
+def test_the_echo_of_a_failure_on_the_other_ranks_is_counted_not_shown(capfd):
+    with pytest.raises(RankFailed) as caught:
+        launch(rf.noisy_when_a_peer_fails, 3, 1, timeout_s=60)
+    assert caught.value.rank == 1 and "fails on purpose" in str(caught.value)
+    err = capfd.readouterr().err
+    assert "echo of the failure" not in err  # when it was written in time, a "[rank k] (1 line(s) ...)" stands in
+
+
+def test_output_is_prefixed_by_rank(capsys):
+    launch(rf.print_lines, 2, timeout_s=60)
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(out) == ["[rank 0] first line", "[rank 0] second", "[rank 1] first line", "[rank 1] second"]
+
+
+def test_a_crashing_rank_is_named_and_the_others_are_stopped():
+    with pytest.raises(RankFailed) as caught:
+        launch(rf.crash_on, 4, 2, timeout_s=60)
+    assert caught.value.rank == 2
+    assert "ZeroDivisionError: deliberate failure on rank 2" in str(caught.value)
+    assert live_children() == []
+
+
+def test_a_hanging_rank_times_out_by_name():
+    with pytest.raises(RankTimeout) as caught:
+        launch(rf.hang_on, 3, 1, timeout_s=12)
+    assert caught.value.ranks == [1]
+    assert caught.value.waiting == {0: "finished", 2: "finished"}
+    assert "rank(s) 1 did not finish within 12 s (ranks 0, 2 had finished and were waiting for it)" in str(
+        caught.value)
+    assert live_children() == []
+
+
+def test_a_hanging_rank_is_told_apart_from_the_peers_waiting_for_it_in_a_collective():
+    with pytest.raises(RankTimeout) as caught:
+        launch(rf.sleep_while_peers_all_reduce, 4, 1, timeout_s=18)
+    assert caught.value.ranks == [1]
+    assert caught.value.waiting == {0: "all_reduce", 2: "all_reduce", 3: "all_reduce"}
+    assert "rank(s) 1 did not finish within 18 s (ranks 0, 2, 3 were waiting for it in all_reduce)" in str(
+        caught.value)
+    assert live_children() == []
+
+
+def test_ranks_all_stuck_in_collectives_are_all_named():
+    # Ranks that called different collectives each wait for the others: nobody is outside a collective to blame.
+    error = RankTimeout([0, 1], 5, {0: "all_reduce", 1: "barrier", 2: "finished"})
+    assert str(error).startswith(
+        "rank(s) 0, 1 did not finish within 5 s (rank 0 was waiting in all_reduce, a collective no other rank "
+        "joined; rank 1 was waiting in barrier, a collective no other rank joined; rank 2 had finished and was "
+        "waiting for them)")
+
+
+def test_a_rank_that_dies_without_reporting_is_named():
+    with pytest.raises(RankFailed) as caught:
+        launch(rf.vanish_on, 2, 1, timeout_s=60)
+    assert caught.value.rank == 1
+    assert "exited with code 3 without reporting a result" in str(caught.value)
+    assert "--- end of rank 1's stderr ---\nrank 1 is about to vanish" in str(caught.value)
+    assert live_children() == []
+
+
+@pytest.mark.timeout(180)
+def test_a_script_that_launches_without_a_main_guard_is_told_the_fix(tmp_path):
+    # Each spawned rank re-imports the script; unguarded, its launch() call fails inside every rank at start-up.
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent.parent)!r})\n"
+                      "import rank_functions\nfrom course.runtime.launch import launch\n"
+                      "launch(rank_functions.identity, 2, None, timeout_s=60)\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=tmp_path)
+    assert result.returncode == 1
+    error = result.stderr[result.stderr.index("course.runtime.launch.RankFailed"):]
+    assert re.search(r"rank \d failed; .*\n--- on rank \d ---\n"
+                     r"process exited with code 1 without reporting a result, before it could call fn", error)
+    assert f"imports your script ({script})" in error and 'under `if __name__ == "__main__":`' in error
+    assert "--- end of rank" in error and "bootstrapping phase" in error  # the rank's own error, quoted
+
+
+def test_dataloader_workers_of_a_hung_rank_are_killed_too(capsys):
+    with pytest.raises(RankTimeout):
+        launch(rf.spawn_worker_then_hang, 1, timeout_s=10)
+    assert live_children() == []
+    pids = [int(p) for p in capsys.readouterr().out.split("[")[-1].strip(" ]\n").split(",")]
+    assert pids and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                            for pid in pids)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True])
+def test_bad_world_sizes_are_refused_before_anything_starts(bad):
+    with pytest.raises(ValueError, match="world_size must be a positive integer number of ranks"):
+        launch(rf.identity, bad, None)
+    assert live_children() == []
+
+
+def test_a_function_from_a_notebook_cell_is_refused_with_the_fix():
+    def local():
+        return 1
+
+    with pytest.raises(ValueError, match="Put it in a .py module"):
+        launch(local, 2)
+
+
+def test_in_turn_runs_each_call_in_order_and_returns_every_result():
+    from course.runtime.launch import in_turn
+
+    assert in_turn((operator.add, (2, 3)), (max, (1, 4, 2)), (list, ())) == [5, 4, []]
