@@ -13,16 +13,24 @@ algorithm  a (steps)           b (bytes per N, busiest  why
 naive      2(n-1)              2(n-1)                  rank 0 receives n-1 tensors, then sends n-1
 ring       2(n-1)              2(n-1)/n                2(n-1) steps, each moving one 1/n chunk
 tree       2⌈log2 n⌉           2⌈log2 n⌉               ⌈log2 n⌉ rounds up, as many down, whole tensors
+                                                       (a binomial tree, **unpipelined**: notebook 04's)
+pipelined  2⌈log2 n⌉           2 (1 when n = 2)        NCCL's tree: the tensor cut into chunks that flow
+_tree                                                  up and down at once (two binary trees, each rank a
+                                                       leaf in one): every rank sends ~N up and ~N down
 shm        2                   3                       two barriers; each rank copies N in, adds its
                                                        n chunks of N/n, copies N out (β: memory)
 =========  ==================  ======================  =============================================
 
-The ring's bandwidth term, ``2(n-1)/n·N·β``, is the lower bound for any allreduce, which is why nccl-tests
-reports **bus bandwidth** ``busbw = algbw · 2(n-1)/n`` (``algbw = N / T``): it is the bandwidth each link
-actually sustained, comparable across world sizes and with the hardware's link speed. The model leaves
-out the time to add the numbers (a third term, γ per byte, small on GPUs) and contention between links
-that share hardware (large for CPU processes sharing two cores). The times it is fitted to and checked against
-are measured by :mod:`course.collectives.timing_ranks`; everything here is arithmetic on them (no process group).
+The unpipelined tree's bandwidth term grows with ``log2 n`` (16x the tensor at 256 ranks, 8x the ring's); the
+pipelined tree keeps the tree's short latency and moves about what the ring moves, which is why NCCL uses it
+across nodes for small and mid-size messages. It has no row in ``ALGORITHMS`` (the course does not implement it):
+like ``shm``, it is a modelled-only cost here. The ring's bandwidth term, ``2(n-1)/n·N·β``, is the lower bound
+for any allreduce, which is why nccl-tests reports **bus bandwidth** ``busbw = algbw · 2(n-1)/n``
+(``algbw = N / T``): it is the bandwidth each link actually sustained, comparable across world sizes and with the
+hardware's link speed. The model leaves out the time to add the numbers (a third term, γ per byte, small on
+GPUs) and contention between links that share hardware (large for CPU processes sharing two cores). The times
+it is fitted to and checked against are measured by :mod:`course.collectives.timing_ranks`; everything here is
+arithmetic on them (no process group).
 Taught in ``notebooks/04_allreduce.ipynb``.
 
 **Two levels** (``notebooks/05b_nodes.ipynb``): ``m`` nodes of ``g`` ranks, a fast link inside a node
@@ -37,7 +45,8 @@ allreduce (``course.collectives.hierarchical``) costs (:func:`hierarchical_coeff
 
 (reduce: 2 barriers, copy in, add, the leader copies out; broadcast: 2 barriers, the leader copies in, the
 others copy out), with no intra-node term when ``g = 1``. Across nodes it sends ``2(m-1)/m·N`` instead of
-``2(n-1)/n·N`` per link, in ``2(m-1)`` steps instead of ``2(n-1)``.
+``2(n-1)/n·N`` per link, in ``2(m-1)`` steps instead of ``2(n-1)``. The same formula with ``within="ring"`` is
+NCCL's two-level allreduce, which the performance model uses (:mod:`course.perf.comm`).
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ from course.collectives.timing_ranks import REFERENCE
 
 #: The shared-memory allreduce (``course.collectives.shm_allreduce``): not in ``ALGORITHMS``, it runs in one host.
 SHM = "shm"
+#: NCCL's pipelined tree: modelled only (no implementation in ``ALGORITHMS``), used by :mod:`course.perf.comm`.
+PIPELINED_TREE = "pipelined_tree"
 
 if TYPE_CHECKING:  # matplotlib is imported only when plotting
     from matplotlib.figure import Figure
@@ -82,7 +93,8 @@ class AlphaBeta:
 
 def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
     """``(a, b)`` such that the algorithm costs ``a·α + b·N·β`` on ``world_size`` ranks (module table): an
-    algorithm of ``ALGORITHMS``, or ``"shm"`` (the shared-memory allreduce, which runs inside one host only).
+    algorithm of ``ALGORITHMS``, ``"shm"`` (the shared-memory allreduce, which runs inside one host only) or
+    ``"pipelined_tree"`` (NCCL's tree, modelled only).
 
     Raises:
         ValueError: unknown algorithm or world size below 1.
@@ -90,8 +102,11 @@ def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
     n = check_count("world_size", world_size, unit="number of ranks")
     if algorithm == SHM:
         return (2.0, 3.0) if n > 1 else (0.0, 0.0)
+    if algorithm == PIPELINED_TREE:
+        depth = math.ceil(math.log2(n)) if n > 1 else 0
+        return float(2 * depth), float(min(2, n - 1))
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {sorted([*ALGORITHMS, SHM])}, got {algorithm!r}.")
+        raise ValueError(f"algorithm must be one of {sorted([*ALGORITHMS, SHM, PIPELINED_TREE])}, got {algorithm!r}.")
     a, b = ALGORITHMS[algorithm].cost(n)
     return float(a), float(b)
 
@@ -107,25 +122,37 @@ def predict(algorithm: str, nbytes: float | np.ndarray, world_size: int, link: A
 INTRA_NODE = (4.0, 5.0)
 
 
-def hierarchical_coefficients(ranks_per_node: int, nodes: int, across: str = "ring"
+def hierarchical_coefficients(ranks_per_node: int, nodes: int, across: str = "ring", within: str = "shm"
                               ) -> tuple[tuple[float, float], tuple[float, float]]:
     """``((a_in, b_in), (a_x, b_x))``: the hierarchical allreduce of ``N`` bytes costs
     ``a_in·α_in + b_in·N·β_in + a_x·α_x + b_x·N·β_x`` (module docstring).
 
+    ``within="shm"``: 05b's shared-memory reduce to a leader and broadcast (:data:`INTRA_NODE`); only the leaders
+    cross the network, with the whole tensor. ``within="ring"``: NCCL's way, a reduce-scatter and an all-gather
+    inside the node (``2(g-1)`` steps, ``2(g-1)/g`` bytes), and *every* rank allreduces its ``1/g`` shard across
+    the nodes over its own share of the network (``b_x`` divided by ``g``; ``β_x`` is then one rank's share).
+
     Raises:
-        ValueError: fewer than 1 rank per node or node, or an unknown ``across`` algorithm.
+        ValueError: fewer than 1 rank per node or node, or an unknown ``across``/``within`` algorithm.
     """
     ranks_per_node = check_count("ranks_per_node", ranks_per_node, unit="number of ranks")
     nodes = check_count("nodes", nodes, unit="number of nodes")
+    if within not in ("shm", "ring"):
+        raise ValueError(f"within must be 'shm' (05b's leader scheme) or 'ring' (NCCL's), got {within!r}.")
+    a_x, b_x = coefficients(across, nodes)
+    if within == "ring":
+        g = ranks_per_node
+        return (2.0 * (g - 1), 2.0 * (g - 1) / g), (a_x, b_x / g)
     inside = INTRA_NODE if ranks_per_node > 1 else (0.0, 0.0)
-    return inside, coefficients(across, nodes)
+    return inside, (a_x, b_x)
 
 
 def predict_hierarchical(nbytes: float | np.ndarray, ranks_per_node: int, nodes: int, inside: AlphaBeta,
-                         between: AlphaBeta, across: str = "ring") -> float | np.ndarray:
+                         between: AlphaBeta, across: str = "ring", within: str = "shm") -> float | np.ndarray:
     """Modelled seconds for one hierarchical allreduce of ``nbytes`` bytes: fast link ``inside`` a node (for
-    shared memory, α is a barrier and β the time to copy a byte), slow link ``between`` nodes."""
-    (a_in, b_in), (a_x, b_x) = hierarchical_coefficients(ranks_per_node, nodes, across)
+    shared memory, α is a barrier and β the time to copy a byte), slow link ``between`` nodes (per rank when
+    ``within="ring"``: see :func:`hierarchical_coefficients`)."""
+    (a_in, b_in), (a_x, b_x) = hierarchical_coefficients(ranks_per_node, nodes, across, within)
     size = np.asarray(nbytes, dtype=float)
     return (a_in * inside.alpha_s + b_in * size * inside.beta_s_per_byte
             + a_x * between.alpha_s + b_x * size * between.beta_s_per_byte)

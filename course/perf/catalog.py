@@ -13,7 +13,7 @@ quote the bidirectional sum, which is twice that. Taught in ``notebooks/05_ddp.i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GB = 1e9  # decimal giga: datasheets quote GB/s and GB in powers of ten
 
@@ -54,17 +54,29 @@ class Gpu:
     memory_bytes: float
     source: str
 
+    @property
+    def generation(self) -> str:
+        """The architecture, read from the name: ``"Kepler"``, ``"Maxwell"``, ``"Pascal"``, ``"Volta"``, ...."""
+        families = {"K": "Kepler", "M": "Maxwell", "P": "Pascal", "V": "Volta", "A": "Ampere", "H": "Hopper"}
+        return families.get(self.name[0], "unknown")
+
     def peak_flops(self, precision: str) -> float:
-        """Peak FLOP/s at ``precision`` (``"fp32"``, ``"tf32"`` or ``"fp16"``), falling back to FP32 where the
-        GPU has no faster unit for it (a K40 runs FP16 at its FP32 rate at best).
+        """Peak FLOP/s at ``precision`` (``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, ``"amp"``), falling back
+        to FP32 where the GPU has no faster unit for it (a K40 runs FP16 at its FP32 rate at best).
 
         Raises:
             ValueError: unknown precision.
         """
-        rates = {"fp32": self.fp32_flops, "tf32": self.tf32_flops, "fp16": self.fp16_flops}
+        half = self.fp16_flops  # FP16 and BF16 tensor cores run at one rate; "amp" is autocast (16-bit math)
+        rates = {"fp32": self.fp32_flops, "tf32": self.tf32_flops, "fp16": half, "bf16": half, "amp": half}
         if precision not in rates:
             raise ValueError(f"precision must be one of {sorted(rates)}, got {precision!r}.")
         return rates[precision] or self.fp32_flops
+
+
+#: How software moves bytes over a link; each has its own sustained efficiency and latency
+#: (:mod:`course.perf.microbench` fits them). Ethernet carries either TCP (sockets) or RoCE (RDMA).
+TRANSPORTS = ("nvlink", "pcie", "infiniband", "roce", "tcp")
 
 
 @dataclass(frozen=True)
@@ -75,11 +87,26 @@ class Link:
         name: e.g. ``"PCIe 3.0 x16"`` or ``"NVLink 3 (A100, 12 links)"``.
         bandwidth: peak bytes/s one GPU (or one node's adapter) sends per direction.
         source: where the number comes from.
+        transport: one of :data:`TRANSPORTS`: how an allreduce's bytes cross it.
     """
 
     name: str
     bandwidth: float
     source: str
+    transport: str = "pcie"
+
+    def over(self, transport: str) -> Link:
+        """The same wire used through another transport, e.g. 25GbE with RoCE instead of TCP.
+
+        Raises:
+            ValueError: unknown transport, or one the wire cannot carry (RoCE/TCP need Ethernet).
+        """
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}.")
+        if (transport in ("roce", "tcp")) != (self.transport in ("roce", "tcp")):
+            raise ValueError(f"{self.name} carries {self.transport}; only an Ethernet link switches between "
+                             f"'tcp' and 'roce' (got {transport!r}).")
+        return replace(self, name=f"{self.name.split(' (')[0]} ({transport})", transport=transport)
 
 
 GPUS: dict[str, Gpu] = {gpu.name: gpu for gpu in (
@@ -95,30 +122,39 @@ GPUS: dict[str, Gpu] = {gpu.name: gpu for gpu in (
     Gpu("V100 SXM2", 15.7e12, None, 125e12, 900 * GB, 16 * GB, _VOLTA),
     # Ampere SXM4 40 GB: 19.5 FP32, 156 TF32, 312 BF16/FP16 dense, 1555 GB/s HBM2 (whitepaper, Table 1).
     Gpu("A100 SXM4", 19.5e12, 156e12, 312e12, 1555 * GB, 40 * GB, _AMPERE),
+    # Volta SXM3 in a DGX-2H (450 W, higher clocks): 130 TFLOP/s FP16 tensor, the peak Megatron-LM's authors
+    # measure their 48% against (62.4 TFLOP/s, https://nv-adlr.github.io/MegatronLMV1); 32 GB.
+    Gpu("V100 SXM3 (DGX-2H)", 16.4e12, None, 130e12, 900 * GB, 32 * GB,
+        _VOLTA + "; https://nv-adlr.github.io/MegatronLMV1"),
+    # Ampere SXM4 80 GB: the same peaks, 2039 GB/s HBM2e (A100 datasheet).
+    Gpu("A100 SXM4 80GB", 19.5e12, 156e12, 312e12, 2039 * GB, 80 * GB, _AMPERE),
     # Hopper SXM5: 67 FP32, 495 TF32 and 989 BF16 dense (half the 990 and 1979 sparse), 3.35 TB/s HBM3, 80 GB.
     Gpu("H100 SXM5", 67e12, 495e12, 989e12, 3350 * GB, 80 * GB, _HOPPER),
 )}
 
 LINKS: dict[str, Link] = {link.name: link for link in (
     # PCIe x16 per direction: lanes x GT/s x 128/130 / 8 bits.
-    Link("PCIe 3.0 x16", 16 * 8e9 * 128 / 130 / 8, _PCIE),
-    Link("PCIe 4.0 x16", 16 * 16e9 * 128 / 130 / 8, _PCIE),
+    Link("PCIe 3.0 x16", 16 * 8e9 * 128 / 130 / 8, _PCIE, "pcie"),
+    Link("PCIe 4.0 x16", 16 * 16e9 * 128 / 130 / 8, _PCIE, "pcie"),
     Link("PCIe 5.0 x16", 16 * 32e9 * 128 / 130 / 8, _PCIE),
     # NVLink per GPU per direction: links x per-link rate (the whitepapers quote twice this, bidirectional).
-    Link("NVLink 1 (P100, 4 links)", 4 * 20 * GB, _PASCAL),
-    Link("NVLink 2 (V100, 6 links)", 6 * 25 * GB, _VOLTA),
-    Link("NVLink 3 (A100, 12 links)", 12 * 25 * GB, _AMPERE),
-    Link("NVLink 4 (H100, 18 links)", 18 * 25 * GB, _HOPPER),
+    Link("NVLink 1 (P100, 4 links)", 4 * 20 * GB, _PASCAL, "nvlink"),
+    Link("NVLink 2 (V100, 6 links)", 6 * 25 * GB, _VOLTA, "nvlink"),
+    Link("NVLink 3 (A100, 12 links)", 12 * 25 * GB, _AMPERE, "nvlink"),
+    Link("NVLink 4 (H100, 18 links)", 18 * 25 * GB, _HOPPER, "nvlink"),
     # NVSwitch connects every GPU of a DGX/HGX to every other at its full NVLink rate (Ampere whitepaper).
-    Link("NVSwitch (A100, NVLink 3)", 12 * 25 * GB, _AMPERE),
-    # Networks: signalling rate in bits/s over 8; one adapter per node unless a cluster says otherwise.
-    Link("InfiniBand EDR", 100e9 / 8, _IB),
-    Link("InfiniBand HDR", 200e9 / 8, _IB),
-    Link("InfiniBand NDR", 400e9 / 8, _IB),
-    Link("10GbE", 10e9 / 8, _ETHERNET),
-    Link("25GbE", 25e9 / 8, _ETHERNET),
-    Link("50GbE", 50e9 / 8, _ETHERNET),
-    Link("100GbE", 100e9 / 8, _ETHERNET),
+    Link("NVSwitch (A100, NVLink 3)", 12 * 25 * GB, _AMPERE, "nvlink"),
+    Link("NVSwitch (V100 DGX-2, NVLink 2)", 6 * 25 * GB, _VOLTA, "nvlink"),
+    Link("NVSwitch (H100, NVLink 4)", 18 * 25 * GB, _HOPPER, "nvlink"),
+    # Networks: signalling rate in bits/s over 8, per adapter (a cluster says how many per node). Ethernet is
+    # listed as TCP; `.over("roce")` gives the same wire with RDMA.
+    Link("InfiniBand EDR", 100e9 / 8, _IB, "infiniband"),
+    Link("InfiniBand HDR", 200e9 / 8, _IB, "infiniband"),
+    Link("InfiniBand NDR", 400e9 / 8, _IB, "infiniband"),
+    Link("10GbE", 10e9 / 8, _ETHERNET, "tcp"),
+    Link("25GbE", 25e9 / 8, _ETHERNET, "tcp"),
+    Link("50GbE", 50e9 / 8, _ETHERNET, "tcp"),
+    Link("100GbE", 100e9 / 8, _ETHERNET, "tcp"),
 )}
 
 
@@ -142,3 +178,18 @@ def link(name: str) -> Link:
     if name not in LINKS:
         raise KeyError(f"no link {name!r} in the catalog; known: {sorted(LINKS)}.")
     return LINKS[name]
+
+
+def match_gpu(device_name: str) -> Gpu | None:
+    """The catalog entry for a name as CUDA reports it (``torch.cuda.get_device_name()``, e.g.
+    ``"NVIDIA A100-SXM4-80GB"``), or None when the catalog has no such GPU."""
+    name = device_name.upper().replace("-", " ")
+    for family in ("H100", "A100", "V100", "P100", "M40", "K40"):
+        if family in name:
+            candidates = [gpu for gpu in GPUS.values() if gpu.name.upper().startswith(family)]
+            for gpu in candidates:
+                form = gpu.name.upper().split()[1] if " " in gpu.name else ""
+                if form and form in name and ("80GB" in gpu.name.upper()) == ("80GB" in name.replace(" ", "")):
+                    return gpu
+            return candidates[0]
+    return None

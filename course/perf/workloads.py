@@ -23,6 +23,9 @@ class Layer:
         params: trainable parameters (its gradient: ``params`` values per step).
         activations: tensor elements its forward kernels read and write for one sample (the memory traffic).
         kernels: kernels launched in forward (conv, batch norm, ReLU: 3).
+        kind: what its FLOPs run on: ``"conv"`` (cuDNN convolution) or ``"matmul"`` (a GEMM).
+        winograd: a 3x3 stride-1 convolution, which cuDNN runs in FP32 with Winograd's F(2x2, 3x3): 2.25x
+            fewer multiplications than ``flops`` counts (Lavin & Gray 2016, https://arxiv.org/abs/1509.09308).
     """
 
     name: str
@@ -30,6 +33,8 @@ class Layer:
     params: int
     activations: float
     kernels: int = 3
+    kind: str = "conv"
+    winograd: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,10 @@ class Workload:
     def params(self) -> int:
         return sum(layer.params for layer in self.layers)
 
-    @property
-    def gradient_bytes(self) -> float:
-        return 4.0 * self.params  # gradients are allreduced in FP32
+    def gradient_bytes(self, element_bytes: int = 4) -> float:
+        """Bytes of one copy of the gradients: 4 per parameter in FP32 (and under autocast, whose gradients
+        stay FP32), 2 when the model itself is FP16/BF16 (``course.perf.model.Assumptions.gradient_element_bytes``)."""
+        return float(element_bytes) * self.params
 
 
 
@@ -59,11 +65,28 @@ def conv(name: str, c_in: int, c_out: int, kernel: int, size_out: int, stride: i
     """A ``kernel x kernel`` convolution (no bias) with batch norm and ReLU, ``size_out`` x ``size_out`` output."""
     pixels_out, pixels_in = size_out**2, (size_out * stride) ** 2
     return Layer(name, 2.0 * kernel**2 * c_in * c_out * pixels_out, kernel**2 * c_in * c_out + 2 * c_out * norm,
-                 c_in * pixels_in + (5 if norm else 1) * c_out * pixels_out, 3 if norm else 1)
+                 c_in * pixels_in + (5 if norm else 1) * c_out * pixels_out, 3 if norm else 1,
+                 winograd=kernel == 3 and stride == 1)
 
 
 def linear(name: str, n_in: int, n_out: int) -> Layer:
-    return Layer(name, 2.0 * n_in * n_out, n_in * n_out + n_out, n_in + n_out, 1)
+    return Layer(name, 2.0 * n_in * n_out, n_in * n_out + n_out, n_in + n_out, 1, kind="matmul")
+
+
+def vgg16() -> Workload:
+    """VGG-16 on 224 x 224 images (Simonyan & Zisserman 2015, configuration D; 138.4 M parameters, 15.5 G
+    multiply-adds, as torchvision lists them): thirteen 3x3 convolutions with bias and ReLU, three large
+    fully-connected layers that hold 89% of the parameters."""
+    layers, c_in, size = [], 3, 224
+    for stage, (width, count) in enumerate(((64, 2), (128, 2), (256, 3), (512, 3), (512, 3))):
+        for i in range(count):
+            relu = conv(f"features.{stage}.{i}", c_in, width, 3, size, norm=False)
+            layers.append(Layer(relu.name, relu.flops, relu.params + width, relu.activations + 2 * width * size**2,
+                                2, winograd=True))
+            c_in = width
+        size //= 2
+    layers += [linear("fc6", 512 * 7 * 7, 4096), linear("fc7", 4096, 4096), linear("fc8", 4096, 1000)]
+    return Workload("VGG-16", tuple(layers), 3 * 224 * 224 * 4, "https://arxiv.org/abs/1409.1556")
 
 
 def resnet(blocks: tuple[int, ...] = (3, 4, 6, 3), name: str = "ResNet-50") -> Workload:

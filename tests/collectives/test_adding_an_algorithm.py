@@ -89,9 +89,9 @@ def test_the_toy_appears_where_the_table_is_read(direct):
     assert "direct (model)" in labels
 
     cluster = perf_model.Cluster(next(iter(catalog.GPUS.values())), next(iter(catalog.LINKS.values())))
-    a = perf_model.Assumptions()
-    assert perf_model.allreduce_seconds(1e6, 4, cluster, "direct", a) == pytest.approx(
-        float(cost_model.predict("direct", 1e6, 4, perf_model.alpha_beta(cluster.intra, a))))
+    assert "direct" in perf_model.schemes()
+    assert perf_model.allreduce_seconds(1e6, 4, cluster, "direct") == pytest.approx(
+        float(cost_model.predict("direct", 1e6, 4, perf_model.alpha_beta(cluster.intra))))
 
 
 def test_after_removal_the_toy_is_gone_everywhere():

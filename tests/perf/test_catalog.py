@@ -4,6 +4,8 @@ import pytest
 
 from course.perf import catalog as hardware
 
+pytestmark = pytest.mark.unit5
+
 
 def test_every_entry_cites_a_source():
     for entry in (*hardware.GPUS.values(), *hardware.LINKS.values()):
@@ -41,3 +43,28 @@ def test_unknown_names_list_the_known_ones():
         hardware.gpu("A100")
     with pytest.raises(KeyError, match="PCIe 4.0 x16"):
         hardware.link("PCIe 4")
+
+
+def test_every_link_names_a_known_transport_and_ethernet_switches_between_tcp_and_roce():
+    for entry in hardware.LINKS.values():
+        assert entry.transport in hardware.TRANSPORTS, entry.name
+    roce = hardware.link("25GbE").over("roce")
+    assert roce.transport == "roce" and roce.bandwidth == hardware.link("25GbE").bandwidth
+    with pytest.raises(ValueError, match="Ethernet"):
+        hardware.link("InfiniBand HDR").over("tcp")
+    with pytest.raises(ValueError, match="transport"):
+        hardware.link("25GbE").over("carrier pigeon")
+
+
+def test_generation_is_read_from_the_name():
+    assert hardware.gpu("A100 SXM4").generation == "Ampere"
+    assert hardware.gpu("V100 SXM3 (DGX-2H)").generation == "Volta"
+    assert hardware.gpu("P100 PCIe").generation == "Pascal"
+
+
+def test_cuda_device_names_match_catalog_entries():
+    assert hardware.match_gpu("NVIDIA A100-SXM4-80GB").name == "A100 SXM4 80GB"
+    assert hardware.match_gpu("NVIDIA A100-SXM4-40GB").name == "A100 SXM4"
+    assert hardware.match_gpu("Tesla V100-SXM2-16GB").name == "V100 SXM2"
+    assert hardware.match_gpu("Tesla P100-PCIE-16GB").name == "P100 PCIe"
+    assert hardware.match_gpu("NVIDIA GeForce RTX 4090") is None

@@ -1,0 +1,118 @@
+"""The performance model's calibration set: microbenchmark figures, and every efficiency and latency fitted from them.
+
+A constant of :mod:`course.perf.model` is either *fitted* here, once, from a published microbenchmark (a
+transport's measured bus bandwidth, one GEMM's achieved FLOP/s on one GPU generation), or *assumed* (an order of
+magnitude with no figure behind it, said so in its row). Validation (:mod:`course.perf.published`) then uses these
+defaults only: no row may change them. Each fit is a ratio, ``measured / peak``:
+
+    transport efficiency = nccl-tests bus bandwidth / the link's peak per direction (per adapter)
+    matmul efficiency    = a large GEMM's achieved FLOP/s / the GPU's peak at that precision
+    α (latency per step) = an 8-byte or small allreduce's time / its number of steps
+
+One figure is end-to-end, not a microbenchmark, and its row is labelled *calibration* in the validation table:
+no sourced cuDNN figure was at hand for FP32 convolutions, so their efficiency is fitted to 90 epochs of ResNet-50
+on one M40 (14 days, You et al. 2017), and every other CNN row (other GPUs, networks and counts) predicts.
+Taught in ``notebooks/05c_performance_model.ipynb``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NCCL_TESTS_149 = "https://github.com/NVIDIA/nccl-tests/issues/149 (S. Jeaugey, NVIDIA: ~230 GB/s on A100 NVLink 3)"
+NCCL_TESTS_29 = "https://github.com/NVIDIA/nccl-tests/issues/29 (S. Jeaugey: 12.2 GB/s on a 100 Gb/s EDR adapter)"
+NCCL_495 = "https://github.com/NVIDIA/nccl/issues/495 (2 A100 nodes, 8 x 100 Gb/s RoCE: 600 Gb/s busbw)"
+NCCL_209 = "https://github.com/NVIDIA/nccl/issues/209 (NCCL over TCP: no more than ~60% of wire speed)"
+NCCL_1530 = "https://github.com/NVIDIA/nccl/issues/1530 (8 PCIe GPUs: an 8-byte allreduce in 42 µs, 14 steps)"
+NCCL_TESTS_44 = "https://github.com/NVIDIA/nccl-tests/issues/44 (2 GPUs on an NVLink bridge: 32 KiB in 13.4 µs)"
+MAMF = ("S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS' table: "
+        "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator")
+SGEMM = "https://github.com/Yinghan-Li/YHs_Sample/issues/4 (cuBLAS SGEMM 18.88 of 19.49 TFLOP/s, A100 PCIe)"
+V100_HGEMM = "https://github.com/lablup/mlxcel/issues/1654 (cuBLAS FP16 GEMM on V100: 95-100 of 125 TFLOP/s)"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One calibration figure: what was measured, the value, the peak it is divided by, and where it is published.
+
+    ``fits`` names the constant it sets (e.g. ``"transport.infiniband"``); ``peak`` 0 means the value *is* the
+    constant (a latency); ``assumed`` marks a constant with no measurement behind it.
+    """
+
+    fits: str
+    what: str
+    value: float
+    peak: float
+    source: str
+    assumed: bool = False
+
+    @property
+    def constant(self) -> float:
+        return self.value / self.peak if self.peak else self.value
+
+
+FIGURES: tuple[Figure, ...] = (
+    # transports: sustained fraction of a link's (adapter's) peak per direction
+    Figure("efficiency.nvlink", "allreduce busbw, 8 A100 on NVSwitch (GB/s)", 230, 300, NCCL_TESTS_149),
+    Figure("efficiency.infiniband", "allreduce busbw, one EDR adapter (GB/s)", 12.2, 12.5, NCCL_TESTS_29),
+    Figure("efficiency.roce", "allreduce busbw, 8 x 100 Gb/s RoCE per node (Gb/s)", 600, 800, NCCL_495),
+    Figure("efficiency.tcp", "allreduce busbw over TCP sockets, fraction of wire speed", 0.6, 1.0, NCCL_209),
+    Figure("efficiency.pcie", "allreduce busbw on PCIe 3.0 x16, fraction of peak", 0.75, 1.0,
+           "no sourced nccl-tests figure for PCIe 3.0 was found", assumed=True),
+    # latency of one allreduce step (seconds)
+    Figure("alpha.nvlink", "2-GPU allreduce of 32 KiB: (13.4 µs - 32 KiB / 21.4 GB/s) / 2 steps", 5.9e-6, 0,
+           NCCL_TESTS_44),
+    Figure("alpha.pcie", "8-GPU allreduce of 8 bytes: 42 µs / 14 steps", 3.0e-6, 0, NCCL_1530),
+    Figure("alpha.infiniband", "one network step over RDMA", 5e-6, 0, "an order of magnitude", assumed=True),
+    Figure("alpha.roce", "one network step over RDMA on Ethernet", 8e-6, 0, "an order of magnitude",
+           assumed=True),
+    Figure("alpha.tcp", "one network step through the kernel's TCP stack", 50e-6, 0, "an order of magnitude",
+           assumed=True),
+    # compute: a large GEMM's achieved fraction of the peak at its precision, per GPU generation
+    Figure("matmul.fp32", "cuBLAS SGEMM 5120x4096x4096, A100 PCIe (TFLOP/s)", 18.88, 19.49, SGEMM),
+    Figure("matmul.half.Volta", "cuBLAS FP16 GEMM, V100 (TFLOP/s)", 97.5, 125, V100_HGEMM),
+    Figure("matmul.half.Ampere", "BF16 matmul, best shape, A100 SXM (TFLOP/s)", 271.2, 312, MAMF),
+    Figure("matmul.half.Hopper", "BF16 matmul, best shape, H100 SXM (TFLOP/s)", 794.5, 989, MAMF),
+    Figure("memory", "element-wise kernels, fraction of peak memory bandwidth", 0.8, 1.0,
+           "stream-like kernels reach ~80% of HBM peak", assumed=True),
+    Figure("launch", "launch and scheduling of one kernel (s)", 5e-6, 0, "an order of magnitude",
+           assumed=True),
+    Figure("framework", "per-step framework overhead: Python, optimizer launch, bookkeeping (s)", 2e-3, 0,
+           "an order of magnitude", assumed=True),
+)
+
+#: FP32 convolution efficiency, fitted in :func:`course.perf.published.conv_efficiency` to ResNet-50 on one M40
+#: (the one end-to-end calibration, labelled so in the table), then frozen here so the model does not depend on
+#: the table. ``tests/test_perf_published.py`` checks the two agree.
+CONV_EFFICIENCY = 0.407
+
+
+def constant(name: str) -> float:
+    """The fitted (or assumed) value of ``name``, e.g. ``constant("efficiency.tcp")``.
+
+    Raises:
+        KeyError: no figure fits that name; the message lists those that exist.
+    """
+    for figure in FIGURES:
+        if figure.fits == name:
+            return figure.constant
+    raise KeyError(f"no calibration figure fits {name!r}; known: {sorted(f.fits for f in FIGURES)}.")
+
+
+def matmul_efficiency(precision: str, generation: str) -> float:
+    """A large GEMM's fraction of peak: FP32/TF32 from the SGEMM figure; 16-bit tensor cores by GPU generation
+    (Volta, Ampere, Hopper; any other generation, e.g. Pascal's FP16 units, falls back to Volta's figure)."""
+    if precision in ("fp32", "tf32"):
+        return constant("matmul.fp32")
+    names = {f.fits for f in FIGURES}
+    return constant(f"matmul.half.{generation}" if f"matmul.half.{generation}" in names else "matmul.half.Volta")
+
+
+def format_figures() -> str:
+    """The calibration set as text: constant, value, what was measured, source."""
+    lines = [f"{'constant':<24} {'value':>9}  measured / source"]
+    for f in FIGURES:
+        lines.append(f"{f.fits:<24} {f.constant:>9.3g}  {f.what}; {'ASSUMED: ' if f.assumed else ''}{f.source}")
+    lines.append(f"{'conv.fp32':<24} {CONV_EFFICIENCY:>9.3g}  fitted to ResNet-50, 90 epochs on one M40 in 14 days "
+                 "(the calibration row of the validation table)")
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""A small planner: for a transformer and a cluster, which of DDP, ZeRO-2, FSDP and TP x FSDP fit in memory,
+and what step time each would take. Every number is **modelled**.
+
+Memory per GPU = model states (:mod:`course.memory.budget`: mixed-precision Adam, 16 bytes per parameter,
+sharded by the ZeRO stage over the data-parallel ranks; with tensor parallelism each GPU holds 1/t of every
+layer first) + activations with full recomputation: every layer's 16-bit input (``2·s·b·h`` bytes), one layer's
+working set while it is recomputed (``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes, Korthikanti et al. 2022) and the
+logits in FP32 for the loss (``4·s·b·V/t``). Step time = :func:`course.perf.parallel.step_time`. Taught in
+``notebooks/05c_performance_model.ipynb``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course.memory import budget as memory_budget
+from course.perf import parallel
+from course.perf.comm import Cluster
+
+STRATEGIES = ("DDP", "ZeRO-2", "FSDP", "TP x FSDP")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One strategy for one model on one cluster: its plan, its memory per GPU, whether it fits, its step."""
+
+    strategy: str
+    plan: parallel.Plan
+    memory_bytes: float
+    states_bytes: float
+    fits: bool
+    step_s: float
+    tokens_per_s: float
+
+
+def _plan(strategy: str, gpus: int, cluster: Cluster, global_batch: int) -> tuple[parallel.Plan, int]:
+    """The plan and the ZeRO stage of ``strategy`` on ``gpus`` GPUs."""
+    t = cluster.gpus_per_node if strategy == "TP x FSDP" else 1
+    sharding, stage = {"DDP": ("ddp", 0), "ZeRO-2": ("zero2", 2), "FSDP": ("fsdp", 3),
+                       "TP x FSDP": ("fsdp", 3)}[strategy]
+    return parallel.Plan(t, 1, gpus // t, global_batch, 1, sharding), stage
+
+
+def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> tuple[float, float]:
+    """``(total, model states)`` bytes one GPU holds under ``plan`` (module docstring)."""
+    setup = memory_budget.Setup("adam", "bf16", zero_stage, plan.data)
+    states = memory_budget.model_states(model.params / plan.tensor, setup).model_states
+    s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
+    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline
+    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+    logits = 4 * s * b * model.vocab / t
+    return states + layer_inputs + working + logits, states
+
+
+def options(model: parallel.Transformer, cluster: Cluster, gpus: int, global_batch: int) -> list[Option]:
+    """Every strategy of :data:`STRATEGIES` for ``model`` on ``gpus`` GPUs of ``cluster``, with its memory per
+    GPU against the GPU's memory, and its modelled step time (even when it does not fit: the time it would take).
+
+    Raises:
+        ValueError: a GPU count that is not a whole number of nodes, or a batch the plans cannot split.
+    """
+    if gpus % cluster.gpus_per_node:
+        raise ValueError(f"{gpus} GPUs is not a whole number of {cluster.gpus_per_node}-GPU nodes; "
+                         "plan for whole nodes.")
+    result = []
+    for strategy in STRATEGIES:
+        plan, stage = _plan(strategy, gpus, cluster, global_batch)
+        memory, states = memory_per_gpu(model, plan, stage)
+        step = parallel.step_time(model, plan, cluster)
+        result.append(Option(strategy, plan, memory, states, memory <= cluster.gpu.memory_bytes, step.step_s,
+                             global_batch * model.seq / step.step_s))
+    return result
+
+
+def best(found: list[Option]) -> Option | None:
+    """The fastest option that fits, or None when none does."""
+    fitting = [option for option in found if option.fits]
+    return min(fitting, key=lambda option: option.step_s) if fitting else None
+
+
+def format_options(found: list[Option], memory_bytes: float) -> str:
+    """The options as a table: strategy, GB per GPU (model states), fits, step time, tokens/s."""
+    lines = [f"{'strategy':<11} {'GB per GPU':>10} {'(states)':>9} {'fits ' + f'{memory_bytes / 1e9:.0f} GB':>10} "
+             f"{'step s':>8} {'tokens/s':>10}"]
+    for o in found:
+        lines.append(f"{o.strategy:<11} {o.memory_bytes / 1e9:>10.1f} {o.states_bytes / 1e9:>9.1f} "
+                     f"{'yes' if o.fits else 'NO':>10} {o.step_s:>8.2f} {o.tokens_per_s:>10,.0f}")
+    return "\n".join(lines)

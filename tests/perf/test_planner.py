@@ -1,0 +1,33 @@
+"""course.perf.planner: memory per GPU from course.memory.budget, and the fastest strategy that fits."""
+
+import pytest
+
+from course.memory import budget as memory_budget
+from course.perf import catalog, parallel, planner
+from course.perf.comm import Cluster
+
+pytestmark = pytest.mark.unit5
+
+NODE = Cluster(catalog.gpu("A100 SXM4 80GB"), catalog.link("NVSwitch (A100, NVLink 3)"), 8,
+               catalog.link("InfiniBand HDR"), 8)
+GPT30 = parallel.Transformer("GPT 30B", 48, 7168, 56)
+
+
+def test_model_states_are_the_memory_budgets():
+    plan = parallel.Plan(1, 1, 8, 256, sharding="fsdp")
+    _, states = planner.memory_per_gpu(GPT30, plan, 3)
+    expected = memory_budget.model_states(GPT30.params, memory_budget.Setup("adam", "bf16", 3, 8)).model_states
+    assert states == pytest.approx(expected) == pytest.approx(16 * GPT30.params / 8)
+
+
+def test_more_sharding_never_needs_more_memory_and_the_best_option_fits():
+    found = {o.strategy: o for o in planner.options(GPT30, NODE, 8, 256)}
+    assert found["DDP"].memory_bytes > found["ZeRO-2"].memory_bytes > found["FSDP"].memory_bytes
+    assert not found["DDP"].fits  # 16 bytes per parameter replicated: far beyond 80 GB
+    best = planner.best(list(found.values()))
+    assert best.fits and all(best.step_s <= o.step_s for o in found.values() if o.fits)
+
+
+def test_a_partial_node_is_refused():
+    with pytest.raises(ValueError, match="whole number"):
+        planner.options(GPT30, NODE, 12, 256)
