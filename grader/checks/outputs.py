@@ -53,14 +53,6 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Finding:
         if not reports:
             return cannot_assess("the ranks held different parameters by the time rank 0 reported, so the "
                                  "averaged accuracy cannot be compared with one model's (see equal parameters).")
-    training = [r for r in ev.ranks if ev.inits.get(r) and ev.steps.get(r)]  # one rank alone has nothing to reduce
-    unreduced = next((r for r in reports if not _reduced_before(ev, r)), None) if len(training) > 1 else None
-    if unreduced is not None:
-        return False, (f"at epoch {unreduced.epoch:g} rank 0 reported without combining anything across ranks "
-                       "since its last optimizer step (no all_reduce, reduce or all_gather): each rank evaluates its "
-                       "own shard of the validation set (DistributedSampler with shuffle=False), then the ranks sum "
-                       "their correct counts and sample counts with all_reduce and divide: sums and counts, not "
-                       "per-rank means (notebook 05, step 6).")
     last = report_of_checkpoint(ev, a)
     if last is not None and ev.checkpoint_val_accuracy is not None and last.val_accuracy is not None \
             and abs(last.val_accuracy - ev.checkpoint_val_accuracy) > a.metric_tolerance:
@@ -75,6 +67,15 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Finding:
             return False, (f"at epoch {r.epoch:g} you reported val_accuracy {r.val_accuracy:.4f}, but the "
                            f"model's accuracy on the whole validation set was {true:.4f}: all_reduce the correct "
                            "counts (or accuracies) across ranks before reporting.")
+    # the numbers are right; were they combined across ranks? (one rank training alone has nothing to reduce)
+    training = [r for r in ev.ranks if ev.inits.get(r) and ev.steps.get(r)]
+    unreduced = next((r for r in reports if not _reduced_before(ev, r)), None) if len(training) > 1 else None
+    if unreduced is not None:
+        return False, (f"at epoch {unreduced.epoch:g} rank 0 reported without combining anything across ranks "
+                       "since its last optimizer step (no all_reduce, reduce or all_gather): each rank evaluates its "
+                       "own shard of the validation set (DistributedSampler with shuffle=False), then the ranks sum "
+                       "their correct counts and sample counts with all_reduce and divide: sums and counts, not "
+                       "per-rank means (notebook 05, step 6).")
     return True, f"all {len(reports)} reported validation accuracies match the whole validation set."
 
 
