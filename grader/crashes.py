@@ -77,6 +77,20 @@ def first_failure(ev: RunRecords, failed: list[int]) -> Failure:
                    f"{_indented(ev, first)}", first)
 
 
+def missing_library(text: str) -> str | None:
+    """The module a ``ModuleNotFoundError`` in ``text`` names (``accelerate``), or None."""
+    found = re.findall(r"ModuleNotFoundError: No module named '([\w.]+)'", text)
+    return found[-1].split(".")[0] if found else None
+
+
+def over_file_limit(ev: RunRecords, rank: int) -> bool:
+    """``rank``, or a process it started (the compiler of torch.compile), was stopped for writing a file over
+    the sandbox's per-file limit (RLIMIT_FSIZE: SIGXFSZ, or EFBIG "File too large")."""
+    text = error_text(ev, rank) + ev.exits[rank].stderr
+    return ev.exits[rank].returncode == -signal.SIGXFSZ or any(
+        marker in text for marker in ("SIGXFSZ", "File size limit exceeded", "File too large"))
+
+
 def _early_exit(ev: RunRecords, early: list[int], failed: list[int], first: int) -> Failure:
     names, waiting = _names(early), _names(failed)
     steps = {r: len(ev.steps.get(r, ())) for r in (*early, *failed)}

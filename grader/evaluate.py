@@ -3,7 +3,7 @@
 ``python -m grader.evaluate CHECKPOINT --seed N`` prints one JSON line: ``{"accuracy": ..., "val_accuracy":
 ..., "fingerprint": [...]}`` or ``{"error": "..."}``. The checkpoint is loaded with
 ``torch.load(weights_only=True)`` (tensors only: a pickle that tries to run code is refused), must be a
-``DigitsCNN`` state_dict (a ``module.`` prefix left by DDP is accepted).
+``DigitsCNN`` state_dict (a ``module.`` prefix left by DDP, or ``_orig_mod.`` by torch.compile, is accepted).
 
 ``accuracy`` is measured on a :func:`perturbed` copy of the test split: the same held-out digits, each moved
 by a small random affine jitter (rotation, scale, sub-pixel shift) and given pixel noise, all drawn from the
@@ -62,7 +62,14 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path.name} is not a state_dict (a dict of tensors): save model.state_dict().")
-    return {k.removeprefix("module."): v for k, v in state.items()}
+    return {_unwrapped(k): v for k, v in state.items()}
+
+
+def _unwrapped(key: str) -> str:
+    """A state_dict key without the prefixes wrappers add: DDP's ``module.``, torch.compile's ``_orig_mod.``."""
+    while key.startswith(("module.", "_orig_mod.")):
+        key = key.removeprefix("module.").removeprefix("_orig_mod.")
+    return key
 
 
 def build_model(state: dict[str, torch.Tensor]) -> torch.nn.Module:

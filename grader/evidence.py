@@ -25,6 +25,7 @@ import torch
 from course import data
 from grader import replay
 from grader.inrank import channel, fingerprints
+from grader.inrank.records import Call as CallRecord
 from grader.inrank.records import Collective as CollectiveRecord
 from grader.inrank.records import (
     End,
@@ -32,6 +33,7 @@ from grader.inrank.records import (
     Init,
     Initial,
     MalformedRecord,
+    ProbeError,
     RankExit,
     Record,
     Report,
@@ -46,7 +48,7 @@ from grader.inrank.records import (
 # RunRecords attribute -> the record kind it holds, per rank, in order
 _BY_KIND = {"steps": Step, "inits": Init, "ends": End, "reports": Report, "saves": Save, "writes": Write,
             "collectives": CollectiveRecord, "tampers": Tamper, "shutdowns": Shutdown, "initials": Initial,
-            "forgeries": Forgery}
+            "forgeries": Forgery, "probe_errors": ProbeError, "calls": CallRecord}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +57,9 @@ class RunRecords:
 
     Attributes:
         world_size: ranks the grader started.
-        steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns, initials, forgeries: the
-            probes' records per rank, in order (``forgeries``: calls into the probes from outside the grader).
+        steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns, initials, forgeries,
+            probe_errors, calls: the probes' records per rank, in order (``forgeries``: calls into the probes
+            from outside the grader; ``probe_errors``: the grader's own code failed in the rank's process).
         exits: the launcher's record of each rank's exit code, output size and output.
         last_record: each rank's last record (of the kinds above).
         rejected_records: lines on the record channel refused (no valid signature, or out of sequence).
@@ -76,6 +79,8 @@ class RunRecords:
     shutdowns: Mapping[int, tuple[Shutdown, ...]] = field(default_factory=dict)
     initials: Mapping[int, tuple[Initial, ...]] = field(default_factory=dict)
     forgeries: Mapping[int, tuple[Forgery, ...]] = field(default_factory=dict)
+    probe_errors: Mapping[int, tuple[ProbeError, ...]] = field(default_factory=dict)
+    calls: Mapping[int, tuple[CallRecord, ...]] = field(default_factory=dict)
     exits: Mapping[int, RankExit] = field(default_factory=dict)
     last_record: Mapping[int, Record] = field(default_factory=dict)
     rejected_records: int = 0
@@ -112,6 +117,8 @@ class Checkpoint:
         error: why it could not be evaluated, or was not (see :func:`bind_checkpoint`).
         step: the rank-0 optimizer step after which rank 0 held its parameters, or None when no recorded
             step did (then ``test_accuracy`` is None).
+        foreign: the checkpoint holds parameters, but not ones rank 0's recorded steps produced (a second
+            model, weights changed outside ``optimizer.step()``): integrity flags the run for review.
     """
 
     test_accuracy: float | None = None
@@ -119,6 +126,7 @@ class Checkpoint:
     fingerprint: tuple[float, ...] | None = None
     error: str | None = None
     step: int | None = None
+    foreign: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,7 @@ class Evidence(RunRecords):
     checkpoint_fingerprint: tuple[float, ...] | None = None
     checkpoint_error: str | None = None
     checkpoint_step: int | None = None
+    checkpoint_foreign: bool = False
     comparisons: tuple[replay.Comparison, ...] = ()
     replay_error: str | None = None
 
@@ -167,7 +176,8 @@ class Evidence(RunRecords):
                    expected_backend=expected_backend, status=status, train_size=train_size,
                    test_accuracy=checkpoint.test_accuracy, checkpoint_val_accuracy=checkpoint.val_accuracy,
                    checkpoint_fingerprint=checkpoint.fingerprint, checkpoint_error=checkpoint.error,
-                   checkpoint_step=checkpoint.step, comparisons=replay.comparisons, replay_error=replay.error)
+                   checkpoint_step=checkpoint.step, checkpoint_foreign=checkpoint.foreign,
+                   comparisons=replay.comparisons, replay_error=replay.error)
 
 
 def collect(raw: list[dict[str, Any]], world_size: int, rejected_records: int = 0) -> RunRecords:
@@ -229,7 +239,7 @@ def bind_checkpoint(records: RunRecords, checkpoint_digests: list[str] | None, c
         broken = next((after for before, after in chain if after.digests_before != before.digests), None)
         if broken is None:
             return Checkpoint(step=steps[match[-1]].step)
-        return Checkpoint(error=(
+        return Checkpoint(foreign=True, error=(
             f"rank 0's parameters changed between its optimizer steps {broken.step - 1} and {broken.step}, "
             f"outside optimizer.step() (or another optimizer took over): the grader evaluates only a model that "
             "your recorded training produced step by step. Change the parameters only through the optimizer "
@@ -237,7 +247,7 @@ def bind_checkpoint(records: RunRecords, checkpoint_digests: list[str] | None, c
     last = steps[-1]
     ends = [e for e in records.ends.get(0, ()) if e.digests]
     changed = bool(ends) and sorted(ends[-1].digests) != sorted(last.digests)
-    return Checkpoint(error=(
+    return Checkpoint(foreign=True, error=(
         f"{checkpoint} does not hold the parameters rank 0's optimizer produced: they differ from those after "
         f"each of its {len(steps)} recorded steps (the last: step {last.step})"
         + (", and rank 0's parameters changed after that step, outside optimizer.step()" if changed else "")

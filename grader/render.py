@@ -18,13 +18,19 @@ def feedback(results: Results, visible_only: bool = False) -> str:
     """The text a student reads: status, one line per check (what passed, what to fix), then the output."""
     lines = [f"{results.submission}: {results.score:g} / {results.max_score:g} points   "
              f"status: {results.grade_status}"]
+    if results.not_assessed and not results.violation:
+        lines.append(f"  ({results.raw_score:g} of the {results.assessed_max_score:g} points that could be assessed, "
+                     f"scaled to {results.max_score:g}: {len(results.not_assessed)} check(s) could not be assessed)")
     if results.violation:
         lines.append(f"  {withheld(results)}")
     if results.status != "ok":
         lines.append(f"  {results.detail}")
     shown = [c for c in results.checks if not visible_only or c.visibility == "visible"]
     for check in shown:
-        if check.ran:
+        if check.ran and not check.assessed:
+            lines.append(f"  [NOT ASSESSED] {check.title} (its {check.max_score:g} points left out of the total): "
+                         f"{check.message}")
+        elif check.ran:
             mark = "PASS" if check.passed else "FAIL"
             lines.append(f"  [{mark}] {check.title} ({check.score:g}/{check.max_score:g}): {check.message}")
     not_run = [c for c in shown if not c.ran]
@@ -54,7 +60,8 @@ def gradescope(results: Results) -> dict:
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": [{"name": c.title, "number": str(i + 1), "score": c.score, "max_score": c.max_score,
-                   "visibility": c.visibility, "status": "passed" if c.passed else "failed", "output": c.message}
+                   "visibility": c.visibility, "status": "passed" if c.passed else "failed",
+                   "output": c.message if c.assessed else f"not assessed (points left out of the total): {c.message}"}
                   for i, c in enumerate(results.checks)]
                  + [{**test, "number": str(len(results.checks) + i + 1)}
                     for i, test in enumerate(labs.gradescope_tests(results.labs))],
@@ -87,7 +94,7 @@ def write_gradebook(all_results: list[Results], path: Path) -> None:
         writer.writerow(["points possible", "", possible, possible, possible, *(c.points for c in CHECKS),
                          "", "", "", *labs.points_possible()])
         for results in sorted(all_results, key=lambda r: r.submission):
-            scores = {c.name: c.score for c in results.checks}
+            scores = {c.name: c.score if c.assessed else "not assessed" for c in results.checks}
             accuracy = "" if results.test_accuracy is None else f"{results.test_accuracy:.4f}"
             detail = f"{withheld(results)} {results.detail}" if results.violation else results.detail
             writer.writerow([results.submission, results.grade_status, results.score, results.max_score,

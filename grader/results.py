@@ -28,6 +28,8 @@ class CheckResult:
     message: str  # what to tell the student, in the course's terms
     ran: bool = True  # False when the submission was not run (bad submission, grader error): no verdict
     voids_score: bool = False  # failed, it withholds the whole score (see Results.violation)
+    assessed: bool = True  # False: the run finished but could not show this check's evidence (score 0, and its
+    # points are left out of the total: the other checks' scores are scaled to max_score, see Results.score)
 
 
 @dataclass
@@ -69,9 +71,23 @@ class Results:
         return next((c.message for c in self.checks if c.voids_score and c.ran and not c.passed), None)
 
     @property
+    def assessed_max_score(self) -> float:
+        """The points of the checks the run could be assessed on (see :attr:`CheckResult.assessed`)."""
+        return sum(c.max_score for c in self.checks if c.assessed)
+
+    @property
+    def not_assessed(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.assessed]
+
+    @property
     def score(self) -> float:
-        """The grade: :attr:`raw_score`, or 0 after a :attr:`violation` (withheld for the instructor's review)."""
-        return 0.0 if self.violation else self.raw_score
+        """The grade: :attr:`raw_score` scaled from the points that could be assessed to :attr:`max_score` (a check
+        that could not be assessed neither awards nor takes points), or 0 after a :attr:`violation` (withheld for
+        the instructor's review)."""
+        if self.violation:
+            return 0.0
+        assessed = self.assessed_max_score
+        return round(self.raw_score * self.max_score / assessed, 2) if 0 < assessed < self.max_score else self.raw_score
 
     @property
     def grade_status(self) -> str:

@@ -1,7 +1,9 @@
 """Apply the rubric (:data:`grader.checks.CHECKS`) to a run's evidence: one CheckResult per check.
 
 A check that the records did not allow (a field missing where the check needed it) fails with a message saying
-so, never with a traceback.
+so, never with a traceback. A check that returns ``passed`` None
+could not be assessed on a run that finished (its evidence cannot show): it scores 0 and its points are left out
+of the total (:attr:`grader.results.Results.score`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def apply(results: Results, evidence: Evidence | None, assignment: Assignment, v
         except (AttributeError, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
             passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
         results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
-                                          check.points, check.visibility, passed, message,
-                                          voids_score=check.voids_score))
+                                          check.points, check.visibility, bool(passed), message,
+                                          voids_score=check.voids_score, assessed=passed is not None))
     results.elapsed_s = time.monotonic() - start
     return results

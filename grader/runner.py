@@ -47,6 +47,8 @@ from grader.submission import BadSubmission, find_script
 
 BAD = "bad submission"
 GRADER_STOPPED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
+GRADER_ERROR = "grader error"  # the grader's own code failed (grader.gradebook retries these)
+MISSING_LIBRARY = "missing library"  # the script imports what the grading environment does not have
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ class GradingConfig:
     """How to grade."""
 
     assignment: Assignment = ASSIGNMENT
-    limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=180.0))  # the 4-rank run
+    # the 4-rank run; files up to 256 MiB (torch.compile's C++ compiler writes a ~150 MiB precompiled header)
+    limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=180.0, file_size_bytes=256 * 2**20))
     eval_limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=60.0, cpu_s=60))
     straggler_s: float = 20.0  # after one rank finishes, how long the others may take before they count as hung
     visible_only: bool = False  # True for the student's self-check
@@ -82,8 +85,8 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
             shutil.copyfile(script, run_dir / config.assignment.script_name)
             records, result, extra = _run(run_dir, seed, config)
             status, detail = _status(records, result, config)
-            if status == GRADER_STOPPED:  # nothing to conclude about the submission: no check is run
-                return not_run(name, GRADER_STOPPED, detail, config, start, output=extra)
+            if status in (GRADER_STOPPED, GRADER_ERROR, MISSING_LIBRARY):  # nothing ran to check: no check is run
+                return not_run(name, status, detail, config, start, output=extra)
             replay = helper.submit(replay_first_steps, records)
             checkpoint = _checkpoint(run_dir, evaluation, records, config)
             evidence = Evidence.of(records, expected_backend=world.detect_hardware().backend, status=status,
@@ -147,6 +150,18 @@ _RAN_OUT = {"out of memory": "rank {rank} ran out of memory: keep per-rank batch
 
 
 def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -> tuple[str, str]:
+    """How the run ended, naming ranks (and the processes the ranks spawned, if they did), or that the grader's
+    own probes failed (then the run says nothing of the submission)."""
+    failure = _probe_failure(ev)
+    if failure:
+        return failure
+    status, detail = _ended(ev, result, config)
+    if status in ("ok", GRADER_STOPPED):
+        return status, detail
+    return status, _spawned(ev) + _compiled(ev, status) + detail
+
+
+def _ended(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -> tuple[str, str]:
     """How the run ended, naming ranks: from the sandbox's verdict, the launcher's and the probes' records."""
     if result.status == "timeout":
         unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
@@ -166,7 +181,10 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
     failed = crashes.failed_ranks(ev)
     torn_down = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")
                  and r not in failed]
-    if failed:  # the cause is a memory or process error anywhere, else the rank that failed first
+    if failed:  # the cause is a grader's limit or a missing library, else the rank that failed first
+        limited = _limit_or_library(ev, failed, config)
+        if limited:
+            return limited
         for rank in failed:
             resource = outcome.resource_error(ev.exits[rank]["stderr"])
             if resource:
@@ -179,6 +197,59 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
         return "ok", (f"all ranks finished; rank(s) {', '.join(map(str, torn_down))} then aborted while the "
                       "interpreter shut down (torch teardown), which is not counted")
     return "ok", "all ranks finished"
+
+
+def _limit_or_library(ev: Evidence, failed: list[int], config: GradingConfig) -> tuple[str, str] | None:
+    """A failure that is the grading environment's doing, said first and in one line: a sandbox limit (named as
+    the grader's) or a library the grading environment does not have."""
+    for rank in failed:
+        library = crashes.missing_library(crashes.error_text(ev, rank) + ev.exits[rank].stderr)
+        if library:
+            return MISSING_LIBRARY, (f"this library is not available in the grading environment: {library} "
+                                       f"(rank {rank}: No module named '{library}'); the assignment needs only "
+                                       "torch and the course.")
+    for rank in failed:
+        if crashes.over_file_limit(ev, rank):
+            compiled = any(c.function == "torch.compile" for c in ev.calls.get(rank, ()))
+            who = "torch.compile's C++ compiler" if compiled else "a process"
+            return "file too large", (
+                f"the grader's limit stopped rank {rank}: {who} wrote a file larger than the grader allows "
+                f"({outcome.size(config.limits.file_size_bytes)} per file)."
+                + (" torch.compile is outside the assignment's scope (the model is too small to gain from it): "
+                   "train without it." if compiled else ""))
+    return None
+
+
+def _spawned(ev: Evidence) -> str:
+    """What the ranks started themselves with torch.multiprocessing (one sentence), or ''."""
+    spawned = {r: c.nprocs for r in ev.ranks for c in ev.calls.get(r, ()) if "multiprocessing" in c.function}
+    if not spawned:
+        return ""
+    counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(spawned.items()))
+    total = ev.world_size + sum(n or 0 for n in spawned.values())
+    return (f"Under torchrun every rank is already one training process, and the ranks started more with "
+            f"torch.multiprocessing.spawn ({counts}): {total} processes in all, the spawned ones claiming ranks "
+            "torchrun already gave. Call the training function directly; torchrun does the spawning. ")
+
+
+def _compiled(ev: Evidence, status: str) -> str:
+    """That the run used torch.compile, which the assignment leaves out of scope (one sentence), or ''."""
+    if status == "file too large" or not any(c.function == "torch.compile" for r in ev.ranks
+                                             for c in ev.calls.get(r, ())):
+        return ""
+    return ("This run used torch.compile, which the assignment leaves out of scope: compiling takes minutes per "
+            "rank on the grader's CPUs and the model is too small to gain from it; train without it. ")
+
+
+def _probe_failure(ev: Evidence) -> tuple[str, str] | None:
+    """The grader's own code failed inside a rank's process: the grader's error, named as such."""
+    errors = [e for r in ev.ranks for e in ev.probe_errors.get(r, ())]
+    if not errors:
+        return None
+    first = errors[0]
+    return GRADER_ERROR, (f"the grader's own {first.where} probe failed inside rank {first.rank}'s process "
+                          f"({first.error}). This is the grader's error, not your submission's: the run is kept "
+                          "for the instructor, and grading it again after the grader is fixed gives its verdict.")
 
 
 def _launcher_killed(ev: Evidence, signum: int) -> str:

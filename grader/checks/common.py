@@ -6,7 +6,14 @@ from grader.assignment import Assignment
 from grader.evidence import Evidence, fingerprints_equal
 from grader.inrank.records import Report, Save
 
-Finding = tuple[bool, str]  # what one check found: passed, and the message saying why
+Finding = tuple[bool | None, str]  # what one check found: passed (None: cannot be assessed on this finished
+# run), and the message saying why
+
+
+def cannot_assess(why: str) -> Finding:
+    """The run finished but cannot show this check's evidence: neither points nor a penalty (the check's points
+    are left out of the total), and ``why`` said."""
+    return None, f"cannot be assessed: {why}"
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -62,9 +69,9 @@ def needs_data_parallel(ev: Evidence) -> Finding | None:
                        "data.load().train itself (see disjoint shards).")
     same = copies_of_rank0(ev)
     if same:
-        return False, (f"needs each rank to see its own shard: {ranks_text(same)} trained on rank 0's batches "
-                       "at every step, so they stay equal to rank 0 whether or not gradients are averaged "
-                       "(see disjoint shards).")
+        return cannot_assess(f"needs each rank to see its own shard: {ranks_text(same)} trained on rank 0's "
+                             "batches at every step, so they stay equal to rank 0 whether or not gradients are "
+                             "averaged (see disjoint shards).")
     return None
 
 

@@ -28,6 +28,9 @@ def integrity(ev: Evidence, a: Assignment) -> Finding:
     if ev.rejected_records or ev.misattributed:
         return False, (f"{ev.rejected_records + ev.misattributed} forged lines were written to the grader's "
                        "record channel; they were refused.")
+    if ev.checkpoint_foreign:
+        return False, (f"{a.checkpoint} holds parameters that rank 0's recorded optimizer steps did not produce "
+                       f"({ev.checkpoint_error}) The run is kept for the instructor's review.")
     mismatch = _records_disagree_with_checkpoint(ev, a)
     if mismatch:
         return False, mismatch + " The grader's records of this run cannot be trusted."

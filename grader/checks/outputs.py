@@ -5,6 +5,7 @@ from __future__ import annotations
 from grader.assignment import Assignment
 from grader.checks.common import (
     Finding,
+    cannot_assess,
     diverged_at,
     idle_ranks,
     not_assessed,
@@ -13,6 +14,11 @@ from grader.checks.common import (
     took,
 )
 from grader.evidence import Evidence
+from grader.inrank.records import Report
+
+# collectives that combine the ranks' values (a broadcast or a barrier does not)
+REDUCTIONS = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
+              "reduce_scatter", "reduce_scatter_tensor")
 
 
 def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Finding:
@@ -45,8 +51,8 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Finding:
     if diverged is not None:  # the ranks' accuracies are of different models: rank 0's says nothing of the mean
         reports = [r for r in reports if r.step < diverged]
         if not reports:
-            return True, ("not assessed: the ranks held different parameters by the time rank 0 reported, so "
-                          "the averaged accuracy cannot be compared with one model's (see equal parameters).")
+            return cannot_assess("the ranks held different parameters by the time rank 0 reported, so the "
+                                 "averaged accuracy cannot be compared with one model's (see equal parameters).")
     last = report_of_checkpoint(ev, a)
     if last is not None and ev.checkpoint_val_accuracy is not None and last.val_accuracy is not None \
             and abs(last.val_accuracy - ev.checkpoint_val_accuracy) > a.metric_tolerance:
@@ -61,7 +67,27 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Finding:
             return False, (f"at epoch {r.epoch:g} you reported val_accuracy {r.val_accuracy:.4f}, but the "
                            f"model's accuracy on the whole validation set was {true:.4f}: all_reduce the correct "
                            "counts (or accuracies) across ranks before reporting.")
+    # the numbers are right; were they combined across ranks? (one rank training alone has nothing to reduce)
+    training = [r for r in ev.ranks if ev.inits.get(r) and ev.steps.get(r)]
+    unreduced = next((r for r in reports if not _reduced_before(ev, r)), None) if len(training) > 1 else None
+    if unreduced is not None:
+        return False, (f"at epoch {unreduced.epoch:g} rank 0 reported without combining anything across ranks "
+                       "since its last optimizer step (no all_reduce, reduce or all_gather): each rank evaluates its "
+                       "own shard of the validation set (DistributedSampler with shuffle=False), then the ranks sum "
+                       "their correct counts and sample counts with all_reduce and divide: sums and counts, not "
+                       "per-rank means (notebook 05, step 6).")
     return True, f"all {len(reports)} reported validation accuracies match the whole validation set."
+
+
+def _reduced_before(ev: Evidence, report: Report) -> bool:
+    """Rank 0 called a reduction itself (not torch's internals: FSDP's gathers, ZeRO's broadcasts) after its last
+    optimizer step and before ``report``, and after its previous report."""
+    earlier = [r.seq for r in ev.reports.get(0, ()) if r.seq is not None and report.seq is not None
+               and r.seq < report.seq]
+    after = max(earlier, default=-1)
+    return any(c.op in REDUCTIONS and not c.by_torch and c.step == report.step
+               and (c.seq is None or report.seq is None or after < c.seq < report.seq)
+               for c in ev.collectives.get(0, ()))
 
 
 def _trained_epochs(ev: Evidence) -> dict[int, int]:
@@ -79,6 +105,12 @@ def target_accuracy(ev: Evidence, a: Assignment) -> Finding:
         return not_assessed(ev, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate.")
     if ev.test_accuracy < a.target_accuracy:
         return False, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data; the target is "
-                       f"{a.target_accuracy:.2f}.")
+                       f"{a.target_accuracy:.2f}. {HELD_OUT}")
     return True, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data the grader kept to itself "
-                  f"(target {a.target_accuracy:.2f}).")
+                  f"(target {a.target_accuracy:.2f}). {HELD_OUT}")
+
+
+# why `grader check` and the class grade print different accuracies for one script (grader.evaluate, grader.secret)
+HELD_OUT = ("The held-out digits are jittered with a seed drawn from the submission and the grading machine's "
+            "secret, so `grader check` on your machine and the class grade score slightly different copies: "
+            "expect their accuracies to differ by a point or two.")

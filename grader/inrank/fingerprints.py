@@ -16,6 +16,26 @@ import torch
 FINGERPRINT_DIMS = 4  # random projections of the flattened parameters compared across ranks
 
 
+def full_tensors(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` as whole tensors: a sharded ``DTensor`` (FSDP2's ``fully_shard``, even or uneven shards) is
+    gathered with ``full_tensor()`` (a collective: every rank must call this at the same point), others are
+    returned as they are."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed: no DTensor either
+        return list(tensors)
+    return [t.full_tensor() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def has_shards(tensors: list[torch.Tensor]) -> bool:
+    """Some of ``tensors`` are ``DTensor``s (gathering them is a collective)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return any(isinstance(t, DTensor) for t in tensors)
+
+
 def encode(tensors: list[torch.Tensor]) -> str:
     """Tensors flattened and concatenated as float32, base64 (JSON-safe, no pickle)."""
     flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in tensors]) if tensors else None

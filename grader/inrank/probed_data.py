@@ -3,7 +3,8 @@
 The probes (:mod:`grader.inrank.probes`) wrap ``data.load``: another split than the grader's is refused
 (:func:`refuse_other_splits`), the training split comes back as a :class:`ProbedDataset`, and every
 DataLoader over it is iterated by :func:`record_batches`, which notes the training-sample indices of each
-batch the loop receives. :func:`true_val_accuracy` scores parameters on the whole validation split (for the
+batch the loop receives in :class:`TrainedBatches`, which tells the batches trained on from those only
+fetched. :func:`true_val_accuracy` scores parameters on the whole validation split (for the
 ``report`` records). Nothing here writes records: only :mod:`grader.inrank.probes` may (see
 :class:`grader.inrank.channel.Writer`).
 """
@@ -51,9 +52,9 @@ class RecordedBatches:
         return getattr(self.inner, name)
 
 
-def record_batches(loader: DataLoader, original: Any, fetched: list[int]) -> Iterator[Any]:
-    """Iterate ``loader`` with DataLoader's ``original`` ``__iter__``, adding each batch's training-sample
-    indices to ``fetched`` as the batch arrives."""
+def record_batches(loader: DataLoader, original: Any, batches: TrainedBatches) -> Iterator[Any]:
+    """Iterate ``loader`` with DataLoader's ``original`` ``__iter__``, noting each batch in ``batches`` (its
+    training-sample indices and a signature of its contents) as the batch arrives."""
     name = "batch_sampler" if loader.batch_sampler is not None else "sampler"
     if not isinstance(getattr(loader, name), RecordedBatches):
         # DataLoader refuses to change its sampler after construction; the probes do it once, on purpose
@@ -62,8 +63,92 @@ def record_batches(loader: DataLoader, original: Any, fetched: list[int]) -> Ite
     dispatched.clear()
     for item in original(loader):
         if dispatched:
-            fetched.extend(dispatched.popleft())
+            batches.fetched(dispatched.popleft(), item)
         yield item
+
+
+class TrainedBatches:
+    """The training batches a rank fetched since its last optimizer step, and which of them it trained on.
+
+    A batch is *trained* when a module receives it (or a copy of it: another device, another dtype) in a
+    forward pass with gradients enabled: that forward's backward feeds the next optimizer step. A batch only
+    fetched (a peek for a log line, ``len(next(iter(loader))[0])``) is not trained, and not counted. When no
+    fetched batch is seen in a forward (the script transforms its inputs first), all of them count, as fetched.
+    The precision of the trained forwards (autocast's dtype, or the module's own) is noted for the replay.
+    """
+
+    def __init__(self) -> None:
+        self._batches: list[tuple[list[int], torch.Tensor | None]] = []  # (indices, per-sample sums)
+        self._sizes: list[int] = []  # elements per sample of each batch's first tensor
+        self._used: set[int] = set()
+        self._seen: set[int] = set()  # ids of the tensors already matched to a batch since the last step
+        self.precision: str | None = None
+
+    def fetched(self, indices: list[int], item: Any) -> None:
+        first = _first_tensor(item, len(indices))
+        self._batches.append((indices, _signature(first)))
+        self._sizes.append(first[0].numel() if first is not None else 0)
+
+    def forward(self, module: torch.nn.Module, args: tuple) -> None:
+        """A module's forward is about to run on ``args``: mark the fetched batch among them as trained (the
+        latest fetched that matches: a peeked batch can hold the same samples as the one trained on)."""
+        if not self._batches or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return
+        for arg in _tensors(args):
+            if id(arg) in self._seen:  # a submodule's forward on the same tensor: one batch per tensor
+                continue
+            sums = None
+            for i in reversed(range(len(self._batches))):
+                indices, signature = self._batches[i]
+                if i in self._used or signature is None or arg.shape[0] != len(indices) \
+                        or arg.numel() != len(indices) * self._sizes[i]:
+                    continue
+                sums = _signature(arg) if sums is None else sums
+                if sums is not None and torch.allclose(sums, signature, rtol=1e-2, atol=1e-2):
+                    self._used.add(i)
+                    self._seen.add(id(arg))
+                    self.precision = self.precision or _precision(module, arg)
+                    break
+
+    def take(self) -> tuple[list[int], str | None]:
+        """The trained batches' indices (else every fetched batch's) and their precision; starts afresh."""
+        kept = [b for i, b in enumerate(self._batches) if i in self._used] or self._batches
+        indices, precision = [i for batch, _ in kept for i in batch], self.precision
+        self._batches, self._sizes, self._used, self._seen, self.precision = [], [], set(), set(), None
+        return indices, precision
+
+
+def _first_tensor(item: Any, size: int) -> torch.Tensor | None:
+    """The first tensor of a batch (``(images, labels)``) holding ``size`` samples, or None."""
+    return next((t for t in _tensors(item if isinstance(item, (tuple, list)) else (item,))
+                 if t.dim() >= 1 and t.shape[0] == size), None)
+
+
+def _tensors(args: Any) -> list[torch.Tensor]:
+    """The non-empty tensors among ``args`` and one level of lists or tuples inside it."""
+    out = []
+    for arg in args:
+        out += [a for a in (arg if isinstance(arg, (tuple, list)) else (arg,))
+                if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.numel() > 0]
+    return out
+
+
+def _signature(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """Per-sample sums (float64, on the CPU): the same for a batch and its copies on any device or dtype."""
+    if tensor is None or not (tensor.is_floating_point() or tensor.dtype in (torch.uint8, torch.int64)):
+        return None
+    return tensor.detach().reshape(tensor.shape[0], -1).to("cpu", torch.float64).sum(dim=1)
+
+
+def _precision(module: torch.nn.Module, arg: torch.Tensor) -> str | None:
+    """``bfloat16`` / ``float16`` when the forward runs under autocast or on half-precision inputs or
+    parameters, else None (float32)."""
+    device = arg.device.type
+    if torch.is_autocast_enabled(device):
+        return str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+    param = next(module.parameters(), None)
+    low = [t.dtype for t in (arg, param) if t is not None and t.dtype in (torch.bfloat16, torch.float16)]
+    return str(low[0]).removeprefix("torch.") if low else None
 
 
 def true_val_accuracy(params: list[torch.Tensor], val: TensorDataset | None) -> float | None:

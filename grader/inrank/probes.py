@@ -35,13 +35,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from course import data, report
 from grader.inrank import probed_data, records
 from grader.inrank.channel import Writer
-from grader.inrank.fingerprints import digests, encode, fingerprint, projection
+from grader.inrank.fingerprints import digests, encode, fingerprint, full_tensors, has_shards, projection
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "all_to_all",
                "all_gather_object", "broadcast_object_list")
 FULL_STEPS = 2  # steps whose parameters and gradients rank 0 records in full, for the replay
 HERE = os.path.abspath(__file__)
+TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
 class Probes:
@@ -51,11 +52,15 @@ class Probes:
         self.writer, self.rank, self.seed = writer, rank, seed
         self.run_dir = os.path.realpath(run_dir if run_dir is not None else os.getcwd())  # fixed at start-up
         self.silent = False  # True in a forked child (DataLoader worker, ...): only the rank itself records
-        self.fetched: list[int] = []  # training-sample indices received since the last optimizer step
+        self.batches = probed_data.TrainedBatches()  # fetched since the last optimizer step, and trained on
         self.epoch = -1  # how many times a loader over the training split has been iterated, less one
         self.steps = 0
         self._pending_grads: list[torch.Tensor] | None = None
         self._pending_full: dict[str, Any] = {}  # rank 0's full parameters before one of the first steps
+        self._algorithm = ""  # class of the innermost optimizer stepped in the current step
+        self._depth = 0  # optimizer steps under way: a wrapping optimizer's (ZeRO's) step runs its inner one's
+        self._last: list[torch.Tensor] = []  # rank 0: the whole parameters after the last step
+        self._broken: set[str] = set()  # probes that failed (the grader's error): they record no more
         self._optimizer: weakref.ref | None = None
         self._projection: torch.Tensor | None = None
         self._originals: dict[str, Any] = {}
@@ -78,7 +83,8 @@ class Probes:
         also the :func:`digests` of the parameters its optimizer holds now, so the grader can tell whether
         they changed after the last recorded step."""
         optimizer = self._optimizer() if self._optimizer else None
-        final = digests(self._parameters(optimizer)) if self.rank == 0 and optimizer is not None else None
+        params = self._parameters(optimizer) if self.rank == 0 and optimizer is not None else []
+        final = digests(params) if params and not has_shards(params) else None  # shards: no gather on one rank
         self.emit("end", how=how, exit_code=exit_code, steps=self.steps, error=error, digests=final)
 
     # ----------------------------------------------------------------------------------------- install
@@ -86,14 +92,18 @@ class Probes:
         """Wrap the data loader, optimizers, process group, collectives, report and torch.save."""
         self._wrap_data()
         self._wrap_loader_iter()
-        register_optimizer_step_pre_hook(self._before_step)
-        register_optimizer_step_post_hook(self._after_step)
+        register_optimizer_step_pre_hook(self._guard("optimizer step", self._before_step))
+        register_optimizer_step_post_hook(self._guard("optimizer step", self._after_step))
+        torch.nn.modules.module.register_module_forward_pre_hook(self._guard("forward", self.batches.forward))
         self._wrap_process_group()
         for name in COLLECTIVES:
             if hasattr(dist, name):
                 self._wrap_collective(name)
         self._wrap(report, "report", self._report)
         self._wrap(torch, "save", self._save)
+        for name in ("spawn", "start_processes"):
+            self._wrap(torch.multiprocessing, name, self._noted(f"torch.multiprocessing.{name}", nprocs_at=2))
+        self._wrap(torch, "compile", self._noted("torch.compile"))
         torch.serialization.save = torch.save
         sys.addaudithook(self._audit)
         self.silence_in_children()
@@ -106,6 +116,23 @@ class Probes:
 
     def _silence(self) -> None:
         self.silent = True
+
+    def _guard(self, where: str, probe: Any) -> Any:
+        """``probe`` made safe for the student's process: should the grader's own code fail, it is written as
+        a ``probe_error`` record (the grader's error, reported as such) and on the rank's error output, that
+        probe records nothing more, and the student's script goes on as if the probe were not there."""
+        def guarded(*args: Any, **kwargs: Any) -> None:
+            if where in self._broken:
+                return
+            try:
+                probe(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001  (any failure of the grader's code is the grader's)
+                self._broken.add(where)
+                text = f"{type(error).__name__}: {error}"[:500]
+                print(f"[grader error, not the submission's] the grader's {where} probe failed: {text}",
+                      file=sys.stderr, flush=True)
+                self.emit("probe_error", where=where, error=text)
+        return guarded
 
     def _wrap(self, module: Any, name: str, make: Any) -> None:
         original = getattr(module, name)
@@ -139,7 +166,7 @@ class Probes:
             if not isinstance(loader.dataset, probed_data.ProbedDataset):
                 return original(loader)
             probes.epoch += 1
-            return probed_data.record_batches(loader, original, probes.fetched)
+            return probed_data.record_batches(loader, original, probes.batches)
 
         DataLoader.__iter__ = __iter__
 
@@ -165,7 +192,8 @@ class Probes:
     def _wrap_collective(self, name: str) -> None:
         def make(original):
             def collective(*args, **kwargs):
-                self.emit("collective", op=name, step=self.steps)  # its seq: the channel's record number
+                by_torch = sys._getframe(1).f_code.co_filename.startswith(TORCH)
+                self.emit("collective", op=name, step=self.steps, by_torch=by_torch)  # seq: the record number
                 return original(*args, **kwargs)
             return collective
 
@@ -182,9 +210,17 @@ class Probes:
         return fingerprint(params, self.seed, self._projection)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        params = self._parameters(optimizer)
-        self._pending_grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                               for p in params]
+        """Before the outermost optimizer's step (a wrapping or sharded optimizer, ZeroRedundancyOptimizer,
+        steps an inner one on its shard: the step is the outer one's, on every parameter). Sharded parameters
+        and gradients (DTensors) are gathered whole on every rank."""
+        self._depth += 1
+        self._algorithm = type(optimizer).__name__  # the innermost optimizer's: the update rule (Adam, ...)
+        if self._depth > 1:
+            return
+        local = self._parameters(optimizer)
+        self._pending_grads = [g.detach().clone() for g in full_tensors(
+            [p.grad if p.grad is not None else torch.zeros_like(p) for p in local])]
+        params = full_tensors(local)
         if self.steps == 0:
             self.emit("initial", fingerprint=self._fingerprint(params), device=str(params[0].device))
         if self.rank == 0 and self.steps < FULL_STEPS:
@@ -196,22 +232,24 @@ class Probes:
             self._pending_full["digests_before"] = digests(params)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._pending_grads is None:  # the outer step of a wrapping optimizer: counted once, inside
+        self._depth -= 1
+        if self._depth > 0 or self._pending_grads is None:  # an inner optimizer's step: the outer one counts
             return
         grads, self._pending_grads = self._pending_grads, None
         self.steps += 1
         self._optimizer = weakref.ref(optimizer)
-        params = self._parameters(optimizer)
+        params = full_tensors(self._parameters(optimizer))
+        indices, precision = self.batches.take()
         fields: dict[str, Any] = {
-            "step": self.steps, "epoch": self.epoch, "indices": list(self.fetched),
+            "step": self.steps, "epoch": self.epoch, "indices": indices, "precision": precision,
             "lr": [float(g.get("lr", float("nan"))) for g in optimizer.param_groups],
-            "optimizer": type(optimizer).__name__, "fingerprint": self._fingerprint(params),
+            "optimizer": self._algorithm, "fingerprint": self._fingerprint(params),
             "world_size": dist.get_world_size() if dist.is_initialized() else None,
             "backend": str(dist.get_backend()) if dist.is_initialized() else None,
         }
-        self.fetched.clear()  # in place: the loaders being iterated add to this very list
         if self.rank == 0:  # what the grader will require of the checkpoint: bound to the training seen here
             fields["digests"] = digests(params)
+            self._last = params
         if "params_before" in self._pending_full:
             fields.update(grads=encode(grads), hyper=_hyperparameters(optimizer))
         fields.update(self._pending_full)
@@ -235,17 +273,32 @@ class Probes:
         return report
 
     def _true_val_accuracy(self) -> float | None:
-        optimizer = self._optimizer() if self._optimizer else None
-        if optimizer is None:
-            return None
-        return probed_data.true_val_accuracy(self._parameters(optimizer), self._val)
+        """Of the parameters rank 0's optimizer left after its last step (whole, even when sharded)."""
+        return probed_data.true_val_accuracy(self._last, self._val) if self._last else None
 
     def _save(self, original):
         def save(obj, f, *args, **kwargs):
-            path = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else repr(f)
-            self.emit("save", path=path, step=self.steps)
+            path = _file_path(f)
+            if path is not None:  # a torch.save into memory (io.BytesIO: ZeRO's consolidate_state_dict) writes no file
+                self.emit("save", path=path, step=self.steps)
             return original(obj, f, *args, **kwargs)
         return save
+
+    def _noted(self, function: str, nprocs_at: int | None = None):
+        """A wrapper maker writing a ``call`` record of ``function`` (with its ``nprocs`` argument, positional
+        at ``nprocs_at``), for the feedback to name."""
+        def make(original):
+            def noted(*args, **kwargs):
+                if sys._getframe(1).f_code.co_filename.startswith(TORCH):  # torch's own use, not the script's
+                    return original(*args, **kwargs)
+                nprocs = None
+                if nprocs_at is not None:
+                    nprocs = kwargs.get("nprocs", args[nprocs_at] if len(args) > nprocs_at else 1)
+                self.emit("call", function=function, step=self.steps,
+                          nprocs=nprocs if isinstance(nprocs, int) else None)
+                return original(*args, **kwargs)
+            return noted
+        return make
 
     def _audit(self, event: str, args: tuple) -> None:
         if event != "open" or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
@@ -257,6 +310,15 @@ class Probes:
             path = os.path.abspath(os.fsdecode(args[0]))
             if _inside(path, self.run_dir) or _inside(os.path.realpath(path), self.run_dir):
                 self.emit("write", path=path, step=self.steps)
+
+
+def _file_path(f: Any) -> str | None:
+    """The absolute path of the file ``torch.save(obj, f)`` writes: ``f`` itself, or an open file's name; None
+    for an in-memory buffer."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) else None
 
 
 def _inside(path: str, folder: str) -> bool:

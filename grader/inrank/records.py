@@ -109,6 +109,7 @@ class Step(Record):
     shapes: tuple[tuple[int, ...], ...] | None = None  # ... and their shapes
     grads: str | None = None  # ... and the gradients the step applied
     hyper: dict[str, Any] | None = None  # ... and the first param group's settings
+    precision: str | None = None  # "bfloat16" / "float16": the step's forwards ran under autocast or in it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +161,7 @@ class Collective(Record):
     kind: ClassVar[str] = "collective"
     op: str
     step: int
+    by_torch: bool = False  # called by torch's own code (FSDP's gathers, ZeroRedundancyOptimizer's broadcasts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +192,27 @@ class Forgery(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProbeError(Record):
+    """The grader's own code failed inside the rank's process (its error, not the student's); the probes
+    then stopped recording what ``where`` records, and the student's script went on."""
+
+    kind: ClassVar[str] = "probe_error"
+    where: str  # the probe that failed, e.g. "optimizer step"
+    error: str  # the exception, one line
+
+
+@dataclass(frozen=True, kw_only=True)
+class Call(Record):
+    """A call the feedback names: processes started by the script itself (``torch.multiprocessing.spawn``,
+    ``start_processes``) or ``torch.compile``."""
+
+    kind: ClassVar[str] = "call"
+    function: str  # e.g. "torch.multiprocessing.spawn"
+    step: int
+    nprocs: int | None = None  # processes it starts
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankExit(Record):
     """The launcher's record of one rank's process: how it exited and what it printed."""
 
@@ -205,7 +228,8 @@ class RankExit(Record):
 
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (Init, Initial, Step, End, Report, Save, Write,
-                                                           Collective, Tamper, Shutdown, Forgery, RankExit)}
+                                                           Collective, Tamper, Shutdown, Forgery, ProbeError, Call,
+                                                           RankExit)}
 
 
 def make(kind: str, **values: Any) -> Record:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit6
 N, W, B, STEPS_PER_EPOCH, EPOCHS = 1197, 4, 32, 10, 2
 KINDS = {"steps": "step", "inits": "init", "ends": "end", "reports": "report", "saves": "save", "writes": "write",
          "collectives": "collective", "tampers": "tamper", "shutdowns": "shutdown", "initials": "initial",
-         "forgeries": "forgery"}
+         "forgeries": "forgery", "probe_errors": "probe_error", "calls": "call"}
 
 
 class Run(SimpleNamespace):
@@ -27,6 +27,7 @@ class Run(SimpleNamespace):
         super().__init__(world_size=world_size, expected_backend=expected_backend, train_size=train_size,
                          status=status, exits={}, misattributed=0, test_accuracy=None, checkpoint_val_accuracy=None,
                          checkpoint_fingerprint=None, checkpoint_error=None, comparisons=[],
+                         checkpoint_foreign=False,
                          **{name: {} for name in KINDS})
 
     @property
@@ -68,7 +69,9 @@ def perfect_run() -> Run:
     last = EPOCHS * STEPS_PER_EPOCH
     ev.saves[0] = [{"path": "/run/checkpoint.pt", "step": last}]
     ev.reports[0] = [{"epoch": e, "val_accuracy": 0.9, "true_val_accuracy": 0.9000001,
-                      "step": (e + 1) * STEPS_PER_EPOCH} for e in range(EPOCHS)]
+                      "step": (e + 1) * STEPS_PER_EPOCH, "seq": 1000 + 2 * e + 1} for e in range(EPOCHS)]
+    ev.collectives[0] = [{"op": "all_reduce", "step": (e + 1) * STEPS_PER_EPOCH, "seq": 1000 + 2 * e}
+                         for e in range(EPOCHS)]  # the metrics' reduction, just before each report
     ev.test_accuracy, ev.checkpoint_val_accuracy, ev.checkpoint_fingerprint = 0.97, 0.9, [float(last)] * 5
     ev.comparisons = [Comparison(1, 1e-7, 1.0), Comparison(2, 2e-7, 1.0)]
     return ev
@@ -76,7 +79,13 @@ def perfect_run() -> Run:
 
 def failures(ev: Run) -> set[str]:
     evidence = freeze(ev)
-    return {c.name for c in CHECKS if not c.test(evidence, ASSIGNMENT)[0]}
+    return {c.name for c in CHECKS if c.test(evidence, ASSIGNMENT)[0] is False}
+
+
+def unassessed(ev: Run) -> set[str]:
+    """The checks that cannot be assessed on ``ev`` (neither pass nor fail)."""
+    evidence = freeze(ev)
+    return {c.name for c in CHECKS if c.test(evidence, ASSIGNMENT)[0] is None}
 
 
 def test_the_rubric_is_declared_once_with_points_and_visibility():
@@ -143,6 +152,16 @@ def defect(name):
     elif name == "no_checkpoint":
         ev.saves, ev.test_accuracy, ev.checkpoint_error = {}, None, "no checkpoint at checkpoint.pt"
         ev.checkpoint_val_accuracy = ev.checkpoint_fingerprint = None
+    elif name == "unreduced":  # each rank scored the whole validation split: right numbers, nothing reduced
+        ev.collectives[0] = []
+    elif name == "short_batch_unaveraged":  # step 10, epoch 0's last (12 samples per rank), was not averaged
+        for r in (1, 2, 3):
+            ev.steps[r][STEPS_PER_EPOCH - 1]["fingerprint"] = [9.0 + r] * 5
+    elif name == "divided_twice":
+        ev.comparisons = [Comparison(1, 0.75, 0.25)]
+    elif name == "foreign_checkpoint":
+        ev.test_accuracy, ev.checkpoint_foreign = None, True
+        ev.checkpoint_error = "checkpoint.pt does not hold the parameters rank 0's optimizer produced."
     elif name == "diverged_at_start":
         ev.initials[1][0]["fingerprint"] = [9.0] * 5
     return ev
@@ -150,8 +169,7 @@ def defect(name):
 
 @pytest.mark.parametrize("name, failed, phrase", [
     # identical ranks stay identical: their equal parameters and gradients show no averaging
-    ("same_data", {"disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process"},
-     "ranks 1–3 saw the same samples as rank 0"),
+    ("same_data", {"disjoint_shards", "reshuffled"}, "ranks 1–3 saw the same samples as rank 0"),
     ("no_set_epoch", {"reshuffled"}, "set_epoch"),
     ("diverged", {"equal_parameters"}, "after step 6"),
     ("summed", {"matches_single_process"}, "4.00x"),
@@ -170,6 +188,10 @@ def defect(name):
     ("misattributed", {"integrity"}, "forged lines"),
     ("over_budget", {"target_accuracy"}, "trained 7 epochs; the budget is 6"),
     ("no_checkpoint", {"target_accuracy"}, "no checkpoint"),
+    ("unreduced", {"metrics_averaged"}, "without combining anything across ranks"),
+    ("short_batch_unaveraged", {"equal_parameters"}, "step 10 was the short last batch of an epoch: 12 samples"),
+    ("divided_twice", {"matches_single_process"}, "divided by world_size twice"),
+    ("foreign_checkpoint", {"target_accuracy", "integrity"}, "does not hold the parameters"),
 ])
 def test_each_defect_fails_exactly_its_check_and_says_why(name, failed, phrase):
     ev = defect(name)
@@ -182,8 +204,9 @@ def test_metrics_are_not_blamed_when_the_ranks_diverged():
     ev = defect("diverged_at_start")
     ev.reports[0][0]["val_accuracy"] = 0.5  # an average over different models: not rank 0's model's accuracy
     assert failures(ev) == {"equal_parameters"}
+    assert unassessed(ev) == {"metrics_averaged"}
     passed, message = next(c for c in CHECKS if c.name == "metrics_averaged").test(freeze(ev), ASSIGNMENT)
-    assert passed and "not assessed" in message
+    assert passed is None and message.startswith("cannot be assessed: the ranks held different parameters")
 
 
 def test_a_failed_run_fails_ran_to_the_end_with_its_status():
@@ -242,6 +265,20 @@ def test_identical_ranks_get_no_credit_for_averaging_and_are_told_what_is_needed
     for name in ("equal_parameters", "matches_single_process", "reshuffled"):
         passed, message = outcome(ev, name)
         assert not passed and "needs each rank to" in message and "see disjoint shards" in message, name
+    assert unassessed(ev) == {"equal_parameters", "matches_single_process"}  # cannot be seen: neither way
+
+
+@pytest.mark.parametrize("precision, error, passes", [(None, 1e-4, True), (None, 3e-2, False),
+                                                      ("bfloat16", 3e-2, True), ("bfloat16", 0.5, False)])
+def test_the_replay_tolerance_follows_the_precision_trained_in(precision, error, passes):
+    ev = perfect_run()
+    ev.comparisons = [Comparison(1, error, 1.0)]
+    for step in ev.steps[0]:
+        step["precision"] = precision
+    passed, message = outcome(ev, "matches_single_process")
+    assert passed is passes, message
+    if not passes:  # the measured scale of the gradient is right: not "summed", not "the same parameters"
+        assert "1.00x" in message and "not combined" in message and "summed" not in message
 
 
 def only_rank0_trains(status: str = "ok") -> Run:
@@ -317,3 +354,8 @@ def test_the_rank_0_check_points_to_target_accuracy_only_when_there_is_no_checkp
     assert "target accuracy" not in outcome(ev, "rank0_checkpoint_and_logs")[1]
     ev.test_accuracy = None
     assert "see target accuracy" in outcome(ev, "rank0_checkpoint_and_logs")[1]
+
+
+def test_a_checkpoint_the_recorded_training_did_not_produce_is_flagged_for_review():
+    passed, message = outcome(defect("foreign_checkpoint"), "integrity")
+    assert passed is False and "recorded optimizer steps did not produce" in message and "review" in message

@@ -76,3 +76,36 @@ def test_a_detected_tamper_withholds_the_score_and_cannot_be_missed(tmp_path):
 def test_only_a_check_that_voids_the_score_withholds_it():
     assert [c.name for c in CHECKS if c.voids_score] == ["integrity"]
     assert sample(passed=False).violation is None and sample(passed=False).grade_status == "ok"
+
+
+def unassessable(names=("equal_parameters", "matches_single_process")) -> Results:
+    """``sample()`` with ``names`` not assessed (0 points, left out of the total) and disjoint shards failed."""
+    results = sample()
+    for i, c in enumerate(results.checks):
+        if c.name in names:
+            results.checks[i] = CheckResult(c.name, c.title, 0.0, c.max_score, c.visibility, False,
+                                            "cannot be assessed: needs each rank to see its own shard", assessed=False)
+        elif c.name == "disjoint_shards":
+            results.checks[i] = CheckResult(c.name, c.title, 0.0, c.max_score, c.visibility, False, "use a sampler")
+    return results
+
+
+def test_a_check_that_cannot_be_assessed_is_left_out_of_the_total_and_said_so(tmp_path):
+    results = unassessable()  # 55 of the 70 assessable points: 55 x 100 / 70
+    assert (results.raw_score, results.assessed_max_score, results.max_score) == (55, 70, 100)
+    assert results.score == pytest.approx(78.57) and Results.from_dict(results.to_dict()) == results
+    text = render.feedback(results)
+    assert "[NOT ASSESSED] equal parameters at start and after every step (its 15 points left out of the total)" \
+        in text and "55 of the 70 points that could be assessed, scaled to 100" in text
+    assert "[PASS]" not in "".join(line for line in text.splitlines() if "cannot be assessed" in line)
+    render.write_gradebook([results], tmp_path / "g.csv")
+    row = list(csv.DictReader(open(tmp_path / "g.csv")))[1]
+    assert row["equal_parameters"] == "not assessed" and float(row["score"]) == pytest.approx(78.57)
+    assert render.gradescope(results)["score"] == pytest.approx(78.57)
+
+
+def test_a_violation_withholds_the_scaled_score_too():
+    results = unassessable()
+    results.checks[-1] = CheckResult("integrity", "grader's probes untouched", 0.0, 0.0, "hidden", False,
+                                     "the checkpoint holds parameters ...", voids_score=True)
+    assert results.score == 0 and results.raw_score == 55

@@ -33,10 +33,11 @@ CONFIGS = {
 EXPECTED = {
     "reference": ("ok", set()),
     # every rank draws the same batches, so DDP's averaging cannot be seen: no credit for what it would show
-    "no_sampler": ("ok", {"disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process"}),
+    "no_sampler": ("ok", {"disjoint_shards", "reshuffled"}),
     "per_rank_shuffles": ("ok", {"disjoint_shards"}),
-    "identical_ranks": ("ok", {"disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process",
-                               "lr_scaled", "rank0_checkpoint_and_logs"}),
+    # ... and its metrics, right only because every rank holds the same model, were never reduced across ranks
+    "identical_ranks": ("ok", {"disjoint_shards", "reshuffled", "lr_scaled", "rank0_checkpoint_and_logs",
+                               "metrics_averaged"}),
     "rank0_trains_alone": ("ok", {"ran_to_the_end", "disjoint_shards", "reshuffled", "equal_parameters",
                                   "matches_single_process", "lr_scaled"}),
     "data_parallel_one_process": ("ok", {"ran_to_the_end", "disjoint_shards", "reshuffled", "equal_parameters",
@@ -65,9 +66,10 @@ EXPECTED = {
     "forked_grandchild": ("ok", set()),
     "dataloader_worker_log": ("ok", set()),
     # its checkpoint is a second model, trained by hand on the test digits: not what rank 0's optimizer produced
-    "second_model": ("ok", {"target_accuracy"}),
+    # (a checkpoint the recorded training did not produce is flagged for review, as a replaced all_reduce is)
+    "second_model": ("ok", {"target_accuracy", "integrity"}),
     # ... or copied into the trained model before one last optimizer step (at learning rate 0)
-    "copied_in_model": ("ok", {"target_accuracy"}),
+    "copied_in_model": ("ok", {"target_accuracy", "integrity"}),
     "exit_before_training": ("ok", SCORED),
     "hang_in_collective": ("hang on rank 3", SCORED),
     "crash_on_rank_2": ("crash on rank 2", SCORED),
@@ -76,6 +78,19 @@ EXPECTED = {
     "memory_bomb": ("out of memory", SCORED),
     "fork_bomb": ("too many processes", SCORED),
 }
+# submission -> the checks its finished run cannot show (neither points nor a penalty: left out of the total)
+NOT_ASSESSED = {
+    # every rank draws the same batches, so DDP's averaging cannot be seen
+    "no_sampler": {"equal_parameters", "matches_single_process"},
+    "identical_ranks": {"equal_parameters", "matches_single_process"},
+    # the ranks' models differ by the first report, so no one model's accuracy is the mean
+    "per_rank_seeds": {"metrics_averaged"},
+    "noop_allreduce": {"metrics_averaged"},
+}
+# correct idioms and the feedback classes of issue 24, proven in tests/grader/test_fair_idioms.py
+PROVEN_ELSEWHERE = {"tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast",
+                    "unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "writes_huge_file",
+                    "short_last_batch_unaveraged"}
 # Broken submissions that still train: their held-out accuracy lands within a few points of the target, above it
 # on one CPU and below on another (per_rank_seeds: 0.94 here, 0.91 elsewhere), so their target_accuracy verdict is
 # not part of the proof. target_accuracy is proven by submissions that fail it by construction (no checkpoint, over
@@ -95,7 +110,8 @@ def graded():
 
 
 def test_every_submission_is_in_the_proof_set():
-    assert {p.stem for p in SUBMISSIONS.glob("*.py")} == set(EXPECTED) >= NEAR_TARGET
+    assert {p.stem for p in SUBMISSIONS.glob("*.py")} == set(EXPECTED) | PROVEN_ELSEWHERE
+    assert set(EXPECTED) >= NEAR_TARGET | set(NOT_ASSESSED) and not set(EXPECTED) & PROVEN_ELSEWHERE
 
 
 def test_every_check_is_failed_by_some_submission_that_ran_normally():
@@ -111,9 +127,21 @@ def test_every_check_is_failed_alone_by_some_submission():
 def test_the_submission_gets_its_status_and_fails_exactly_its_checks(graded, name):
     status, failed = EXPECTED[name]
     results = graded[name]
-    got = {c.name for c in results.checks if not c.passed} - ({"target_accuracy"} if name in NEAR_TARGET else set())
-    assert (results.status, got) == (status, failed), results.detail + "\n" + "\n".join(
-        f"{c.name}: {c.message}" for c in results.checks if not c.passed)
+    got = {c.name for c in results.checks if not c.passed and c.assessed} - (
+        {"target_accuracy"} if name in NEAR_TARGET else set())
+    unseen = {c.name for c in results.checks if not c.assessed}
+    assert (results.status, got, unseen) == (status, failed, NOT_ASSESSED.get(name, set())), results.detail + "\n" + \
+        "\n".join(f"{c.name}: {c.message}" for c in results.checks if not c.passed)
+
+
+def test_a_check_that_cannot_be_assessed_neither_awards_nor_takes_points(graded):
+    results = graded["no_sampler"]
+    unseen = [c for c in results.checks if not c.assessed]
+    assert all(c.score == 0 and c.message.startswith("cannot be assessed: needs each rank to see its own shard")
+               for c in unseen)
+    assessed = sum(c.max_score for c in results.checks if c.assessed)
+    assert assessed == 70 and results.score == pytest.approx(results.raw_score * 100 / 70, abs=0.01)
+    assert not any(c.passed and "not assessed" in c.message for r in graded.values() for c in r.checks)
 
 
 def test_the_reference_gets_full_marks(graded):
@@ -133,7 +161,7 @@ def test_feedback_speaks_the_course_language(graded):
 
 def test_credit_only_for_data_parallelism_that_happened(graded):
     messages = {c.name: c.message for c in graded["identical_ranks"].checks}
-    assert graded["identical_ranks"].score <= 25  # 65 when identical ranks were credited for staying identical
+    assert graded["identical_ranks"].raw_score <= 25  # 65 when identical ranks were credited for staying identical
     assert "needs each rank to see its own shard" in messages["equal_parameters"]
     assert "needs each rank to see its own shard" in messages["matches_single_process"]
     alone = {c.name: c.message for c in graded["rank0_trains_alone"].checks}
@@ -185,9 +213,9 @@ def test_records_forged_through_the_probes_gain_nothing(graded):
 def test_only_the_model_rank_0s_optimizer_produced_is_evaluated(graded):
     results = graded["second_model"]
     messages = {c.name: c.message for c in results.checks}
-    assert results.test_accuracy is None and results.score == 90
+    assert results.test_accuracy is None and results.raw_score == 90 and results.score == 0
     assert "does not hold the parameters rank 0's optimizer produced" in messages["target_accuracy"]
-    assert "agree with the checkpoint" not in messages["integrity"]
+    assert "did not produce" in messages["integrity"] and results.grade_status == "integrity violation"
     copied = {c.name: c.message for c in graded["copied_in_model"].checks}["target_accuracy"]
     assert graded["copied_in_model"].test_accuracy is None and "outside optimizer.step()" in copied
     assert graded["reference"].test_accuracy is not None  # the reference's checkpoint is bound to its last step

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import models
@@ -163,3 +164,113 @@ def test_each_step_records_the_samples_fetched_since_the_previous_step(monkeypat
             probe._after_step(optimizer, (), {})
     steps = [records.parse(r) for r in writer.records if r["kind"] == "step"]
     assert [(s.epoch, s.indices) for s in steps] == [(e, tuple(range(b, b + 5))) for e in (0, 1) for b in (0, 5)]
+
+
+def _train_steps(probe, model, optimizer, loader, peek: bool, autocast: bool = False):
+    for images, labels in loader:
+        if peek:  # a tutorial's log line: the batch is fetched, never trained on
+            len(next(iter(loader))[0])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        probe._before_step(optimizer, (), {})
+        optimizer.step()
+        probe._after_step(optimizer, (), {})
+
+
+@pytest.mark.parametrize("peek", [False, True])
+def test_a_batch_counts_when_a_forward_trains_on_it_not_when_fetched(monkeypatch, peek):
+    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)  # restored after the test
+    handle = None
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=1, seed=1)
+    probe._wrap_loader_iter()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(probe.batches.forward)
+    try:
+        model = models.DigitsCNN()
+        train = probed_data.ProbedDataset(TensorDataset(torch.rand(12, 1, 8, 8), torch.arange(12) % 10))
+        _train_steps(probe, model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(train, batch_size=4),
+                     peek)
+    finally:
+        handle.remove()
+    steps = [records.parse(r) for r in writer.records if r["kind"] == "step"]
+    assert [s.indices for s in steps] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]  # the peek (0-3) not added
+
+
+def test_a_forward_under_autocast_records_its_precision(monkeypatch):
+    monkeypatch.setattr(DataLoader, "__iter__", DataLoader.__iter__)
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=1, seed=1)
+    probe._wrap_loader_iter()
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(probe.batches.forward)
+    try:
+        model = models.DigitsCNN()
+        train = probed_data.ProbedDataset(TensorDataset(torch.rand(8, 1, 8, 8), torch.arange(8) % 10))
+        _train_steps(probe, model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(train, batch_size=4),
+                     peek=False, autocast=True)
+    finally:
+        handle.remove()
+    assert {r["precision"] for r in writer.records if r["kind"] == "step"} == {"bfloat16"}
+
+
+class Wrapping(torch.optim.Optimizer):
+    """A wrapping optimizer in ZeroRedundancyOptimizer's shape: its step steps an inner optimizer on a shard of
+    the parameters, then changes the rest itself (ZeRO broadcasts them from their owners)."""
+
+    def __init__(self, params):
+        params = list(params)
+        super().__init__(params, {"lr": 0.1})
+        self.inner = torch.optim.SGD(params[:1], lr=0.1)
+
+    def step(self, closure=None):
+        self.inner.step()
+        with torch.no_grad():
+            for p in self.param_groups[0]["params"][1:]:
+                p.sub_(0.1 * p.grad)
+
+
+def test_a_wrapping_optimizers_step_is_recorded_once_on_every_parameter():
+    model = models.DigitsCNN()
+    optimizer = Wrapping(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=0, seed=1)
+    hooks = [register_optimizer_step_pre_hook(probe._before_step),
+             register_optimizer_step_post_hook(probe._after_step)]
+    try:
+        optimizer.step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    steps = [r for r in writer.records if r["kind"] == "step"]
+    assert len(steps) == 1 and steps[0]["optimizer"] == "SGD"  # the update rule, inside the wrapper
+    assert steps[0]["digests"] == probes.digests(list(model.parameters()))  # every parameter, after the wrapper
+
+
+def test_torch_save_into_memory_writes_no_file(tmp_path):
+    import io
+
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=1, seed=1, run_dir=str(tmp_path))
+    save = probe._save(torch.save)
+    save({"x": torch.ones(2)}, io.BytesIO())  # ZeroRedundancyOptimizer.consolidate_state_dict does this
+    with open(tmp_path / "a.pt", "wb") as handle:
+        save({"x": torch.ones(2)}, handle)
+    save({"x": torch.ones(2)}, tmp_path / "b.pt")
+    assert [r["path"] for r in writer.records] == [str(tmp_path / "a.pt"), str(tmp_path / "b.pt")]
+
+
+def test_a_probe_that_fails_is_the_graders_error_and_the_script_goes_on(capsys):
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=3, seed=1)
+
+    def broken(*args):
+        raise RuntimeError("Cannot flatten unevenly sharded tensor")
+
+    guarded = probe._guard("optimizer step", broken)
+    assert guarded(None, (), {}) is None and guarded(None, (), {}) is None  # no exception reaches the script
+    errors = [records.parse(r) for r in writer.records]
+    assert errors == [records.ProbeError(rank=3, where="optimizer step",
+                                         error="RuntimeError: Cannot flatten unevenly sharded tensor")]
+    assert "grader error, not the submission's" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def values_of(hint) -> st.SearchStrategy:
         return st.lists(values_of(args[0]), max_size=4).map(tuple)
     if origin is dict:
         return st.dictionaries(TEXT, JSON_VALUE, max_size=3)
-    return {type(None): st.none(), int: INT, float: FLOAT, str: TEXT}[hint]
+    return {type(None): st.none(), bool: st.booleans(), int: INT, float: FLOAT, str: TEXT}[hint]
 
 
 @st.composite

@@ -1,0 +1,107 @@
+"""The grader is fair to every correct idiom (issue 24): correct conversions in the styles students copy get full
+marks, and the failure classes next to them get feedback that names what happened.
+
+Each submission in tests/submissions/ listed here is graded for real (4 ranks in the sandbox), two at a time, once
+per test session. Expensive: 9 four-rank runs, about 9 minutes on a loaded 2-core machine. torch.compile is not
+among them: compiling one DigitsCNN takes about two minutes on one core here (measured once: 128 s), so four ranks
+do not fit the run's wall clock on this machine; the assignment leaves it out of scope and the grader says so
+(tests/grader/test_status.py proves the message).
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from grader.checks import CHECKS
+from grader.runner import GradingConfig, grade
+from grader.sandbox import Limits
+
+pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(1500)]
+SUBMISSIONS = Path(__file__).resolve().parents[1] / "submissions"
+SCORED = {c.name for c in CHECKS if c.points > 0}
+BASE = GradingConfig(straggler_s=20.0)  # as the proof set: a correct rank that ends last under load is no straggler
+CONFIGS = {
+    "spawn_under_torchrun": replace(BASE, limits=Limits(wall_s=60.0)),
+    "writes_huge_file": replace(BASE, limits=Limits(wall_s=90.0, file_size_bytes=8 * 2**20)),
+}
+CORRECT = ("tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast")
+WRONG = ("unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "writes_huge_file",
+         "short_last_batch_unaveraged")
+
+
+@pytest.fixture(scope="module")
+def graded():
+    def one(name):
+        return name, grade(SUBMISSIONS / f"{name}.py", CONFIGS.get(name, BASE))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, CORRECT + WRONG))
+
+
+def messages(results) -> dict[str, str]:
+    return {c.name: c.message for c in results.checks}
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_a_correct_idiom_gets_full_marks_and_no_accusation(graded, name):
+    results = graded[name]
+    assert (results.status, results.score, results.max_score) == ("ok", 100, 100), "\n".join(
+        f"{c.name}: {c.message}" for c in results.checks if not c.passed)
+    assert all(c.assessed for c in results.checks)
+
+
+def test_a_peeked_batch_is_not_counted_as_trained(graded):
+    shards = messages(graded["tutorial_trainer_peek"])["disjoint_shards"]
+    assert "(300, 300, 300, 300 samples)" in shards  # 332 each when the peeked batch was counted
+    assert "global batch of 128" in messages(graded["tutorial_trainer_peek"])["lr_scaled"]  # not 256
+
+
+def test_zero_is_recorded_by_what_it_trains(graded):
+    got = messages(graded["zero1_ddp"])
+    assert "(Adam)" in got["lr_scaled"]  # the update rule, not the wrapper's name
+    assert got["rank0_checkpoint_and_logs"] == "only rank 0 wrote the checkpoint and printed."  # in-memory saves
+
+
+def test_bf16_autocast_is_replayed_at_its_precision(graded):
+    replayed = messages(graded["bf16_autocast"])["matches_single_process"]
+    assert "within bfloat16 rounding" in replayed
+
+
+def test_metrics_need_a_reduction_the_grader_saw(graded):
+    results = graded["unsharded_val_no_reduce"]
+    failed = {c.name for c in results.checks if not c.passed}
+    assert (results.status, failed) == ("ok", {"metrics_averaged"})
+    assert "without combining anything across ranks" in messages(results)["metrics_averaged"]
+
+
+def test_a_missing_library_is_named_in_one_line_and_no_check_runs(graded):
+    results = graded["missing_library"]
+    assert results.status == "missing library" and results.score == 0
+    assert results.detail.startswith("this library is not available in the grading environment: accelerate")
+    assert "the assignment needs only torch and the course" in results.detail
+    assert not any(c.ran for c in results.checks)
+
+
+def test_processes_spawned_under_torchrun_are_named(graded):
+    results = graded["spawn_under_torchrun"]
+    assert results.status != "ok" and results.score == 0
+    assert "torch.multiprocessing.spawn (rank 0: 2" in results.detail, results.detail
+
+
+def test_the_graders_file_limit_is_named_as_the_graders(graded):
+    results = graded["writes_huge_file"]
+    assert results.status == "file too large"
+    assert results.detail.startswith("the grader's limit stopped rank 1: a process wrote a file larger than the "
+                                     "grader allows (8 MiB per file)."), results.detail
+    assert {c.name for c in results.checks if not c.passed} == SCORED
+
+
+def test_the_short_last_batch_left_unaveraged_is_named(graded):
+    results = graded["short_last_batch_unaveraged"]
+    failed = {c.name for c in results.checks if not c.passed and c.assessed} - {"target_accuracy"}  # near target
+    assert (results.status, failed) == ("ok", {"equal_parameters"})
+    assert "step 10 was the short last batch of an epoch: 12 samples on rank 0 instead of 32" in \
+        messages(results)["equal_parameters"]
+    assert {c.name for c in results.checks if not c.assessed} == {"metrics_averaged"}  # different models by then

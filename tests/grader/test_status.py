@@ -1,0 +1,64 @@
+"""grader.runner's status of a run, from records alone: the grader's own errors, its limits, missing libraries,
+processes a rank spawned and torch.compile are named first, in the grader's terms (issue 24)."""
+
+import signal
+
+import pytest
+
+from grader import runner
+from grader.evidence import collect
+from grader.sandbox import Limits, SandboxResult
+
+pytestmark = pytest.mark.unit6
+CONFIG = runner.GradingConfig(limits=Limits(file_size_bytes=256 * 2**20))
+LOST = "RuntimeError: [/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"
+
+
+def exits(codes: dict[int, tuple[int, str]]) -> list[dict]:
+    return [{"kind": "rank_exit", "rank": r, "returncode": code, "stderr": err, "exit_s": float(r),
+             "signer": "launcher"} for r, (code, err) in codes.items()]
+
+
+def status(raw: list[dict], result: str = "error") -> tuple[str, str]:
+    records = collect(raw, world_size=4)
+    sandboxed = SandboxResult(status=result, returncode=1 if result == "error" else None, stdout="", stderr="")
+    return runner._status(records, sandboxed, CONFIG)
+
+
+def test_a_failure_of_the_graders_own_probes_is_the_graders_error():
+    raw = [{"kind": "probe_error", "rank": 3, "where": "optimizer step", "error": "RuntimeError: boom",
+            "signer": 3}, *exits({r: (0, "") for r in range(4)})]
+    got, detail = status(raw, "ok")
+    assert got == runner.GRADER_ERROR and "rank 3" in detail and "not your submission's" in detail
+    assert "crash" not in got
+
+
+def test_a_missing_library_is_named_in_one_line():
+    error = "Traceback (most recent call last):\n  File \"train_4gpu.py\", line 3\nModuleNotFoundError: " \
+            "No module named 'lightning.pytorch'"
+    got, detail = status(exits({r: (1, error) for r in range(4)}))
+    assert got == runner.MISSING_LIBRARY
+    assert detail.startswith("this library is not available in the grading environment: lightning (")
+    assert detail.endswith("the assignment needs only torch and the course.")
+
+
+def test_a_file_over_the_limit_names_the_graders_limit_and_torch_compile():
+    compiler = "torch._inductor.exc.CppCompileError: C++ compile error\nCommand '['g++', ...]' died with " \
+               "<Signals.SIGXFSZ: 25>."
+    raw = [{"kind": "call", "rank": 1, "function": "torch.compile", "step": 0, "signer": 1},
+           *exits({0: (1, LOST), 1: (1, compiler), 2: (1, LOST), 3: (1, LOST)})]
+    got, detail = status(raw)
+    assert got == "file too large"
+    assert detail.startswith("the grader's limit stopped rank 1: torch.compile's C++ compiler wrote a file larger "
+                             "than the grader allows (256 MiB per file).")
+    assert status(exits({0: (0, ""), 1: (-signal.SIGXFSZ, ""), 2: (0, ""), 3: (0, "")}))[0] == "file too large"
+
+
+def test_processes_spawned_under_torchrun_and_torch_compile_are_named_when_a_run_fails():
+    raw = [{"kind": "call", "rank": r, "function": "torch.multiprocessing.spawn", "step": 0, "nprocs": 4,
+            "signer": r} for r in range(4)]
+    raw += [{"kind": "call", "rank": 0, "function": "torch.compile", "step": 0, "signer": 0}]
+    got, detail = status(raw, "timeout")
+    assert got == "timeout"
+    assert "torch.multiprocessing.spawn (rank 0: 4, rank 1: 4, rank 2: 4, rank 3: 4): 20 processes in all" in detail
+    assert "torch.compile, which the assignment leaves out of scope" in detail
