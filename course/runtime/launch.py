@@ -113,8 +113,12 @@ def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, tim
         channel.put(("error", rank, traceback.format_exc()))
         world.shutdown(barrier=False)
     else:
-        world.shutdown()
-        channel.put(("left", rank))
+        try:
+            world.shutdown()
+        except Exception:  # noqa: BLE001 - a peer died before the closing barrier: its own rank reports why
+            world.shutdown(barrier=False)  # and this rank, whose work is done, must not pass for the one that failed
+        else:
+            channel.put(("left", rank))
 
 
 def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, timeout_s: float
