@@ -111,9 +111,12 @@ def test_a_capture_of_head_and_tail_keeps_exactly_those():
     assert run.stdout.text() == "h" * 10 + "\n[135 bytes of output dropped here]\n" + "t" * 5
 
 
-def test_commands_run_together_end_together_when_one_fails():
-    failing = python("import sys; print('gone', file=sys.stderr); sys.exit(3)")
-    waiting = python("import time; print('up', flush=True); time.sleep(120)")  # a node waiting for its dead peer
+def test_commands_run_together_end_together_when_one_fails(tmp_path):
+    up = tmp_path / "up"  # the peer fails only once the waiting node is up: no race on who starts first
+    failing = python(f"import os, sys, time\nwhile not os.path.exists({str(up)!r}): time.sleep(0.05)\n"
+                     "print('gone', file=sys.stderr); sys.exit(3)")
+    waiting = python(f"import pathlib, time; print('up', flush=True); pathlib.Path({str(up)!r}).touch(); "
+                     "time.sleep(120)")  # a node waiting for its dead peer
     first, second = process.run_together([failing, waiting], 100)
     assert (first.status, first.returncode, first.stderr.strip()) == ("error", 3, "gone")
     assert second.status == "interrupted" and second.stdout.strip() == "up"
