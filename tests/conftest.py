@@ -49,7 +49,7 @@ def grader_secret_in_a_temporary_folder(tmp_path_factory):
 
 # -- a watchdog that needs no GIL ---------------------------------------------------------------------------------
 # pytest-timeout's thread method needs the GIL to fire, so a hang that holds it (a C++ destructor joining a thread
-# that waits for the GIL: see course.ddp_hooks) would run until CI's outer limit with nothing in the log.
+# that waits for the GIL: see course.ddp.hooks) would run until CI's outer limit with nothing in the log.
 # faulthandler's watchdog is a C thread: WATCHDOG_GRACE_S after a test's own timeout it writes every thread's
 # Python stack to the terminal pytest started with and ends the run (exit 1), so CI fails fast and says where.
 # With the ini's timeout of 300 s, a hang in a test without a timeout marker ends the run within 6 minutes.

@@ -23,5 +23,5 @@ def single_rank_group(timeout_s: float = 60.0) -> Iterator[None]:
     try:
         yield
     finally:
-        world.settle()  # gloo's threads let go of finished work before the group is joined (course.ddp_hooks)
+        world.settle()  # gloo's threads let go of finished work before the group is joined (course.ddp.hooks)
         dist.destroy_process_group()

@@ -108,13 +108,12 @@ def noisy_when_a_peer_fails(bad_rank: int) -> int:
     return me.rank
 
 
-
-def hook_gradients(steps: int = 2) -> dict[str, object]:
-    """Flat DDP gradients after ``steps`` backward passes on rank-dependent data, without a hook and with each
-    of course.ddp_hooks' hooks (course.ddp_hooks is checked against DDP's own averaging)."""
+def hook_gradients() -> dict[str, object]:
+    """Flat DDP gradients after one backward pass on rank-dependent data, without a hook and with each of
+    course.ddp.hooks' hooks (course.ddp.hooks is checked against DDP's own averaging)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from course import ddp_hooks
+    from course.ddp import hooks as ddp_hooks
     from course.models import DigitsCNN
 
     me = world.current()
