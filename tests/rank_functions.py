@@ -6,6 +6,7 @@ import os
 import sys
 import time
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -45,7 +46,8 @@ def spawn_worker_then_hang() -> int:
     loader = torch.utils.data.DataLoader(range(1000), batch_size=1, num_workers=1)
     iterator = iter(loader)
     next(iterator)
-    print(f"worker pids {[w.pid for w in iterator._workers]}", flush=True)
+    # with each worker's start time: a pid alone may name another process by the time the test looks (pid reuse)
+    print(f"worker pids {[(w.pid, psutil.Process(w.pid).create_time()) for w in iterator._workers]}", flush=True)
     time.sleep(3600)
     return 0
 

@@ -91,10 +91,60 @@ def _why(ranks: list[int], waiting: dict[int, str]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
-def _run_rank(fn: Callable[..., Any], rank: int, world_size: int, port: int, timeout_s: float,
-              arguments: bytes, channel: Any, stacks_path: str) -> None:
-    """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``."""
+# Ranks are forked from a server process that has imported torch once (what torch costs each fresh process:
+# ~1.5 s of CPU, 4 ranks per launch on 2 cores), started by the first launch. The server imports nothing a learner
+# edits, and nothing that touches a GPU, so a rank sees the learner's latest files and may use CUDA. torch reads
+# some variables when it is imported (TORCH_DISTRIBUTED_DEBUG, TORCH_CPP_LOG_LEVEL, ...): a launch whose
+# environment differs from the server's in any variable torch may read spawns fresh interpreters instead, as
+# every launch does where there is no fork server (Windows). Slower to start, otherwise the same.
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "course.runtime.launch"]
+READ_BY_TORCH = ("TORCH", "PYTORCH", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "CUDA", "NVIDIA", "LD_", "PYTHON")
+_SERVER: dict[str, Any] = {}  # "pid" of the fork server this module started, and the "environment" it read
+
+
+def _environment_read_by_torch() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith(READ_BY_TORCH)}
+
+
+def _context() -> Any:
+    """The fork server's context if its torch was imported under this launch's environment, else spawn's."""
+    if START_METHOD != "forkserver":
+        return mp.get_context("spawn")
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", "unknown")
+    if pid is None:  # not running: this launch starts it, with this environment
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(PRELOADED)
+        _SERVER.update(pid=None, environment=_environment_read_by_torch())
+        return context
+    if pid == _SERVER.get("pid") and _environment_read_by_torch() == _SERVER.get("environment"):
+        return mp.get_context("forkserver")
+    return mp.get_context("spawn")
+
+
+def _note_server(context: Any) -> None:
+    """Remember the pid of the fork server a launch started (one started by someone else is not used)."""
+    if context.get_start_method() == "forkserver" and _SERVER.get("pid") is None:
+        from multiprocessing import forkserver
+
+        _SERVER["pid"] = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float, arguments: bytes,
+              channel: Any, stacks_path: str, stderr_path: str, environment: dict[str, str]) -> None:
+    """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``.
+
+    A rank forked from the server has the server's environment and stderr: it takes the launching process's
+    environment of now, and sends its stderr (and that of all it starts) to its own file, before anything else.
+    """
+    os.environ.clear()
+    os.environ.update(environment)
+    with open(stderr_path, "ab") as target:
+        os.dup2(target.fileno(), 2)
     rank_stacks.answer_requests(stacks_path)
+    fn = pickle.loads(fn)
     args, kwargs = pickle.loads(arguments)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -177,21 +227,22 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     # tensors in shared memory, so a rank training a model it was passed would train everyone's (and yours).
     try:
         arguments = pickle.dumps((args, kwargs))
+        function = pickle.dumps(fn)
     except Exception as error:  # noqa: BLE001 - any pickling failure means the same thing here
         raise TypeError(f"launch() sends fn's arguments to every rank by pickling them, and they cannot be "
                         f"pickled: {error}. Pass data (tensors, numbers, models, lists), not open files, locks or "
                         "lambdas.") from None
-    context = mp.get_context("spawn")
+    context = _context()
     channel = context.Queue()
     port = free_port()
     run_dir = tempfile.mkdtemp(prefix="course-launch-")  # per rank: stack dumps on request, stderr
+    stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
     processes = [
         context.Process(target=_run_rank, name=f"course-rank-{rank}",
-                        args=(fn, rank, world_size, port, timeout_s, arguments, channel,
-                              os.path.join(run_dir, f"rank-{rank}.stacks")))
+                        args=(function, rank, world_size, port, timeout_s, arguments, channel,
+                              os.path.join(run_dir, f"rank-{rank}.stacks"), stderr.paths[rank], dict(os.environ)))
         for rank in range(world_size)
     ]
-    stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
     results: dict[int, Any] = {}
     left: set[int] = set()  # ranks that have left the process group after reporting
     failed: int | None = None  # the rank blamed by RankFailed: its peers' last stderr is the echo of its failure
@@ -199,8 +250,9 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     try:
         resource_tracker.ensure_running()  # started now, it keeps this process's stderr, not a rank's
         for rank, process in enumerate(processes):
-            with stderr_to(stderr.paths[rank]):
+            with stderr_to(stderr.paths[rank]):  # a spawned rank's, from its first line (_run_rank sets a forked one's)
                 process.start()
+        _note_server(context)
         deadline = time.monotonic() + timeout_s
         while len(results) < world_size:
             remaining = deadline - time.monotonic()

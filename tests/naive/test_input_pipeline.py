@@ -40,12 +40,12 @@ def test_model_is_serial_without_workers_and_the_slower_side_with_them():
 @pytest.mark.timeout(120)
 def test_measure_splits_the_loop_into_waiting_and_computing(one_thread):
     data = TensorDataset(torch.rand(40, 1, 8, 8), torch.randint(0, 10, (40,)))
-    slow = ip.TransformedDataset(data, ip.SlowTransform(0.004))
+    slow = ip.TransformedDataset(data, ip.SlowTransform(0.02))
     serial, parallel = ip.sweep(slow, LinearModel(), batch_size=4, num_workers=(0, 2), steps=4)
     assert (serial.num_workers, serial.steps, parallel.num_workers) == (0, 4, 2)
-    # Serial: 4 samples x 4 ms of waiting per step against a linear model's microseconds of compute.
+    # Serial: 4 samples x 20 ms of waiting per step against a linear model's microseconds of compute.
     assert serial.wait_fraction > 0.5
-    assert serial.samples_per_s < 1 / 0.004
+    assert serial.samples_per_s < 1 / 0.02
     assert 0 <= parallel.wait_fraction <= 1
 
 

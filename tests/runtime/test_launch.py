@@ -1,6 +1,7 @@
 """course.runtime.launch: results in rank order, failures and hangs named by rank, nothing left behind."""
 
 
+import ast
 import operator
 import re
 import subprocess
@@ -134,9 +135,17 @@ def test_dataloader_workers_of_a_hung_rank_are_killed_too(capsys):
     with pytest.raises(RankTimeout):
         launch(rf.spawn_worker_then_hang, 1, timeout_s=10)
     assert live_children() == []
-    pids = [int(p) for p in capsys.readouterr().out.split("[")[-1].strip(" ]\n").split(",")]
-    assert pids and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                            for pid in pids)
+    workers = ast.literal_eval("[" + capsys.readouterr().out.split("worker pids [")[-1].strip().split("]")[0] + "]")
+    assert workers and not any(alive(pid, started) for pid, started in workers)
+
+
+def alive(pid: int, started: float) -> bool:
+    """The process started at ``started`` as ``pid`` still runs (a new process reusing the pid does not count)."""
+    try:
+        process = psutil.Process(pid)
+        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True])
