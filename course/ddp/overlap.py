@@ -121,7 +121,8 @@ def describe(small: OverlapSummary, big: OverlapSummary) -> str:
                    f"(big/small step time {speed.format_ratio()})")
     else:
         verdict = (f"the step times cannot be told apart in this run (big/small step time {speed.format_ratio()}, "
-                   f"within {1 / SPEEDUP_MARGIN:.2f}-{SPEEDUP_MARGIN:.2f}x, where load on shared cores moves it)")
+                   f"its interval reaches into {1 / SPEEDUP_MARGIN:.2f}-{SPEEDUP_MARGIN:.2f}x, "
+                   "where load on shared cores moves it)")
     more = small.overlapped.median > big.overlapped.median
     return (f"measured here: {kib} overlapped {small.overlapped.median:.0%} of their communication with backward, "
             f"one big bucket {big.overlapped.median:.0%} ({'more' if more else 'no more'} overlap with small "
