@@ -156,22 +156,40 @@ def max_speedup(workers: int, cores: int | None = None) -> int:
     return min(check_count("workers", workers), check_count("cores", cores))
 
 
-def speedup_verdict(speedup: Estimate, workers: int, cores: int | None = None) -> str:
-    """One sentence on a measured speedup: a result, "cannot tell", or noise if it beats what the cores allow.
+#: How far a speedup's whole interval must sit from 1x before :func:`speedup_verdict` calls it faster or slower
+#: (``1 / margin`` for slower). Inside the band, load on shared cores moves the ratio from run to run by that much.
+SPEEDUP_MARGIN = 1.25
+
+
+def speedup_verdict(speedup: Estimate, workers: int, cores: int | None = None,
+                    margin: float = SPEEDUP_MARGIN) -> str:
+    """One sentence on a measured speedup: faster, slower, "cannot tell apart", or noise above what the cores allow.
+
+    "faster" only when the whole interval lies above ``margin`` (and "slower" below ``1 / margin``): a run on
+    shared cores that lands inside the band says "cannot tell apart", so two runs never give opposite verdicts
+    unless their intervals are more than the band apart.
 
     Args:
         speedup: from :func:`ratio` (baseline time over this time). workers: processes doing the work.
-        cores: CPU cores they share (default: this machine's).
+        cores: CPU cores they share (default: this machine's). margin: the band's upper edge, above 1.
+
+    Raises:
+        ValueError: ``margin`` not above 1.
     """
+    if not margin > 1:
+        raise ValueError(f"margin={margin!r}: the band around 1x needs an upper edge above 1, e.g. 1.25.")
     limit = max_speedup(workers, cores)
     cores = usable_cores() if cores is None else cores
     text = f"speedup {speedup.format_ratio()}"
     if speedup.median > limit:
         return (f"{text}: above the {limit}x that {workers} process(es) on {cores} core(s) allow, so it is "
                 "noise (the baseline was slowed by other load), not a result")
-    if 1.0 in speedup:
-        return f"{text}: the interval includes 1.0x, so this machine cannot tell the two apart"
-    return f"{text}: {'faster' if speedup.median > 1 else 'slower'} than the baseline"
+    if speedup.low > margin or speedup.high < 1 / margin:
+        side = "faster" if speedup.low > margin else "slower"
+        return (f"{text}: {side} than the baseline in this run (its whole interval lies "
+                f"{'above' if side == 'faster' else 'below'} {margin if side == 'faster' else 1 / margin:.2f}x)")
+    return (f"{text}: this run cannot tell the two apart (its interval reaches into {1 / margin:.2f}-{margin:.2f}x, "
+            "where load on the shared cores moves the ratio from run to run)")
 
 
 class PhaseClock:

@@ -68,6 +68,27 @@ def test_speedup_verdict_flags_more_than_the_cores_allow_as_noise():
     assert "faster" in timing.speedup_verdict(timing.Estimate(1.8, 1.6, 1.9, 5), workers=4, cores=2)
 
 
+@given(st.floats(0.3, 1.9), st.floats(0.0, 0.6), st.floats(0.0, 0.6))
+def test_speedup_verdict_calls_a_side_only_when_the_whole_interval_clears_the_band(median, below, above):
+    estimate = timing.Estimate(median, max(median - below, 0.01), median + above, 5)
+    text = timing.speedup_verdict(estimate, workers=4, cores=2)
+    band = (1 / timing.SPEEDUP_MARGIN, timing.SPEEDUP_MARGIN)
+    overlaps = estimate.low <= band[1] and estimate.high >= band[0]
+    assert ("cannot tell the two apart" in text) == overlaps
+    assert ("faster" in text) == (estimate.low > band[1]) and ("slower" in text) == (estimate.high < band[0])
+
+
+@given(st.floats(0.85, 1.15), st.floats(0.0, 0.5), st.floats(0.0, 0.5))
+def test_speedup_verdict_never_gives_a_side_to_an_interval_holding_1x(median, below, above):
+    text = timing.speedup_verdict(timing.Estimate(median, median - below, median + above, 5), workers=4, cores=2)
+    assert "cannot tell the two apart" in text and "faster" not in text and "slower" not in text
+
+
+def test_speedup_verdict_refuses_a_band_that_is_not_above_1x():
+    with pytest.raises(ValueError, match="upper edge above 1"):
+        timing.speedup_verdict(timing.Estimate(1.0, 0.9, 1.1, 5), workers=4, cores=2, margin=1.0)
+
+
 @pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [[1.0]]])
 def test_bad_samples_say_what_was_expected(bad):
     with pytest.raises(ValueError, match="non-empty sequence of finite numbers"):

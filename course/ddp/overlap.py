@@ -29,7 +29,7 @@ from course.collectives import cost_model
 from course.ddp import buckets
 from course.ddp.distributed_optimizer import DistributedOptimizer
 from course.models import DigitsCNN
-from course.timing import Estimate, ratio, summarize
+from course.timing import SPEEDUP_MARGIN, Estimate, ratio, summarize
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -116,11 +116,13 @@ def describe(small: OverlapSummary, big: OverlapSummary) -> str:
     """What the measurement says about small buckets against big ones, in words chosen by the numbers."""
     speed = ratio(big.step_samples, small.step_samples)
     kib = f"{small.bucket_bytes / 1024:g} KiB buckets"
-    if 1.0 in speed:
-        verdict = f"the step times cannot be told apart here (big/small step time {speed.format_ratio()})"
-    else:
-        verdict = (f"the step is {'faster' if speed.median > 1 else 'SLOWER'} with {kib} "
+    if speed.low > SPEEDUP_MARGIN or speed.high < 1 / SPEEDUP_MARGIN:  # the band of timing.speedup_verdict
+        verdict = (f"the step is {'faster' if speed.median > 1 else 'SLOWER'} with {kib} in this run "
                    f"(big/small step time {speed.format_ratio()})")
+    else:
+        verdict = (f"the step times cannot be told apart in this run (big/small step time {speed.format_ratio()}, "
+                   f"its interval reaches into {1 / SPEEDUP_MARGIN:.2f}-{SPEEDUP_MARGIN:.2f}x, "
+                   "where load on shared cores moves it)")
     more = small.overlapped.median > big.overlapped.median
     return (f"measured here: {kib} overlapped {small.overlapped.median:.0%} of their communication with backward, "
             f"one big bucket {big.overlapped.median:.0%} ({'more' if more else 'no more'} overlap with small "

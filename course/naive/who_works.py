@@ -173,6 +173,21 @@ def cpu_while_training(history: Any, phases: dict[str, tuple[float, float]]) -> 
     return means
 
 
+def describe_waiting_cpu(cpu: dict[str, list[float]]) -> str:
+    """What the monitor says about the ranks that wait while rank 0 works alone, read against their clocks.
+
+    Args:
+        cpu: :func:`cpu_while_training`'s means; ``cpu["rank0"][0]`` is the working rank, the rest wait.
+    """
+    worker, idle = cpu["rank0"][0], cpu["rank0"][1:]
+    if any(math.isnan(v) for v in [worker, *idle]):
+        return "The monitor took no reading during part of the run (a phase shorter than its interval): no verdict."
+    if max(idle) >= 0.5 * worker:
+        return ("The waiting ranks use CPU too, though their clocks show they compute nothing: on emulated GPUs "
+                "CPU% cannot tell waiting from working; the clocks can.")
+    return "The waiting ranks use little CPU, as their clocks say: they spend the step waiting in the broadcast."
+
+
 @dataclass(frozen=True)
 class RankShare:
     """One rank's measured step: medians (with intervals) of its seconds per step."""

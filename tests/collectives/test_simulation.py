@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from course.collectives import cost_model
 from course.collectives.allreduce import ALGORITHMS
 from course.collectives.simulation import WHOLE, draw, example_inputs, simulate
 
@@ -86,3 +87,14 @@ def test_the_exercise_checker_accepts_the_ring_and_explains_a_wrong_one(capsys):
     assert "Correct" in capsys.readouterr().out
     assert not check_ring_send_chunk(lambda rank, step, world_size: rank)
     assert "Not yet: on 2 ranks" in capsys.readouterr().out
+
+
+@given(world_size=st.integers(2, 12), chunks_per_rank=st.integers(1, 5))
+def test_the_busiest_rank_sends_half_the_cost_tables_b_for_naive_and_tree_and_all_of_it_for_the_ring(
+        world_size, chunks_per_rank):
+    """Notebook 04's sentence under its simulation: naive and tree receive, then send (b counts both); the ring
+    receives while it sends (b counts the sends)."""
+    numel = world_size * chunks_per_rank
+    for name, share in (("naive", 0.5), ("tree", 0.5), ("ring", 1.0)):
+        busiest = simulate(name, example_inputs(world_size, numel)).elements_sent.max() / numel
+        assert busiest == pytest.approx(share * cost_model.coefficients(name, world_size)[1])

@@ -5,6 +5,8 @@ import math
 import naive_ranks
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from course.collectives import cost_model
 from course.monitor.sampling import History, Reading
@@ -91,3 +93,15 @@ def test_describe_names_who_computed_and_flags_an_impossible_speedup():
     assert "4.00x" in text and "noise" in text
     slower = {"rank0": measured["rank0"], "ranks": who_works.shares([run(0.08, 0.01)] * 4)}
     assert "slower than the baseline" in who_works.describe(slower, cores=2)
+
+
+@given(worker=st.floats(1.0, 100.0), idle=st.lists(st.floats(0.0, 100.0), min_size=3, max_size=3))
+def test_describe_waiting_cpu_follows_the_readings(worker, idle):
+    text = who_works.describe_waiting_cpu({"rank0": [worker, *idle], "ranks": [worker] * 4})
+    assert ("use CPU too" in text) == (max(idle) >= 0.5 * worker)
+    assert ("use little CPU" in text) == (max(idle) < 0.5 * worker)
+
+
+def test_describe_waiting_cpu_gives_no_verdict_without_readings():
+    text = who_works.describe_waiting_cpu({"rank0": [50.0, math.nan, 1.0, 1.0]})
+    assert "no verdict" in text and "little CPU" not in text and "CPU too" not in text
