@@ -1,0 +1,28 @@
+"""course.practice.flight_recorder: the record of the skip drill shows which rank never entered the collective."""
+
+import os
+
+import pytest
+
+from course.practice import drills, flight_recorder
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(300)
+def test_the_skipping_rank_has_no_all_reduce_in_its_record(tmp_path):
+    with flight_recorder.recording():
+        report = drills.run_drill("skip", timeout_s=60, record_dir=str(tmp_path))
+    assert report.startswith("RankTimeout")
+    waiting, skipping = (flight_recorder.entries(tmp_path / f"rank{r}.json") for r in (0, 1))
+    assert [(e["seq"], e["op"], e["sizes"]) for e in waiting] == [(1, "gloo:all_reduce", [[1]])]
+    assert skipping == []
+
+
+def test_recording_sets_and_restores_the_buffer_size():
+    before = os.environ.get(flight_recorder.BUFFER_ENV)
+    with flight_recorder.recording(7):
+        assert os.environ[flight_recorder.BUFFER_ENV] == "7"
+    assert os.environ.get(flight_recorder.BUFFER_ENV) == before
+    with pytest.raises(ValueError, match="buffer_size"), flight_recorder.recording(-1):
+        pass
