@@ -48,14 +48,14 @@ SKIPPING_RANK = 1
 def skipped_collective(load_s: float = 60.0, record_dir: str | None = None) -> float:
     """Rank 1 skips the all-reduce of the loss and moves on to load its next batch (``load_s`` seconds).
 
-    ``record_dir``: each rank dumps torch's flight record to ``<record_dir>/rank<r>.json`` 3 s in (run the drill
+    ``record_dir``: each rank dumps torch's flight record to ``<record_dir>/rank<r>.json`` 1 s in (run the drill
     inside :func:`course.practice.flight_recorder.recording`).
     """
     rank = world.current()
     if record_dir is not None:
         from course.practice import flight_recorder
 
-        flight_recorder.dump_after(3.0, Path(record_dir) / f"rank{rank.rank}.json")
+        flight_recorder.dump_after(1.0, Path(record_dir) / f"rank{rank.rank}.json")
     loss = torch.tensor([float(rank.rank + 1)], device=rank.device)
     if rank.rank != SKIPPING_RANK:  # the planted bug: a condition meant for logging guards a collective
         dist.all_reduce(loss)
