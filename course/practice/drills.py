@@ -87,7 +87,7 @@ class SlowSamples(torch.utils.data.Dataset):
         return self.samples[index]
 
 
-def stuck_loading(stacks_after_s: float = 3.0) -> float:
+def stuck_loading(stacks_after_s: float = 2.0) -> float:
     """Train a linear model, all-reducing gradients each step; rank 1's loader gets stuck on its third batch.
 
     Each rank also arms ``faulthandler.dump_traceback_later``: after ``stacks_after_s`` it prints every thread's
