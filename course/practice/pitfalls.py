@@ -5,9 +5,9 @@ Every function runs on each rank (under :func:`course.runtime.launch.launch`) an
 * :func:`augmentation_seeds`: a random crop drawn from a generator seeded the same on every rank gives every
   rank the *same* crops (the global batch holds duplicate augmentations); seeding with ``seed + rank`` does not.
 * :func:`clipping`: clipping after ``backward`` under DDP clips the averaged gradients, so every rank computes
-  the same norm. Under sharding (FSDP, ZeRO) each rank holds only a shard of the gradients: the norm of the
-  local shard is not the model's norm; the total norm is ``sqrt(all_reduce(sum of squared shard norms))``
-  (what FSDP's ``clip_grad_norm_`` computes across shards).
+  the same norm. Under FSDP each rank holds only a shard of the gradients: the norm of the local shard is not the
+  model's norm; ``clip_grad_norm_`` on FSDP's sharded (DTensor) parameters computes the total,
+  ``sqrt(all_reduce(sum of squared shard norms))``, equal to the unsharded model's.
 * :func:`uneven_inputs`: ranks with different numbers of batches. Without ``Join`` the rank with more batches
   waits in an allreduce nobody else joins (here: a group with a short timeout, so it raises instead of hanging);
   under ``torch.distributed.algorithms.Join`` the finished ranks shadow the collectives and every rank ends
@@ -51,32 +51,38 @@ def augmentation_seeds(steps: int = 20, seed: int = 0) -> dict[str, float]:
     return shares
 
 
-def _gradients(seed: int) -> list[torch.Tensor]:
-    """This rank's gradients of a small MLP on its own batch, averaged by DDP."""
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)  # the same initial parameters on every rank and in both wrappers
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(world.current().device)
+
+
+def _backward(model: nn.Module, seed: int) -> None:
+    """One backward on this rank's own batch (seeded by ``seed + rank``)."""
     rank = world.current()
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(rank.device))
     torch.manual_seed(seed + rank.rank)
     model(torch.randn(32, 8, device=rank.device)).pow(2).sum().backward()
-    return [p.grad for p in model.parameters()]
 
 
 def clipping(seed: int = 0) -> dict[str, float]:
-    """The gradient norm ``clip_grad_norm_`` sees: DDP (averaged, full), one shard alone, the all-reduced total.
+    """The gradient norm that clipping would use: under DDP, and under FSDP (``fully_shard``) two ways.
 
-    Returns ``{"ddp norm", "shard norm", "total norm", "full norm"}``; the shard is this rank's ``1/world_size``
-    slice of the flattened gradients, as FSDP and ZeRO keep it.
+    Returns ``{"ddp norm", "shard norm", "fsdp norm"}``: DDP's averaged gradients (every rank holds all of them,
+    the unsharded model's norm); the norm of this rank's FSDP shard alone (what a per-rank clip on local tensors
+    sees: wrong); and FSDP's ``clip_grad_norm_`` over the sharded parameters, which all-reduces the shards'
+    squared norms (right).
     """
-    rank = world.current()
-    grads = _gradients(seed)
-    flat = torch.cat([g.flatten() for g in grads])
-    ddp_norm = nn.utils.get_total_norm(grads).item()  # what clip_grad_norm_ computes before scaling
-    shard = flat.chunk(rank.world_size)[rank.rank].clone()
-    shard_norm = shard.norm().item()  # what clip_grad_norm_ on the local shard would use: wrong
-    squares = shard.pow(2).sum()
-    dist.all_reduce(squares)  # the right way: the sum of every shard's squares, then the root
-    return {"ddp norm": ddp_norm, "shard norm": shard_norm, "total norm": squares.sqrt().item(),
-            "full norm": flat.norm().item()}
+    from torch.distributed.fsdp import fully_shard
+
+    ddp = DDP(_mlp())
+    _backward(ddp, seed)
+    ddp_norm = nn.utils.get_total_norm([p.grad for p in ddp.parameters()]).item()
+    sharded = _mlp()
+    fully_shard(sharded)
+    _backward(sharded, seed)  # FSDP reduce-scatters the averaged gradients: each rank keeps its shard
+    shard_norm = nn.utils.get_total_norm([p.grad.to_local() for p in sharded.parameters()]).item()
+    total = nn.utils.clip_grad_norm_(sharded.parameters(), max_norm=float("inf"))  # a DTensor: the global norm
+    fsdp_norm = (total.full_tensor() if hasattr(total, "full_tensor") else total).item()
+    return {"ddp norm": ddp_norm, "shard norm": shard_norm, "fsdp norm": fsdp_norm}
 
 
 def _uneven_steps(model: nn.Module, batches: int, lr: float = 0.1) -> None:
