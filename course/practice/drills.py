@@ -8,7 +8,8 @@
   ranks before running it and names both sides; without it, the backend says what it can.
 * :func:`stuck_loading`: rank 1's DataLoader sleeps fetching one sample (a slow disk, a dead network mount); rank
   0 waits in the gradient all-reduce. The hang report names rank 1; each rank's own ``faulthandler`` dump (no
-  py-spy needed) shows rank 1 inside ``__getitem__`` and rank 0 inside ``all_reduce``.
+  py-spy needed) shows rank 1 inside ``__getitem__`` and rank 0 inside ``all_reduce``; torch's flight recorder
+  shows rank 0 one collective ahead of rank 1.
 * :func:`unused_branch`: a model whose second branch only runs on even steps, under DDP with
   ``find_unused_parameters=False``: the next step raises DDP's "Expected to have finished reduction" error; with
   ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` it names the parameters that got no gradient.
@@ -16,7 +17,7 @@
 :func:`run_drill` runs one and returns what the tools printed, so a notebook can show it. Run one from a terminal
 too: ``TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 course/practice/drills.py shapes``.
 Taught in ``notebooks/09_real_gpu_practice.ipynb`` (skip, shapes) and ``09b_profiling_and_pitfalls.ipynb``
-(loading, unused, and the flight recorder on skip).
+(loading, with the flight recorder, and unused).
 """
 
 from __future__ import annotations
@@ -87,14 +88,20 @@ class SlowSamples(torch.utils.data.Dataset):
         return self.samples[index]
 
 
-def stuck_loading(stacks_after_s: float = 2.0) -> float:
+def stuck_loading(stacks_after_s: float = 2.0, record_dir: str | None = None) -> float:
     """Train a linear model, all-reducing gradients each step; rank 1's loader gets stuck on its third batch.
 
     Each rank also arms ``faulthandler.dump_traceback_later``: after ``stacks_after_s`` it prints every thread's
-    Python stack to stderr (the launcher relays it, prefixed ``[rank r]``), showing where each one is.
+    Python stack to stderr (the launcher relays it, prefixed ``[rank r]``), showing where each one is. With
+    ``record_dir``, each rank also dumps torch's flight record to ``<record_dir>/rank<r>.json`` then (run it
+    inside :func:`course.practice.flight_recorder.recording`).
     """
     rank = world.current()
     faulthandler.dump_traceback_later(stacks_after_s, exit=False)
+    if record_dir is not None:
+        from course.practice import flight_recorder
+
+        flight_recorder.dump_after(stacks_after_s, Path(record_dir) / f"rank{rank.rank}.json")
     torch.manual_seed(0)
     model = nn.Linear(4, 1).to(rank.device)
     loader = torch.utils.data.DataLoader(SlowSamples(rank.rank, SKIPPING_RANK), batch_size=4)
