@@ -88,20 +88,21 @@ class SlowSamples(torch.utils.data.Dataset):
         return self.samples[index]
 
 
-def stuck_loading(stacks_after_s: float = 2.0, record_dir: str | None = None) -> float:
+def stuck_loading(stacks_after_s: float = 3.0, record_dir: str | None = None) -> float:
     """Train a linear model, all-reducing gradients each step; rank 1's loader gets stuck on its third batch.
 
     Each rank also arms ``faulthandler.dump_traceback_later``: after ``stacks_after_s`` it prints every thread's
     Python stack to stderr (the launcher relays it, prefixed ``[rank r]``), showing where each one is. With
-    ``record_dir``, each rank also dumps torch's flight record to ``<record_dir>/rank<r>.json`` then (run it
-    inside :func:`course.practice.flight_recorder.recording`).
+    ``record_dir``, each rank first dumps torch's flight record to ``<record_dir>/rank<r>.json``, at half that time
+    (run it inside :func:`course.practice.flight_recorder.recording`): the dumping thread is gone before
+    faulthandler walks the threads, which crashed a rank (SIGSEGV) when the two ran at the same moment.
     """
     rank = world.current()
     faulthandler.dump_traceback_later(stacks_after_s, exit=False)
     if record_dir is not None:
         from course.practice import flight_recorder
 
-        flight_recorder.dump_after(stacks_after_s, Path(record_dir) / f"rank{rank.rank}.json")
+        flight_recorder.dump_after(stacks_after_s / 2, Path(record_dir) / f"rank{rank.rank}.json")
     torch.manual_seed(0)
     model = nn.Linear(4, 1).to(rank.device)
     loader = torch.utils.data.DataLoader(SlowSamples(rank.rank, SKIPPING_RANK), batch_size=4)
