@@ -6,15 +6,24 @@
 * :func:`mismatched_shapes`: each rank all-reduces a tensor of another length (a last batch of another size).
   ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` checks every collective's fingerprint (operation, shapes, dtypes) across the
   ranks before running it and names both sides; without it, the backend says what it can.
+* :func:`stuck_loading`: rank 1's DataLoader sleeps fetching one sample (a slow disk, a dead network mount); rank
+  0 waits in the gradient all-reduce. The hang report names rank 1; each rank's own ``faulthandler`` dump (no
+  py-spy needed) shows rank 1 inside ``__getitem__`` and rank 0 inside ``all_reduce``; torch's flight recorder
+  shows rank 0 one collective ahead of rank 1.
+* :func:`unused_branch`: a model whose second branch only runs on even steps, under DDP with
+  ``find_unused_parameters=False``: the next step raises DDP's "Expected to have finished reduction" error; with
+  ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` it names the parameters that got no gradient.
 
 :func:`run_drill` runs one and returns what the tools printed, so a notebook can show it. Run one from a terminal
 too: ``TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 course/practice/drills.py shapes``.
-Taught in ``notebooks/09_real_gpu_practice.ipynb``.
+Taught in ``notebooks/09_real_gpu_practice.ipynb`` (skip, shapes) and ``09b_profiling_and_pitfalls.ipynb``
+(loading, with the flight recorder, and unused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import sys
 import time
@@ -26,6 +35,8 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the repositor
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course import world
 
@@ -35,9 +46,17 @@ DEBUG_LEVELS = ("OFF", "INFO", "DETAIL")
 SKIPPING_RANK = 1
 
 
-def skipped_collective(load_s: float = 60.0) -> float:
-    """Rank 1 skips the all-reduce of the loss and moves on to load its next batch (``load_s`` seconds)."""
+def skipped_collective(load_s: float = 60.0, record_dir: str | None = None) -> float:
+    """Rank 1 skips the all-reduce of the loss and moves on to load its next batch (``load_s`` seconds).
+
+    ``record_dir``: each rank dumps torch's flight record to ``<record_dir>/rank<r>.json`` 1 s in (run the drill
+    inside :func:`course.practice.flight_recorder.recording`).
+    """
     rank = world.current()
+    if record_dir is not None:
+        from course.practice import flight_recorder
+
+        flight_recorder.dump_after(1.0, Path(record_dir) / f"rank{rank.rank}.json")
     loss = torch.tensor([float(rank.rank + 1)], device=rank.device)
     if rank.rank != SKIPPING_RANK:  # the planted bug: a condition meant for logging guards a collective
         dist.all_reduce(loss)
@@ -53,7 +72,76 @@ def mismatched_shapes() -> float:
     return losses.sum().item()
 
 
-DRILLS: dict[str, Callable[[], float]] = {"skip": skipped_collective, "shapes": mismatched_shapes}
+class SlowSamples(torch.utils.data.Dataset):
+    """16 random samples; fetching sample ``slow_index`` sleeps ``sleep_s`` (a stuck read) on ``slow_rank``."""
+
+    def __init__(self, rank: int, slow_rank: int, slow_index: int = 8, sleep_s: float = 60.0) -> None:
+        self.rank, self.slow_rank, self.slow_index, self.sleep_s = rank, slow_rank, slow_index, sleep_s
+        self.samples = torch.randn(16, 4, generator=torch.Generator().manual_seed(rank))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.rank == self.slow_rank and index == self.slow_index:
+            time.sleep(self.sleep_s)  # the planted bug: a read that never comes back
+        return self.samples[index]
+
+
+def stuck_loading(stacks_after_s: float = 3.0, record_dir: str | None = None) -> float:
+    """Train a linear model, all-reducing gradients each step; rank 1's loader gets stuck on its third batch.
+
+    Each rank also arms ``faulthandler.dump_traceback_later``: after ``stacks_after_s`` it prints every thread's
+    Python stack to stderr (the launcher relays it, prefixed ``[rank r]``), showing where each one is. With
+    ``record_dir``, each rank first dumps torch's flight record to ``<record_dir>/rank<r>.json``, at half that time
+    (run it inside :func:`course.practice.flight_recorder.recording`): the dumping thread is gone before
+    faulthandler walks the threads, which crashed a rank (SIGSEGV) when the two ran at the same moment.
+    """
+    rank = world.current()
+    faulthandler.dump_traceback_later(stacks_after_s, exit=False)
+    if record_dir is not None:
+        from course.practice import flight_recorder
+
+        flight_recorder.dump_after(stacks_after_s / 2, Path(record_dir) / f"rank{rank.rank}.json")
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1).to(rank.device)
+    loader = torch.utils.data.DataLoader(SlowSamples(rank.rank, SKIPPING_RANK), batch_size=4)
+    for batch in loader:
+        model(batch.to(rank.device)).pow(2).mean().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+    faulthandler.cancel_dump_traceback_later()
+    return model.weight.grad.sum().item()
+
+
+class TwoBranches(nn.Module):
+    """``trunk`` always; ``branch`` only when ``use_branch`` (say, an auxiliary loss on some steps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk, self.branch = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_branch: bool) -> torch.Tensor:
+        x = self.trunk(x)
+        return x + self.branch(x) if use_branch else x
+
+
+def unused_branch(steps: int = 3, find_unused_parameters: bool = False) -> float:
+    """DDP over :class:`TwoBranches`, the branch used on even steps only; returns the last loss."""
+    rank = world.current()
+    torch.manual_seed(0)
+    model = DDP(TwoBranches().to(rank.device), find_unused_parameters=find_unused_parameters)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        loss = model(torch.ones(2, 4, device=rank.device), use_branch=step % 2 == 0).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return loss.item()
+
+
+DRILLS: dict[str, Callable[..., float]] = {"skip": skipped_collective, "shapes": mismatched_shapes,
+                                           "loading": stuck_loading, "unused": unused_branch}
 
 
 @contextlib.contextmanager
@@ -72,8 +160,12 @@ def debug_level(level: str | None) -> Iterator[None]:
             os.environ[DEBUG_ENV] = saved
 
 
-def run_drill(name: str, debug: str | None = None, world_size: int = 2, timeout_s: float = 15.0) -> str:
-    """Run drill ``name`` ("skip" or "shapes") on ``world_size`` ranks; return what the launcher reported.
+def run_drill(name: str, debug: str | None = None, world_size: int = 2, timeout_s: float = 15.0,
+              **kwargs: object) -> str:
+    """Run drill ``name`` (a key of :data:`DRILLS`) on ``world_size`` ranks; return what the launcher reported.
+
+    ``kwargs`` go to the drill's function (e.g. ``record_dir`` for "skip", ``find_unused_parameters`` for
+    "unused").
 
     Returns:
         The error message the launch ended with (a hang report or a rank's traceback), or a sentence saying it
@@ -88,7 +180,7 @@ def run_drill(name: str, debug: str | None = None, world_size: int = 2, timeout_
         raise ValueError(f"drill should be one of {list(DRILLS)}, got {name!r}")
     with debug_level(debug):
         try:
-            results = launch(DRILLS[name], world_size, timeout_s=timeout_s)
+            results = launch(DRILLS[name], world_size, timeout_s=timeout_s, **kwargs)
         except (TimeoutError, RuntimeError) as error:
             return f"{type(error).__name__}: {error}"
     return f"finished without an error: results {results}"

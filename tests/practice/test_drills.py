@@ -31,3 +31,23 @@ def test_bad_names_are_refused():
         drills.run_drill("nope")
     with pytest.raises(ValueError, match="DEBUG"):
         drills.run_drill("skip", debug="LOUD")
+
+
+@pytest.mark.timeout(300)
+def test_hang_report_names_the_rank_stuck_in_its_data_loader():
+    report = drills.run_drill("loading", timeout_s=60)
+    assert report.startswith("RankTimeout: rank(s) 1 did not finish")
+    assert "rank 0 was waiting for it in all_reduce" in report
+
+
+@pytest.mark.timeout(300)
+def test_unused_branch_fails_without_find_unused_and_info_names_the_branch():
+    report = drills.run_drill("unused", debug="INFO", timeout_s=120)
+    assert "Expected to have finished reduction in the prior iteration" in report
+    assert "branch.bias, branch.weight" in report and "trunk" not in report.split("did not receive grad")[1]
+
+
+@pytest.mark.timeout(300)
+def test_unused_branch_trains_with_find_unused_parameters():
+    report = drills.run_drill("unused", timeout_s=120, find_unused_parameters=True)
+    assert report.startswith("finished without an error")

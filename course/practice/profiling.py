@@ -1,0 +1,202 @@
+"""A profiler trace of one DDP step, read back from the trace file: per-rank timeline, overlap, and MFU.
+
+Each rank trains a small MLP under DDP (buckets small enough that there are several), runs a few warm-up steps,
+then profiles one step with ``torch.profiler`` and exports a Chrome/Perfetto trace (``rank<r>.json``; open it
+in ``chrome://tracing`` or https://ui.perfetto.dev, both work offline on a local file). :func:`read_trace`
+reads the timeline back *from that file's events*: the ``forward``/``backward``/``optimizer`` ranges the step
+labels with ``record_function``, the end of the last gradient (the last ``AccumulateGrad``), and every
+``gloo:all_reduce`` (``nccl:all_reduce`` on GPUs) the backend's own threads ran: one per bucket.
+
+:func:`overlap_fraction` is the share of allreduce time spent while gradients were still being computed;
+:func:`modelled_overlap` reads the same share off :func:`course.perf.model.step_time`'s timeline. :func:`mfu`
+divides the step's model FLOPs by its time and a peak. Taught in ``notebooks/09b_profiling_and_pitfalls.ipynb``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course import world
+from course.perf import catalog, workloads
+from course.perf.comm import Cluster
+from course.perf.model import Assumptions, StepTime, step_time
+
+PHASES = ("forward", "backward", "optimizer")  # the record_function labels of one step
+ALLREDUCE_EVENTS = ("gloo:all_reduce", "nccl:all_reduce")  # what the backends' threads record per bucket
+LAST_GRADIENT = "torch::autograd::AccumulateGrad"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The profiled run: an MLP of ``depth`` square ``width`` layers, per-rank ``batch_size``, DDP buckets."""
+
+    width: int = 256
+    depth: int = 6
+    batch_size: int = 64          # per rank
+    bucket_cap_mb: float = 0.3    # about one layer's gradients (0.26 MB) per bucket: several buckets
+    warmup_steps: int = 3         # DDP rebuilds its buckets after the first step; profile after that
+
+    def workload(self) -> workloads.Workload:
+        """The MLP as :mod:`course.perf` sees it (FLOPs and parameters per layer)."""
+        layers = tuple(workloads.linear(f"fc{i}", self.width, self.width) for i in range(self.depth))
+        return workloads.Workload("MLP", layers, sample_bytes=4.0 * self.width)
+
+    def step_flops(self) -> float:
+        """Model FLOPs of one training step on one rank: forward + backward (2x forward) = 3x forward."""
+        return 3.0 * self.workload().flops * self.batch_size
+
+
+@dataclass(frozen=True)
+class Interval:
+    name: str
+    start_s: float  # from the start of the step's forward
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One rank's profiled step, read from its trace file."""
+
+    rank: int
+    phases: dict[str, Interval]
+    gradients_done_s: float         # end of the last AccumulateGrad: backward's compute is over
+    allreduces: list[Interval] = field(default_factory=list)
+
+    @property
+    def step_s(self) -> float:
+        return self.phases["optimizer"].end_s
+
+
+def _model(setup: Setup) -> nn.Module:
+    return nn.Sequential(*[nn.Linear(setup.width, setup.width) for _ in range(setup.depth)])
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor) -> None:
+    with torch.profiler.record_function("forward"):
+        loss = model(inputs).pow(2).mean()
+    with torch.profiler.record_function("backward"):
+        loss.backward()
+    with torch.profiler.record_function("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def measured_peak_flops(n: int = 384, repeats: int = 5) -> float:
+    """This process's best matmul rate (FLOP/s) on ``n x n`` float32 matrices: the 'peak' an MFU divides by here."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n**3 / best
+
+
+def profile_ddp_step(trace_dir: str, setup: Setup = Setup()) -> dict:
+    """Rank function: warm up, profile one DDP step, export ``<trace_dir>/rank<r>.json``.
+
+    Returns:
+        ``{"trace": path, "buckets": buckets DDP reduced per step, "peak_flops": this rank's measured matmul
+        rate}``.
+    """
+    rank = world.current()
+    torch.manual_seed(0)
+    model = DDP(_model(setup).to(rank.device), bucket_cap_mb=setup.bucket_cap_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    inputs = torch.randn(setup.batch_size, setup.width, device=rank.device)
+    for _ in range(setup.warmup_steps):
+        _step(model, optimizer, inputs)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        _step(model, optimizer, inputs)
+    path = Path(trace_dir) / f"rank{rank.rank}.json"
+    profiler.export_chrome_trace(str(path))
+    buckets = int(model._get_ddp_logging_data()["num_buckets_reduced"])
+    return {"trace": str(path), "buckets": buckets, "peak_flops": measured_peak_flops()}
+
+
+def read_trace(path: str | Path, rank: int = 0) -> Timeline:
+    """Read one rank's step back from its Chrome trace: phases, end of the last gradient, allreduces.
+
+    Raises:
+        ValueError: the trace has no ``forward``/``backward``/``optimizer`` range (not a trace this module wrote).
+    """
+    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+    ranges = {e["name"]: e for e in events if e["name"] in PHASES}
+    if set(ranges) != set(PHASES):
+        raise ValueError(f"{path} should hold the ranges {PHASES}, found {sorted(ranges)}; write it with "
+                         "profile_ddp_step.")
+    t0 = ranges["forward"]["ts"]
+    end = ranges["optimizer"]["ts"] + ranges["optimizer"]["dur"]
+
+    def interval(e: dict) -> Interval:
+        return Interval(e["name"], (e["ts"] - t0) / 1e6, (e["ts"] + e["dur"] - t0) / 1e6)
+
+    grads = [e["ts"] + e["dur"] for e in events if e["name"] == LAST_GRADIENT]
+    allreduces = sorted((interval(e) for e in events if e["name"] in ALLREDUCE_EVENTS and t0 <= e["ts"] <= end),
+                        key=lambda i: i.start_s)
+    return Timeline(rank, {name: interval(e) for name, e in ranges.items()}, (max(grads) - t0) / 1e6, allreduces)
+
+
+def _inside(intervals: list[Interval], start_s: float, end_s: float) -> float:
+    """Fraction of the intervals' total length that falls inside ``[start_s, end_s]`` (0 if they are empty)."""
+    total = sum(i.end_s - i.start_s for i in intervals)
+    inside = sum(max(0.0, min(i.end_s, end_s) - max(i.start_s, start_s)) for i in intervals)
+    return inside / total if total > 0 else 0.0
+
+
+def overlap_fraction(timeline: Timeline) -> float:
+    """Share of the allreduce time that ran while backward was still computing gradients (0 to 1)."""
+    return _inside(timeline.allreduces, timeline.phases["backward"].start_s, timeline.gradients_done_s)
+
+
+def modelled_step(setup: Setup = Setup(), gpu: str = "A100 SXM4", link: str = "NVLink 3 (A100, 12 links)",
+                  world_size: int = 2) -> StepTime:
+    """:func:`course.perf.model.step_time` for the same MLP, batch and bucket size on ``world_size`` GPUs."""
+    cluster = Cluster(catalog.gpu(gpu), catalog.link(link))
+    return step_time(setup.workload(), setup.batch_size, world_size, cluster, "ring",
+                     Assumptions(bucket_bytes=setup.bucket_cap_mb * 2**20))
+
+
+def modelled_overlap(step: StepTime) -> float:
+    """Share of the modelled allreduce time inside the modelled backward (rank 0's timeline)."""
+    comm = [Interval("allreduce", s.start_s, s.end_s) for s in step.timeline[0] if s.kind == "communication"]
+    return _inside(comm, step.forward_s, step.forward_s + step.backward_s)
+
+
+def mfu(flops: float, seconds: float, peak_flops: float) -> float:
+    """Model FLOPs utilization: ``flops / seconds / peak_flops``.
+
+    Raises:
+        ValueError: a time or peak that is not positive.
+    """
+    if seconds <= 0 or peak_flops <= 0:
+        raise ValueError(f"seconds and peak_flops should be positive, got {seconds} and {peak_flops}")
+    return flops / seconds / peak_flops
+
+
+def draw(timelines: list[Timeline]):  # -> matplotlib Figure
+    """Each rank's step as two rows: compute (forward, backward, optimizer) and its allreduces, in ms."""
+    import matplotlib.pyplot as plt
+
+    colours = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
+    figure, axes = plt.subplots(len(timelines), 1, figsize=(9, 1.4 * len(timelines)), sharex=True, squeeze=False)
+    for ax, t in zip(axes[:, 0], timelines, strict=True):
+        for name, i in t.phases.items():
+            ax.broken_barh([(i.start_s * 1e3, (i.end_s - i.start_s) * 1e3)], (1, 0.8), color=colours[name],
+                           label=name)
+        ax.axvline(t.gradients_done_s * 1e3, color="black", lw=1, ls=":", label="last gradient")
+        ax.broken_barh([(i.start_s * 1e3, (i.end_s - i.start_s) * 1e3) for i in t.allreduces], (0, 0.8),
+                       color="tab:red", edgecolor="white", label="allreduce (one per bucket)")
+        ax.set_yticks([0.4, 1.4], ["comm", "compute"])
+        ax.set_ylabel(f"rank {t.rank}")
+    axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    axes[-1, 0].set_xlabel("ms from the start of forward (read from the trace files)")
+    figure.tight_layout()
+    return figure
