@@ -88,7 +88,7 @@ NOT_ASSESSED = {
     "noop_allreduce": {"metrics_averaged"},
 }
 # correct idioms and the feedback classes of issue 24, proven in tests/grader/test_fair_idioms.py
-PROVEN_ELSEWHERE = {"tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast",
+PROVEN_ELSEWHERE = {"tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast", "torch_compile_ddp",
                     "unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "writes_huge_file",
                     "short_last_batch_unaveraged"}
 # Broken submissions that still train: their held-out accuracy lands within a few points of the target, above it
