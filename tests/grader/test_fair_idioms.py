@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from accusations import accusations
 
 from grader import render
 from grader.checks import CHECKS
@@ -51,19 +52,6 @@ def test_a_correct_idiom_gets_full_marks_and_no_accusation(graded, name):
     assert (results.status, results.score, results.max_score) == ("ok", 100, 100), "\n".join(
         f"{c.name}: {c.message}" for c in results.checks if not c.passed)
     assert all(c.assessed for c in results.checks)
-
-
-# words of the grader's that send a student after a bug (each one in some wrong submission's feedback today)
-ACCUSING = ("not averaged", "unaveraged", "differ after", "do not match", "did not match", "tamper", "forged",
-            "did not produce", "integrity violation", "also fetched", "under-scaled", "without combining",
-            "crash", "out of scope", "train without it", "instead of", "summed", "divided by", "not assessed",
-            "cannot be assessed", "not run", "never joined", "took no optimizer step", "not available")
-
-
-def accusations(results) -> list[str]:
-    """The lines of a run's feedback (its status detail and every check's message) that accuse it of something."""
-    lines = [results.detail, *(f"{c.name}: {c.message}" for c in results.checks)]
-    return [line for line in lines if any(word in line.lower() for word in ACCUSING)]
 
 
 def test_no_feedback_line_accuses_a_correct_script(graded):
@@ -132,6 +120,7 @@ def test_the_graders_file_limit_is_named_as_the_graders(graded):
     assert results.status == "file too large"
     assert results.detail.startswith("the grader's limit stopped rank 1: a process wrote a file larger than the "
                                      "grader allows (8 MiB per file)."), results.detail
+    assert render.feedback(results).splitlines()[1] == f"  {results.detail}"  # at the top, in one line
     assert {c.name for c in results.checks if not c.passed} == SCORED
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from accusations import accusations
 
 from grader import cli
 from grader.checks import CHECKS
@@ -277,3 +278,9 @@ def test_self_check_prints_feedback_and_fails_on_a_bad_file(tmp_path, capsys):
     assert cli.main(["check", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "bad submission" in out and "grader's probes" not in out  # hidden checks stay hidden
+
+
+def test_no_feedback_line_accuses_a_correct_script(graded):
+    correct = [name for name, (status, failed) in EXPECTED.items() if (status, failed) == ("ok", set())]
+    assert {"reference", "sqrt_lr_adam"} <= set(correct)
+    assert {name: accusations(graded[name]) for name in correct} == {name: [] for name in correct}
