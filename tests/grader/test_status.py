@@ -10,10 +10,10 @@ import pytest
 from grader import runner
 from grader.environment import python_argv, run_env
 from grader.evidence import collect
-from grader.sandbox import Limits, SandboxResult
+from grader.sandbox import SandboxResult
 
 pytestmark = pytest.mark.unit6
-CONFIG = runner.GradingConfig(limits=Limits(file_size_bytes=256 * 2**20))
+CONFIG = runner.GradingConfig()  # the class grade's limits: 64 MiB per file
 LOST = "RuntimeError: [/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"
 
 
@@ -53,7 +53,7 @@ def test_a_file_over_the_limit_names_the_graders_limit_and_torch_compile():
     got, detail = status(raw)
     assert got == "file too large"
     assert detail.startswith("the grader's limit stopped rank 1: torch.compile's C++ compiler wrote a file larger "
-                             "than the grader allows (256 MiB per file).")
+                             "than the grader allows (64 MiB per file).")
     assert status(exits({0: (0, ""), 1: (-signal.SIGXFSZ, ""), 2: (0, ""), 3: (0, "")}))[0] == "file too large"
 
 
