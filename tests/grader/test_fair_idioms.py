@@ -2,9 +2,9 @@
 marks, and the failure classes next to them get feedback that names what happened.
 
 Each submission in tests/submissions/ listed here is graded for real (4 ranks in the sandbox), two at a time, once
-per test session. Expensive: 10 four-rank runs, 7 minutes (412 s at load average 23 on 2 cores). torch.compile is among
-them: the grading environment runs it without compiling (grader.environment.COMPILE_OFF; compiling one DigitsCNN
-took 128 s on one core here, measured once), so it trains uncompiled, as the reference does.
+per test session. Expensive: 10 four-rank runs, 7 minutes (412 s at load average 23 on 2 cores). torch.compile is
+among them: the grading environment runs it without compiling (grader.environment.COMPILE_OFF; compiling one
+DigitsCNN took 128 s on one core here, measured once), so it trains uncompiled, as the reference does.
 """
 
 from concurrent.futures import ThreadPoolExecutor
