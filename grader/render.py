@@ -11,7 +11,7 @@ from pathlib import Path
 
 from grader import labs
 from grader.checks import CHECKS
-from grader.results import Results
+from grader.results import FINISHED, Results
 
 
 def feedback(results: Results, visible_only: bool = False) -> str:
@@ -23,7 +23,7 @@ def feedback(results: Results, visible_only: bool = False) -> str:
                      f"scaled to {results.max_score:g}: {len(results.not_assessed)} check(s) could not be assessed)")
     if results.violation:
         lines.append(f"  {withheld(results)}")
-    if results.status != "ok":
+    if results.status != "ok" or results.detail != FINISHED:  # how it ended, or a note on a normal end
         lines.append(f"  {results.detail}")
     shown = [c for c in results.checks if not visible_only or c.visibility == "visible"]
     for check in shown:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 INTEGRITY_VIOLATION = "integrity violation"  # the gradebook status of a run whose records cannot be trusted
+FINISHED = "all ranks finished"  # the detail of a run that ended normally (the feedback does not repeat it)
 DERIVED = ("score", "max_score", "raw_score", "grade_status")  # saved for readers of the JSON, recomputed on load
 
 

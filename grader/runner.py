@@ -41,7 +41,7 @@ from grader.environment import python_argv, run_env
 from grader.evidence import Checkpoint, Evidence, RunRecords, collect, judge_checkpoint, replay_first_steps
 from grader.inrank import channel
 from grader.inrank.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV, probe_seed
-from grader.results import Results
+from grader.results import FINISHED, Results
 from grader.secret import submission_seed
 from grader.submission import BadSubmission, find_script
 
@@ -49,6 +49,7 @@ BAD = "bad submission"
 GRADER_STOPPED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 GRADER_ERROR = "grader error"  # the grader's own code failed (grader.gradebook retries these)
 MISSING_LIBRARY = "missing library"  # the script imports what the grading environment does not have
+COMPILED = "torch.compile ran without compiling in the grader; the grade does not depend on it."
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class GradingConfig:
     """How to grade."""
 
     assignment: Assignment = ASSIGNMENT
-    # the 4-rank run; files up to 256 MiB (torch.compile's C++ compiler writes a ~150 MiB precompiled header)
-    limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=180.0, file_size_bytes=256 * 2**20))
+    # the 4-rank run; files up to the sandbox's 64 MiB (it was 256 for torch.compile's C++ compiler, which writes a
+    # 150 MiB header and no longer runs: torch.compile runs without compiling, grader.environment.COMPILE_OFF)
+    limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=180.0))
     eval_limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=60.0, cpu_s=60))
     straggler_s: float = 20.0  # after one rank finishes, how long the others may take before they count as hung
     visible_only: bool = False  # True for the student's self-check
@@ -156,9 +158,10 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
     if failure:
         return failure
     status, detail = _ended(ev, result, config)
-    if status in ("ok", GRADER_STOPPED):
+    if status == GRADER_STOPPED:
         return status, detail
-    return status, _spawned(ev) + _compiled(ev, status) + detail
+    detail = ("" if status == "ok" else _spawned(ev)) + detail
+    return status, f"{detail.rstrip('.')}. {COMPILED}" if _compiled(ev, status) else detail
 
 
 def _ended(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -> tuple[str, str]:
@@ -194,9 +197,9 @@ def _ended(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -
     if len(ev.exits) < ev.world_size:
         return "error", f"the ranks could not be started: {result.detail} {result.stderr[-500:]}"
     if torn_down:  # after the script itself had finished: not the student's doing, and not repeatable
-        return "ok", (f"all ranks finished; rank(s) {', '.join(map(str, torn_down))} then aborted while the "
+        return "ok", (f"{FINISHED}; rank(s) {', '.join(map(str, torn_down))} then aborted while the "
                       "interpreter shut down (torch teardown), which is not counted")
-    return "ok", "all ranks finished"
+    return "ok", FINISHED
 
 
 def _limit_or_library(ev: Evidence, failed: list[int], config: GradingConfig) -> tuple[str, str] | None:
@@ -214,9 +217,7 @@ def _limit_or_library(ev: Evidence, failed: list[int], config: GradingConfig) ->
             who = "torch.compile's C++ compiler" if compiled else "a process"
             return "file too large", (
                 f"the grader's limit stopped rank {rank}: {who} wrote a file larger than the grader allows "
-                f"({outcome.size(config.limits.file_size_bytes)} per file)."
-                + (" torch.compile is outside the assignment's scope (the model is too small to gain from it): "
-                   "train without it." if compiled else ""))
+                f"({outcome.size(config.limits.file_size_bytes)} per file).")
     return None
 
 
@@ -232,13 +233,11 @@ def _spawned(ev: Evidence) -> str:
             "torchrun already gave. Call the training function directly; torchrun does the spawning. ")
 
 
-def _compiled(ev: Evidence, status: str) -> str:
-    """That the run used torch.compile, which the assignment leaves out of scope (one sentence), or ''."""
-    if status == "file too large" or not any(c.function == "torch.compile" for r in ev.ranks
-                                             for c in ev.calls.get(r, ())):
-        return ""
-    return ("This run used torch.compile, which the assignment leaves out of scope: compiling takes minutes per "
-            "rank on the grader's CPUs and the model is too small to gain from it; train without it. ")
+def _compiled(ev: Evidence, status: str) -> bool:
+    """The run called torch.compile, which ran without compiling (not when the file limit stopped a compiler:
+    the script turned compiling back on)."""
+    called = any(c.function == "torch.compile" for r in ev.ranks for c in ev.calls.get(r, ()))
+    return called and status != "file too large"
 
 
 def _probe_failure(ev: Evidence) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ import torch
 
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
+from grader.checks.outputs import HELD_OUT
 from grader.evidence import Evidence, collect, fingerprints_equal
 from grader.inrank import records
 from grader.replay import Comparison
@@ -359,3 +360,13 @@ def test_the_rank_0_check_points_to_target_accuracy_only_when_there_is_no_checkp
 def test_a_checkpoint_the_recorded_training_did_not_produce_is_flagged_for_review():
     passed, message = outcome(defect("foreign_checkpoint"), "integrity")
     assert passed is False and "recorded optimizer steps did not produce" in message and "review" in message
+
+
+def test_the_target_check_explains_why_the_self_check_and_class_grade_accuracies_differ():
+    """Pass or fail, the target's message says the held-out copy is drawn from the grading machine's secret (the
+    self-check's accuracy is not the class grade's); a check without a checkpoint has no accuracy to explain."""
+    assert "`grader check` on your machine and the class grade score slightly different copies" in HELD_OUT
+    for name in ("low_accuracy", None):
+        ev = defect(name) if name else perfect_run()
+        assert outcome(ev, "target_accuracy")[1].endswith(HELD_OUT), name
+    assert HELD_OUT not in outcome(defect("no_checkpoint"), "target_accuracy")[1]

@@ -1,16 +1,19 @@
 """grader.runner's status of a run, from records alone: the grader's own errors, its limits, missing libraries,
-processes a rank spawned and torch.compile are named first, in the grader's terms (issue 24)."""
+processes a rank spawned are named first, in the grader's terms; a run that called torch.compile is told, in one
+neutral sentence, that it ran without compiling (issue 24)."""
 
 import signal
+import subprocess
 
 import pytest
 
 from grader import runner
+from grader.environment import python_argv, run_env
 from grader.evidence import collect
-from grader.sandbox import Limits, SandboxResult
+from grader.sandbox import SandboxResult
 
 pytestmark = pytest.mark.unit6
-CONFIG = runner.GradingConfig(limits=Limits(file_size_bytes=256 * 2**20))
+CONFIG = runner.GradingConfig()  # the class grade's limits: 64 MiB per file
 LOST = "RuntimeError: [/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"
 
 
@@ -50,15 +53,41 @@ def test_a_file_over_the_limit_names_the_graders_limit_and_torch_compile():
     got, detail = status(raw)
     assert got == "file too large"
     assert detail.startswith("the grader's limit stopped rank 1: torch.compile's C++ compiler wrote a file larger "
-                             "than the grader allows (256 MiB per file).")
+                             "than the grader allows (64 MiB per file).")
     assert status(exits({0: (0, ""), 1: (-signal.SIGXFSZ, ""), 2: (0, ""), 3: (0, "")}))[0] == "file too large"
 
 
-def test_processes_spawned_under_torchrun_and_torch_compile_are_named_when_a_run_fails():
+def test_processes_spawned_under_torchrun_are_named_when_a_run_fails():
     raw = [{"kind": "call", "rank": r, "function": "torch.multiprocessing.spawn", "step": 0, "nprocs": 4,
             "signer": r} for r in range(4)]
-    raw += [{"kind": "call", "rank": 0, "function": "torch.compile", "step": 0, "signer": 0}]
     got, detail = status(raw, "timeout")
     assert got == "timeout"
     assert "torch.multiprocessing.spawn (rank 0: 4, rank 1: 4, rank 2: 4, rank 3: 4): 20 processes in all" in detail
-    assert "torch.compile, which the assignment leaves out of scope" in detail
+    assert runner.COMPILED not in detail
+
+
+COMPILE = {"kind": "call", "rank": 0, "function": "torch.compile", "step": 0, "signer": 0}
+
+
+def test_a_run_that_called_torch_compile_is_told_it_ran_without_compiling_in_one_neutral_sentence():
+    got, detail = status([COMPILE, *exits({r: (0, "") for r in range(4)})], "ok")
+    assert (got, detail) == ("ok", f"all ranks finished. {runner.COMPILED}")
+    assert status(exits({r: (0, "") for r in range(4)}), "ok") == ("ok", "all ranks finished")
+    got, detail = status([COMPILE], "timeout")  # a failed run: said after what stopped it
+    assert got == "timeout" and detail.endswith(f". {runner.COMPILED}")
+    assert runner.COMPILED == "torch.compile ran without compiling in the grader; the grade does not depend on it."
+
+
+def test_the_grading_environment_turns_compiling_off():
+    """torch reads TORCH_COMPILE_DISABLE when imported: torch.compile then still returns its wrapper (state_dict
+    keys "_orig_mod."), whose forward runs the module as written (no frame is compiled)."""
+    env = run_env()
+    assert env["TORCH_COMPILE_DISABLE"] == "1"
+    probe = ("import torch, torch._dynamo\n"
+             "from torch._dynamo.utils import counters\n"
+             "m = torch.nn.Linear(3, 2)\n"
+             "c = torch.compile(m)\n"
+             "assert torch.equal(c(torch.ones(1, 3)), m(torch.ones(1, 3)))\n"
+             "print(torch._dynamo.config.disable, list(c.state_dict())[0], counters['frames']['total'])")
+    out = subprocess.run([*python_argv(), "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "_orig_mod.weight", "0"], out.stderr[-2000:]

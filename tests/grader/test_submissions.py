@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from accusations import accusations
 
 from grader import cli
 from grader.checks import CHECKS
@@ -88,7 +89,7 @@ NOT_ASSESSED = {
     "noop_allreduce": {"metrics_averaged"},
 }
 # correct idioms and the feedback classes of issue 24, proven in tests/grader/test_fair_idioms.py
-PROVEN_ELSEWHERE = {"tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast",
+PROVEN_ELSEWHERE = {"tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast", "torch_compile_ddp",
                     "unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "writes_huge_file",
                     "short_last_batch_unaveraged"}
 # Broken submissions that still train: their held-out accuracy lands within a few points of the target, above it
@@ -277,3 +278,9 @@ def test_self_check_prints_feedback_and_fails_on_a_bad_file(tmp_path, capsys):
     assert cli.main(["check", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "bad submission" in out and "grader's probes" not in out  # hidden checks stay hidden
+
+
+def test_no_feedback_line_accuses_a_correct_script(graded):
+    correct = [name for name, (status, failed) in EXPECTED.items() if (status, failed) == ("ok", set())]
+    assert {"reference", "sqrt_lr_adam"} <= set(correct)
+    assert {name: accusations(graded[name]) for name in correct} == {name: [] for name in correct}
