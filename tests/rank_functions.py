@@ -137,3 +137,12 @@ def hook_gradients() -> dict[str, object]:
             result["counted"] = len(counted)
         del model
     return result
+
+
+def environment_variable(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def debug_level() -> str:
+    """torch.distributed's debug level, which it read from TORCH_DISTRIBUTED_DEBUG when it was imported."""
+    return dist.get_debug_level().name

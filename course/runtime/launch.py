@@ -98,7 +98,8 @@ def _why(ranks: list[int], waiting: dict[int, str]) -> str:
 # environment differs from the server's in any variable torch may read spawns fresh interpreters instead, as
 # every launch does where there is no fork server (Windows). Slower to start, otherwise the same.
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "course.runtime.launch"]
+# torch._dynamo: DDP imports it on first use (about 1 s of CPU per rank)
+PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "course.runtime.launch"]
 READ_BY_TORCH = ("TORCH", "PYTORCH", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "CUDA", "NVIDIA", "LD_", "PYTHON")
 _SERVER: dict[str, Any] = {}  # "pid" of the fork server this module started, and the "environment" it read
 

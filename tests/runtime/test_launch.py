@@ -167,3 +167,11 @@ def test_in_turn_runs_each_call_in_order_and_returns_every_result():
     from course.runtime.launch import in_turn
 
     assert in_turn((operator.add, (2, 3)), (max, (1, 4, 2)), (list, ())) == [5, 4, []]
+
+
+def test_ranks_see_the_environment_of_the_launch_not_of_the_first_one(monkeypatch):
+    launch(rf.environment_variable, 1, "COURSE_TEST_LAUNCH_VARIABLE", timeout_s=60)  # the fork server is up by now
+    monkeypatch.setenv("COURSE_TEST_LAUNCH_VARIABLE", "set later")
+    assert launch(rf.environment_variable, 2, "COURSE_TEST_LAUNCH_VARIABLE", timeout_s=60) == ["set later"] * 2
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "INFO")  # read by torch at import: these ranks are spawned anew
+    assert launch(rf.debug_level, 2, timeout_s=120) == ["INFO"] * 2
