@@ -1,13 +1,12 @@
 """The grader is fair to every correct idiom (issue 24): correct conversions in the styles students copy get full
 marks, and the failure classes next to them get feedback that names what happened.
 
-Each submission in tests/submissions/ listed here is graded for real (4 ranks in the sandbox), two at a time, once
-per test session. Expensive: 10 four-rank runs, 7 minutes (412 s at load average 23 on 2 cores). torch.compile is
+Each submission in tests/submissions/ listed here is graded for real (4 ranks in the sandbox), once per test session,
+in one pool with the proof set's (tests/grader/conftest.py): 10 four-rank runs. torch.compile is
 among them: the grading environment runs it without compiling (grader.environment.COMPILE_OFF; compiling one
 DigitsCNN took 128 s on one core here, measured once), so it trains uncompiled, as the reference does.
 """
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,10 +16,10 @@ from accusations import accusations
 from grader import render
 from grader.checks import CHECKS
 from grader.checks.outputs import HELD_OUT
-from grader.runner import COMPILED, GradingConfig, grade
+from grader.runner import COMPILED, GradingConfig
 from grader.sandbox import Limits
 
-pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(2400)]
 SUBMISSIONS = Path(__file__).resolve().parents[1] / "submissions"
 SCORED = {c.name for c in CHECKS if c.points > 0}
 BASE = GradingConfig(straggler_s=20.0)  # as the proof set: a correct rank that ends last under load is no straggler
@@ -33,13 +32,12 @@ WRONG = ("unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "
          "short_last_batch_unaveraged")
 
 
-@pytest.fixture(scope="module")
-def graded():
-    def one(name):
-        return name, grade(SUBMISSIONS / f"{name}.py", CONFIGS.get(name, BASE))
+GRADED = CORRECT + WRONG  # graded once per session with the proof set's (tests/grader/conftest.py)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, CORRECT + WRONG))
+
+@pytest.fixture(scope="module")
+def graded(graded_submissions):
+    return graded_submissions
 
 
 def messages(results) -> dict[str, str]:
