@@ -146,3 +146,9 @@ def environment_variable(name: str) -> str | None:
 def debug_level() -> str:
     """torch.distributed's debug level, which it read from TORCH_DISTRIBUTED_DEBUG when it was imported."""
     return dist.get_debug_level().name
+
+
+def sleep_then_identity(seconds: float) -> int:
+    """Stay up ``seconds`` (long enough for a monitor to read this rank), then return the rank."""
+    time.sleep(seconds)
+    return world.current().rank

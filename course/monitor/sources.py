@@ -75,9 +75,10 @@ def find_ranks(root: psutil.Process) -> dict[int, psutil.Process]:
     """The process of each local rank among ``root``'s descendants.
 
     A torchrun worker has ``LOCAL_RANK`` in its environment; its own children (DataLoader workers) inherit
-    it, so the rank is the topmost process with that value. Without any such process, ``root``'s
-    multiprocessing children (the ranks of :func:`course.runtime.launch.launch`, which sets ``LOCAL_RANK`` only after
-    starting) are ranks in the order they were started.
+    it, so the rank is the topmost process with that value. Without any such process, the ranks of
+    :func:`course.runtime.launch.launch` (which sets ``LOCAL_RANK`` only after starting, where ``/proc`` does not
+    show it) are ranks in the order they were started: ``root``'s spawned children, or the children of the fork
+    server ``root`` started.
     """
     ranks: dict[int, psutil.Process] = {}
     spawned: list[tuple[float, int, psutil.Process]] = []
@@ -85,9 +86,7 @@ def find_ranks(root: psutil.Process) -> dict[int, psutil.Process]:
         try:
             local_rank = process.environ().get("LOCAL_RANK")
             if local_rank is None:
-                cmdline = process.cmdline()
-                if process.ppid() == root.pid and "--multiprocessing-fork" in cmdline \
-                        and "resource_tracker" not in " ".join(cmdline):
+                if _started_by_launch(process, root):
                     spawned.append((process.create_time(), process.pid, process))
                 continue
             parent = process.parent()
@@ -146,6 +145,19 @@ class ProcessSource:
 
     def label(self, device: int) -> str:
         return f"CPU% of the process emulating GPU {device}"
+
+
+def _started_by_launch(process: psutil.Process, root: psutil.Process) -> bool:
+    """``process`` is a rank of :func:`course.runtime.launch.launch` run by ``root``: spawned by it, or forked by the
+    fork server it started (a forked rank's command line is the server's)."""
+    cmdline = " ".join(process.cmdline())
+    parent = process.parent()
+    if parent is None:
+        return False
+    if parent.pid == root.pid:
+        return "--multiprocessing-fork" in cmdline and "resource_tracker" not in cmdline
+    return parent.ppid() == root.pid and "multiprocessing.forkserver" in cmdline and \
+        " ".join(parent.cmdline()) == cmdline
 
 
 def _with_children(process: psutil.Process) -> list[psutil.Process]:

@@ -179,6 +179,8 @@ def describe_waiting_cpu(cpu: dict[str, list[float]]) -> str:
     Args:
         cpu: :func:`cpu_while_training`'s means; ``cpu["rank0"][0]`` is the working rank, the rest wait.
     """
+    if len(cpu.get("rank0", ())) < 2:
+        return "The monitor found fewer than two ranks while rank 0 worked alone: no verdict."
     worker, idle = cpu["rank0"][0], cpu["rank0"][1:]
     if any(math.isnan(v) for v in [worker, *idle]):
         return "The monitor took no reading during part of the run (a phase shorter than its interval): no verdict."

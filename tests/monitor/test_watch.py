@@ -147,3 +147,10 @@ def test_bad_input_is_explained():
     with pytest.raises(ValueError, match="interval_s must be a positive"):
         monitor.run_and_watch([sys.executable, "-c", "import time; time.sleep(60)"], interval_s=0)
     assert live_children() == []  # refused before it started anything
+
+
+def test_ranks_forked_by_the_fork_server_are_found_in_start_order():
+    launch(rf.identity, 1, "x", timeout_s=120)  # the fork server is up: these ranks are its children
+    with monitor.watch(None, interval_s=0.2, display=False) as history:
+        launch(rf.sleep_then_identity, 3, 1.0, timeout_s=120)
+    assert history.devices() == [0, 1, 2]

@@ -105,3 +105,8 @@ def test_describe_waiting_cpu_follows_the_readings(worker, idle):
 def test_describe_waiting_cpu_gives_no_verdict_without_readings():
     text = who_works.describe_waiting_cpu({"rank0": [50.0, math.nan, 1.0, 1.0]})
     assert "no verdict" in text and "little CPU" not in text and "CPU too" not in text
+
+
+def test_describe_waiting_cpu_gives_no_verdict_when_the_monitor_found_no_ranks():
+    assert "no verdict" in who_works.describe_waiting_cpu({"rank0": [], "ranks": []})
+    assert "no verdict" in who_works.describe_waiting_cpu({"rank0": [80.0], "ranks": [40.0]})
