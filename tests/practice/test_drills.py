@@ -8,8 +8,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(300)
-def test_hang_report_names_the_rank_that_skipped_the_collective():
-    report = drills.run_drill("skip", timeout_s=60)
+def test_hang_report_names_the_rank_that_skipped_the_collective(hang_drills):
+    report, _ = hang_drills["skip"]
     assert report.startswith("RankTimeout: rank(s) 1 did not finish")
     assert "rank 0 was waiting for it in all_reduce" in report
 
@@ -34,8 +34,8 @@ def test_bad_names_are_refused():
 
 
 @pytest.mark.timeout(300)
-def test_hang_report_names_the_rank_stuck_in_its_data_loader():
-    report = drills.run_drill("loading", timeout_s=60)
+def test_hang_report_names_the_rank_stuck_in_its_data_loader(hang_drills):
+    report, _ = hang_drills["loading"]
     assert report.startswith("RankTimeout: rank(s) 1 did not finish")
     assert "rank 0 was waiting for it in all_reduce" in report
 

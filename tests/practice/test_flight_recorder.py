@@ -4,15 +4,14 @@ import os
 
 import pytest
 
-from course.practice import drills, flight_recorder
+from course.practice import flight_recorder
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(300)
-def test_the_skipping_rank_has_no_all_reduce_in_its_record(tmp_path):
-    with flight_recorder.recording():
-        report = drills.run_drill("skip", timeout_s=60, record_dir=str(tmp_path))
+def test_the_skipping_rank_has_no_all_reduce_in_its_record(hang_drills):
+    report, tmp_path = hang_drills["skip"]
     assert report.startswith("RankTimeout")
     waiting, skipping = (flight_recorder.entries(tmp_path / f"rank{r}.json") for r in (0, 1))
     assert [(e["seq"], e["op"], e["sizes"]) for e in waiting] == [(1, "gloo:all_reduce", [[1]])]
@@ -20,9 +19,8 @@ def test_the_skipping_rank_has_no_all_reduce_in_its_record(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_the_waiting_rank_is_one_collective_ahead_of_the_stuck_loader(tmp_path):
-    with flight_recorder.recording():
-        report = drills.run_drill("loading", timeout_s=60, record_dir=str(tmp_path))
+def test_the_waiting_rank_is_one_collective_ahead_of_the_stuck_loader(hang_drills):
+    report, tmp_path = hang_drills["loading"]
     assert report.startswith("RankTimeout: rank(s) 1")
     waiting, stuck = (flight_recorder.entries(tmp_path / f"rank{r}.json") for r in (0, 1))
     # two batches done (weight and bias gradients each), the third's weight all-reduce entered by rank 0 only
