@@ -108,13 +108,18 @@ def _environment_read_by_torch() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith(READ_BY_TORCH)}
 
 
+def _server_pid(unknown: object) -> object:
+    """The pid of multiprocessing's fork server, ``None`` when it is not running, ``unknown`` if it cannot be read."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", unknown)
+
+
 def _context() -> Any:
     """The fork server's context if its torch was imported under this launch's environment, else spawn's."""
     if START_METHOD != "forkserver":
         return mp.get_context("spawn")
-    from multiprocessing import forkserver
-
-    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", "unknown")
+    pid = _server_pid("unknown")
     if pid is None:  # not running: this launch starts it, with this environment
         context = mp.get_context("forkserver")
         context.set_forkserver_preload(PRELOADED)
@@ -128,9 +133,7 @@ def _context() -> Any:
 def _note_server(context: Any) -> None:
     """Remember the pid of the fork server a launch started (one started by someone else is not used)."""
     if context.get_start_method() == "forkserver" and _SERVER.get("pid") is None:
-        from multiprocessing import forkserver
-
-        _SERVER["pid"] = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+        _SERVER["pid"] = _server_pid(None)
 
 
 def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float, arguments: bytes,
