@@ -15,10 +15,12 @@ UNIT_OF_FOLDER = {"runtime": "unit0", "optimization": "unit2", "naive": "unit3",
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m unitN` selects
+@pytest.hookimpl(tryfirst=True)  # before `-m unitN` selects, and before xdist reads the groups
 def pytest_collection_modifyitems(items):
-    """Mark every test under tests/<folder>/ with its folder's unit, unless the module names another unit."""
+    """Mark every test under tests/<folder>/ with its folder's unit, unless the module names another unit; give
+    every test its group for pytest-xdist (``make test`` runs two workers), the grading group first."""
     for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
         try:
             folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
         except ValueError:  # the notebooks (nbval)
@@ -26,6 +28,20 @@ def pytest_collection_modifyitems(items):
         unit = UNIT_OF_FOLDER.get(folder)
         if unit and not any(mark.name.startswith("unit") for mark in item.iter_markers()):
             item.add_marker(unit)
+    items.sort(key=lambda item: _group(item) != GRADING)  # stable: the longest group starts at once
+
+
+GRADING = "grading"
+SHARED_BY_GROUP = {"graded_submissions": GRADING, "hang_drills": "hang drills"}  # session fixtures, made once
+
+
+def _group(item) -> str:
+    """What must run in one worker: the tests of a session fixture too costly to make twice, else a module's (its
+    module fixtures are made once; a notebook's cells share one kernel)."""
+    for fixture, group in SHARED_BY_GROUP.items():
+        if fixture in getattr(item, "fixturenames", ()):
+            return group
+    return str(item.path)
 
 
 @pytest.fixture(scope="module")

@@ -58,10 +58,24 @@ class Running:
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError(f"argv must be a non-empty list of strings, e.g. [sys.executable, 'train.py'], got "
                              f"{argv!r}")
+        self._watch_output(subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            start_new_session=new_session, pass_fds=pass_fds), capture, marker)
+        self._own_depth, self._uid, self._new_session = own_depth, uid, new_session
+
+    @classmethod
+    def of(cls, process: subprocess.Popen, *, capture: int | tuple[int, int] | None = None, marker: str = DROPPED,
+           new_session: bool = True) -> Running:
+        """Watch a process started elsewhere with ``stdout`` and ``stderr`` pipes (a
+        :class:`~course.runtime.forked.Forked` rank); the arguments are ``__init__``'s."""
+        running = cls.__new__(cls)
+        running._watch_output(process, capture, marker)
+        running._own_depth, running._uid, running._new_session = 0, None, new_session
+        return running
+
+    def _watch_output(self, process: subprocess.Popen, capture: int | tuple[int, int] | None, marker: str) -> None:
         self.start = time.monotonic()
-        self.process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=new_session, pass_fds=pass_fds)
+        self.process = process
         if capture is None:
             self.stdout, self.stderr = Capped(self.process.stdout), Capped(self.process.stderr)
         elif isinstance(capture, tuple):
@@ -70,7 +84,6 @@ class Running:
         else:
             self.stdout = Capped.split(self.process.stdout, capture, marker)
             self.stderr = Capped.split(self.process.stderr, capture, marker)
-        self._own_depth, self._uid, self._new_session = own_depth, uid, new_session
 
     def finish(self, timeout_s: float, limits: Limits | None = None, stop: threading.Event | None = None,
                exit_code: Callable[[subprocess.Popen], int | None] | None = None) -> Outcome:

@@ -1,23 +1,26 @@
 """Start the ranks of a graded run the way torchrun does, and watch them.
 
 ``python -m grader.inrank.launcher --nproc 4 SCRIPT`` runs inside the sandbox. It gives each rank torchrun's
-environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
-``MASTER_PORT``, ...) and starts ``python -m grader.inrank.harness SCRIPT``, so the script sees exactly what
-``torchrun --nproc_per_node=4 SCRIPT`` would give it. Like torchrun's agent it hosts the rendezvous store
-itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own record pipe
-and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
-counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow;
-those still running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM
-(the grader is being stopped) it stops every rank at once and still reports. Its own
-records (exit code, output size, a tail of stderr per rank) go to the grader through the same signed
-channel. It holds the run's key, so it makes its memory unreadable to the ranks
-(:func:`grader.inrank.channel.hide_memory`).
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ...)
+and runs :func:`grader.inrank.harness.main` on SCRIPT in it, so the script sees exactly what ``torchrun
+--nproc_per_node=4 SCRIPT`` would give it. Each rank is a fork of the launcher, which imported torch once for all of
+them (:data:`PRELOADED`), made before the launcher reads the run's key. Like torchrun's agent it hosts the
+rendezvous store itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own
+record pipe and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
+counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow; those still
+running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM (the grader is
+being stopped) it stops every rank at once and still reports. Its own records (exit code, output size, a tail of
+stderr per rank) go to the grader through the same signed channel. It holds the run's key, so it makes its memory
+unreadable to the ranks (:func:`grader.inrank.channel.hide_memory`).
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import functools
+import importlib
 import os
 import signal
 import subprocess
@@ -25,6 +28,7 @@ import sys
 import threading
 import time
 
+from course.runtime.forked import Forked
 from course.runtime.ports import free_port
 from course.runtime.process import Running, finish_together
 from grader.inrank import channel
@@ -47,11 +51,14 @@ def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
                     view = view[os.write(writer_fd, view):]
 
 
-RANK_MAIN = "from grader.inrank.launcher import rank_main; rank_main()"  # python -c: a rank, argv[1:] is [SCRIPT]
+PRELOADED = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data.distributed", "course.models",
+             "course.train", "course.world", "grader.inrank.harness", "grader.inrank.probes")
+"""What every rank imports anyway: imported once by the launcher, whose forks the ranks are (1.5 s of CPU a rank)."""
 
 
-def rank_main() -> None:
-    """One rank: :func:`grader.inrank.harness.main` on the script, then leave as Python would, minus the teardown.
+def rank_main(script: str) -> None:
+    """One rank, in a fork of the launcher: :func:`grader.inrank.harness.main` on the script, then leave as Python
+    would, minus the teardown.
 
     Non-daemon threads are joined, atexit handlers run and the streams flushed, as at any exit; only the
     interpreter's final teardown is skipped (freeing every module and torch's C++ state: seconds per rank on
@@ -60,7 +67,7 @@ def rank_main() -> None:
     from grader.inrank import harness
 
     _die_with_parent()
-    _exit_now(harness.main(sys.argv[1:]))
+    _exit_now(harness.main([script]))
 
 
 def _die_with_parent() -> None:
@@ -101,25 +108,41 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
     return env
 
 
-def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, straggler_s: float) -> int:
-    """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1."""
-    writer, lock = channel.Writer(record_fd, key), threading.Lock()
-    port, ranks, relays = free_port(), [], []
+def launch(script: str, nproc: int, record_fd: int, seed: int, straggler_s: float) -> int:
+    """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1.
+
+    The ranks are forks of this process, made before it reads the run's key (``KEY_FD_ENV``), so that none
+    holds it: each waits on its own key pipe, written once this process has hidden its memory and derived
+    the rank's key. The threads that watch the ranks start after the forks.
+    """
+    for module in PRELOADED:
+        importlib.import_module(module)
+    port, forks, key_writers, record_readers = free_port(), [], [], []
     start = time.monotonic()
     for rank in range(nproc):
         read_fd, write_fd = os.pipe()
-        key_fd = channel.key_pipe(channel.rank_key(key, rank))  # a rank can sign only as itself
+        key_r, key_w = os.pipe()
         env = _rank_env(rank, nproc, port)
-        env.update({KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(write_fd), SEED_ENV: str(seed)})
-        ranks.append(Running([sys.executable, "-c", RANK_MAIN, script], env=env, pass_fds=(key_fd, write_fd),
-                             capture=(OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES), new_session=False))
-        os.close(key_fd)
-        os.close(write_fd)
-        relay = threading.Thread(target=_relay, args=(os.fdopen(read_fd, "rb"), record_fd, lock), daemon=True)
+        env.update({KEY_FD_ENV: str(key_r), RECORD_FD_ENV: str(write_fd), SEED_ENV: str(seed)})
+        forks.append(Forked(functools.partial(rank_main, script), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, pass_fds=(key_r, write_fd)))
+        for fd in (key_r, write_fd):
+            os.close(fd)
+        key_writers.append(key_w)
+        record_readers.append(read_fd)
+    exit_s = _exit_times(forks, start)
+    channel.hide_memory()  # before the key is read: the ranks run as this user and must not read it from here
+    key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
+    for rank, key_w in enumerate(key_writers):  # a rank can sign only as itself
+        with contextlib.suppress(BrokenPipeError):  # the rank died already: its exit record says so
+            os.write(key_w, channel.rank_key(key, rank))  # 32 bytes: one write
+        os.close(key_w)
+    writer, lock = channel.Writer(record_fd, key), threading.Lock()
+    ranks = [Running.of(fork, capture=(OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES), new_session=False) for fork in forks]
+    relays = [threading.Thread(target=_relay, args=(os.fdopen(fd, "rb"), record_fd, lock), daemon=True)
+              for fd in record_readers]
+    for relay in relays:
         relay.start()
-        relays.append(relay)
-    procs = [r.process for r in ranks]
-    exit_s = _exit_times(procs, start)  # before the store's import of torch: a rank may fail meanwhile
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
     stopped = finish_together(ranks, straggler_s, _STOP)
     for relay in relays:
@@ -130,7 +153,7 @@ def launch(script: str, nproc: int, record_fd: int, key: bytes, seed: int, strag
                       "stopped": stopped.get(rank), "order": order.index(rank), "exit_s": exit_s.get(rank),
                       "stdout_bytes": run.stdout.total, "stderr_bytes": run.stderr.total,
                       "stdout": run.stdout.text(wait_s=2.0), "stderr": run.stderr.text(wait_s=2.0)})
-    return 0 if all(p.returncode == 0 for p in procs) else 1
+    return 0 if all(p.returncode == 0 for p in forks) else 1
 
 
 def _exit_times(procs: list[subprocess.Popen], start: float) -> dict[int, float]:
@@ -153,8 +176,8 @@ def _exit_times(procs: list[subprocess.Popen], start: float) -> dict[int, float]
 def _host_store(port: int, nproc: int):
     """Host the ranks' rendezvous store here, as torchrun's agent does, so ranks may exit in any order.
 
-    (When rank 0 hosts it, rank 0 leaving first can abort the others' exit.) Imported after the ranks were
-    started, so this import of torch overlaps theirs; the ranks retry until the store is up.
+    (When rank 0 hosts it, rank 0 leaving first can abort the others' exit.) Started after the ranks, which
+    retry until it is up: a store's thread must not be running when this process forks.
     """
     from torch.distributed import TCPStore
 
@@ -168,11 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("script")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: _STOP.set())  # stop the ranks, then still write their records
-    channel.hide_memory()  # before the key is read: the ranks run as this user and must not read it from here
-    key = channel.read_key(int(os.environ.pop(KEY_FD_ENV)))
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
+    os.set_inheritable(record_fd, False)
     seed = int(os.environ.pop(SEED_ENV, "0"))
-    return launch(args.script, args.nproc, record_fd, key, seed, args.straggler_s)
+    return launch(args.script, args.nproc, record_fd, seed, args.straggler_s)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""grader.inrank.launcher, graded for real: a rank can read neither the launcher's memory (the run's key) nor the
-instructor's secret."""
+"""grader.inrank.launcher, graded for real: a rank can read neither the launcher's memory (the run's key), nor a
+descriptor it inherited from the launcher (a rank is a fork of it), nor the instructor's secret."""
 
 import os
 import shutil
@@ -28,6 +28,12 @@ for name in ("mem", "environ"):
             print(f"launcher {name}: opened")
     except OSError as error:
         print(f"launcher {name}: refused ({error.strerror})")
+for fd in range(3, 1024):
+    try:
+        os.read(fd, 64)
+        print(f"descriptor {fd}: readable")
+    except OSError:  # not open (EBADF), or a write end (EBADF too)
+        pass
 try:
     print(f"secret: read {len(open(SECRET).read())} characters")
 except OSError as error:
@@ -57,5 +63,6 @@ def test_a_rank_reads_neither_the_launchers_memory_nor_the_secret(tmp_path, monk
         shutil.rmtree(folder)
     output = results.output
     assert "launcher mem: refused" in output and "launcher environ: refused" in output, output
+    assert "readable" not in output, output
     if mount_namespace(tmp_path):
         assert "secret: read 0 characters" in output, output
