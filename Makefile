@@ -27,7 +27,7 @@ lint: setup
 
 test: lint
 	$(BIN)/course info
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2
 
 bench: setup
 	status=0; for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || status=1; done; exit $$status

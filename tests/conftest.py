@@ -2,6 +2,7 @@
 hung run."""
 
 import faulthandler
+import gc
 import os
 from pathlib import Path
 
@@ -15,12 +16,11 @@ UNIT_OF_FOLDER = {"runtime": "unit0", "optimization": "unit2", "naive": "unit3",
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m unitN` selects, and before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before `-m unitN` selects
 def pytest_collection_modifyitems(items):
-    """Mark every test under tests/<folder>/ with its folder's unit, unless the module names another unit; give
-    every test its group for pytest-xdist (``make test`` runs two workers), the grading group first."""
+    """Mark every test under tests/<folder>/ with its folder's unit, unless the module names another unit."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+        _check_group(item)
         try:
             folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
         except ValueError:  # the notebooks (nbval)
@@ -28,20 +28,42 @@ def pytest_collection_modifyitems(items):
         unit = UNIT_OF_FOLDER.get(folder)
         if unit and not any(mark.name.startswith("unit") for mark in item.iter_markers()):
             item.add_marker(unit)
-    items.sort(key=lambda item: _group(item) != GRADING)  # stable: the longest group starts at once
 
 
-GRADING = "grading"
-SHARED_BY_GROUP = {"graded_submissions": GRADING, "hang_drills": "hang drills"}  # session fixtures, made once
+def pytest_collection_finish(session):
+    """Every module the tests import is imported now: the garbage collector need not walk them again at every full
+    collection (torch's objects alone made a sixth of a training process's CPU)."""
+    gc.freeze()
 
 
-def _group(item) -> str:
-    """What must run in one worker: the tests of a session fixture too costly to make twice, else a module's (its
-    module fixtures are made once; a notebook's cells share one kernel)."""
-    for fixture, group in SHARED_BY_GROUP.items():
-        if fixture in getattr(item, "fixturenames", ()):
-            return group
-    return str(item.path)
+# -- two workers (make test: pytest-xdist -n 2) ---------------------------------------------------------------------
+# A worker runs a module's tests together (its module fixtures are made once; a notebook's cells share one kernel),
+# and the modules that share a session fixture too costly to make twice all together: one worker makes it.
+SHARED = {"graded_submissions": ("grading", ("tests/grader/test_fair_idioms.py", "tests/grader/test_submissions.py")),
+          "hang_drills": ("hang drills", ("tests/practice/test_drills.py", "tests/practice/test_flight_recorder.py"))}
+GROUP_OF_MODULE = {module: group for group, modules in SHARED.values() for module in modules}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by module, the modules of one shared fixture counting as one (largest groups first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleAndSharedFixture(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return GROUP_OF_MODULE.get(module, module)
+
+    return ByModuleAndSharedFixture(config, log)
+
+
+def _check_group(item) -> None:
+    """A test module that starts using a shared fixture must join its group, or two workers would each make it."""
+    module = Path(item.path).resolve().relative_to(TESTS.parent).as_posix()
+    for fixture, (group, modules) in SHARED.items():
+        if fixture in getattr(item, "fixturenames", ()) and module not in modules:
+            raise pytest.UsageError(f"{module} uses the session fixture {fixture!r}: add it to SHARED[{fixture!r}] "
+                                    f"in tests/conftest.py, so that one xdist worker runs every test of {group!r}.")
 
 
 @pytest.fixture(scope="module")
