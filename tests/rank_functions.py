@@ -152,3 +152,11 @@ def sleep_then_identity(seconds: float) -> int:
     """Stay up ``seconds`` (long enough for a monitor to read this rank), then return the rank."""
     time.sleep(seconds)
     return world.current().rank
+
+
+def stay_until(release_file: str, limit_s: float) -> int:
+    """Stay up until ``release_file`` exists (the test has seen this rank), at most ``limit_s``; return the rank."""
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(release_file) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return world.current().rank

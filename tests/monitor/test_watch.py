@@ -67,9 +67,21 @@ def test_a_real_torchrun_job_is_watched_to_the_end():
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_the_ranks_of_course_launch_are_watched():
+def test_the_ranks_of_course_launch_are_watched(tmp_path):
+    """The ranks stay up until the monitor has read both (forked ranks can finish before a loaded sampler looks)."""
+    release = tmp_path / "release"
+
+    def release_once_both_are_seen(history) -> None:
+        deadline = time.monotonic() + 100
+        while history.devices() != [0, 1] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        release.touch()
+
     with monitor.watch(None, interval_s=0.2, display=False) as history:
-        launch(rf.identity, 2, "x", timeout_s=120)
+        releaser = threading.Thread(target=release_once_both_are_seen, args=(history,), daemon=True)
+        releaser.start()
+        assert launch(rf.stay_until, 2, str(release), 110.0, timeout_s=120) == [0, 1]
+        releaser.join()
     assert history.devices() == [0, 1]
     assert live_children() == []
 
