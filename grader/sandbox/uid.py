@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,16 +32,50 @@ def kill_uid(uid: int) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-@contextlib.contextmanager
-def reserve() -> Iterator[int]:
-    """Reserve one of the sandbox uids for this run (a lock file per uid), free of leftover processes."""
+def _lock_file(slot: int) -> Path:
+    """The file whose lock reserves ``SANDBOX_UID_BASE + slot``."""
     lock_dir = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
     lock_dir = lock_dir / "multigpu-course-sandbox"
     lock_dir.mkdir(mode=0o700, exist_ok=True)
     if lock_dir.is_symlink() or lock_dir.stat().st_uid != 0:
         raise RuntimeError(f"{lock_dir} must be a directory owned by root; remove it and retry")
+    return lock_dir / f"{slot}.lock"
+
+
+@contextlib.contextmanager
+def held(uid: int, timeout_s: float = 60.0) -> Iterator[None]:
+    """Hold ``uid``'s reservation, running nothing: while it lasts, every process of ``uid`` is a leftover of a
+    run that ended (a run that starts meanwhile takes another uid). Waits for a run using ``uid`` to end.
+
+    Raises:
+        ValueError: ``uid`` is not a sandbox uid.
+        TimeoutError: a run held ``uid`` for ``timeout_s``.
+    """
+    slot = uid - SANDBOX_UID_BASE
+    if not 0 <= slot < MAX_CONCURRENT:
+        last = SANDBOX_UID_BASE + MAX_CONCURRENT - 1
+        raise ValueError(f"uid {uid} is not a sandbox uid ({SANDBOX_UID_BASE}..{last})")
+    fd = os.open(_lock_file(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"sandbox uid {uid} was still reserved by a run after {timeout_s:g} s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def reserve() -> Iterator[int]:
+    """Reserve one of the sandbox uids for this run (a lock file per uid), free of leftover processes."""
     for slot in range(MAX_CONCURRENT):
-        fd = os.open(lock_dir / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(_lock_file(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

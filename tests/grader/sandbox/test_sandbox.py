@@ -20,6 +20,7 @@ from processes import live_children
 
 from grader import sandbox
 from grader.sandbox import Limits, SandboxResult, bubblewrap, run
+from grader.sandbox import uid as sandbox_uid
 
 pytestmark = pytest.mark.unit6
 
@@ -58,15 +59,16 @@ def sandboxed(argv: list[str], cwd: Path, isolation: str, pass_fds: tuple[int, .
     """``run`` with test defaults, then check that nothing the run started is alive."""
     result = run(argv, cwd=cwd, env=dict(os.environ), limits=Limits(**limits), pass_fds=pass_fds,
                  isolation=isolation)
-    returned = time.time()
     assert result.status in sandbox.STATUSES
     assert live_children() == []
     assert leftovers(argv) == [], f"{argv} left processes behind"
-    uids = [int(m.split()[1]) for m in result.mechanisms if m.startswith("uid ")]
-    for proc in psutil.process_iter(["uids", "status", "create_time"]):
-        # Processes a concurrent run (another test session) started later under the same uid are not ours.
-        if proc.info["uids"] and proc.info["uids"].real in uids and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            assert proc.info["create_time"] > returned - 0.05, f"{proc} of the sandbox uid is still alive"
+    for uid in [int(m.split()[1]) for m in result.mechanisms if m.startswith("uid ")]:
+        # The uid is free once the run returned: a concurrent run (the other xdist worker's gradings, another
+        # session) may take it and start processes under it. Holding it, every process of it is a leftover.
+        with sandbox_uid.held(uid):
+            alive = [proc for proc in psutil.process_iter(["uids", "status"]) if proc.info["uids"]
+                     and proc.info["uids"].real == uid and proc.info["status"] != psutil.STATUS_ZOMBIE]
+        assert alive == [], f"{alive} of the sandbox uid {uid} still alive after the run"
     return result
 
 
@@ -294,6 +296,19 @@ def test_concurrent_runs_get_different_uids(tmp_path, isolation):
     assert live_children() == [] and leftovers(code) == []
     assert [r.status for r in results] == ["ok", "ok"]
     assert len({int(r.stdout) for r in results}) == 2
+
+
+@needs_root
+def test_a_held_uid_is_taken_by_no_run_and_a_reserved_one_cannot_be_held():
+    with sandbox_uid.reserve() as first:
+        with pytest.raises(TimeoutError, match=f"uid {first} was still reserved"):
+            with sandbox_uid.held(first, timeout_s=0.2):
+                pass
+    with sandbox_uid.held(first), sandbox_uid.reserve() as second:
+        assert second != first
+    with pytest.raises(ValueError, match="not a sandbox uid"):
+        with sandbox_uid.held(os.getuid()):
+            pass
 
 
 @pytest.mark.parametrize("isolation", BACKENDS)
