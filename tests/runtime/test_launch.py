@@ -77,24 +77,38 @@ def test_a_crashing_rank_is_named_and_the_others_are_stopped():
     assert live_children() == []
 
 
+def hang(fn, world_size: int, bad_rank: int) -> tuple[RankTimeout, int]:
+    """The RankTimeout of ``fn`` on ``world_size`` ranks, where ``bad_rank`` hangs, and the limit it was given.
+
+    The verdict names every rank that had not reached its wait when the limit ran out: on a loaded machine the
+    healthy ranks may still be starting after the short limit, and are then rightly named too. Then once more,
+    with a limit they all reach their wait within.
+    """
+    for timeout_s in (18, 90):
+        with pytest.raises(RankTimeout) as caught:
+            launch(fn, world_size, bad_rank, timeout_s=timeout_s)
+        assert live_children() == []
+        if caught.value.ranks == [bad_rank]:
+            break
+    return caught.value, timeout_s
+
+
+@pytest.mark.timeout(200)
 def test_a_hanging_rank_times_out_by_name():
-    with pytest.raises(RankTimeout) as caught:
-        launch(rf.hang_on, 3, 1, timeout_s=12)
-    assert caught.value.ranks == [1]
-    assert caught.value.waiting == {0: "finished", 2: "finished"}
-    assert "rank(s) 1 did not finish within 12 s (ranks 0, 2 had finished and were waiting for it)" in str(
-        caught.value)
-    assert live_children() == []
+    error, timeout_s = hang(rf.hang_on, 3, 1)
+    assert error.ranks == [1]
+    assert error.waiting == {0: "finished", 2: "finished"}
+    assert f"rank(s) 1 did not finish within {timeout_s} s (ranks 0, 2 had finished and were waiting for it)" in str(
+        error)
 
 
+@pytest.mark.timeout(200)
 def test_a_hanging_rank_is_told_apart_from_the_peers_waiting_for_it_in_a_collective():
-    with pytest.raises(RankTimeout) as caught:
-        launch(rf.sleep_while_peers_all_reduce, 4, 1, timeout_s=18)
-    assert caught.value.ranks == [1]
-    assert caught.value.waiting == {0: "all_reduce", 2: "all_reduce", 3: "all_reduce"}
-    assert "rank(s) 1 did not finish within 18 s (ranks 0, 2, 3 were waiting for it in all_reduce)" in str(
-        caught.value)
-    assert live_children() == []
+    error, timeout_s = hang(rf.sleep_while_peers_all_reduce, 4, 1)
+    assert error.ranks == [1]
+    assert error.waiting == {0: "all_reduce", 2: "all_reduce", 3: "all_reduce"}
+    assert f"rank(s) 1 did not finish within {timeout_s} s (ranks 0, 2, 3 were waiting for it in all_reduce)" in \
+        str(error)
 
 
 def test_ranks_all_stuck_in_collectives_are_all_named():
