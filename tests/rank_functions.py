@@ -148,12 +148,6 @@ def debug_level() -> str:
     return dist.get_debug_level().name
 
 
-def sleep_then_identity(seconds: float) -> int:
-    """Stay up ``seconds`` (long enough for a monitor to read this rank), then return the rank."""
-    time.sleep(seconds)
-    return world.current().rank
-
-
 def stay_until(release_file: str, limit_s: float) -> int:
     """Stay up until ``release_file`` exists (the test has seen this rank), at most ``limit_s``; return the rank."""
     deadline = time.monotonic() + limit_s

@@ -32,14 +32,19 @@ def kill_uid(uid: int) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _lock_file(slot: int) -> Path:
-    """The file whose lock reserves ``SANDBOX_UID_BASE + slot``."""
+def _lock_dir() -> Path:
+    """The root-owned folder of the lock files that reserve the sandbox uids (made on first use)."""
     lock_dir = Path("/run") if os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
     lock_dir = lock_dir / "multigpu-course-sandbox"
     lock_dir.mkdir(mode=0o700, exist_ok=True)
     if lock_dir.is_symlink() or lock_dir.stat().st_uid != 0:
         raise RuntimeError(f"{lock_dir} must be a directory owned by root; remove it and retry")
-    return lock_dir / f"{slot}.lock"
+    return lock_dir
+
+
+def _open_lock(lock_dir: Path, slot: int) -> int:
+    """A descriptor on the file whose lock reserves ``SANDBOX_UID_BASE + slot``."""
+    return os.open(lock_dir / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
 
 
 @contextlib.contextmanager
@@ -55,7 +60,7 @@ def held(uid: int, timeout_s: float = 60.0) -> Iterator[None]:
     if not 0 <= slot < MAX_CONCURRENT:
         last = SANDBOX_UID_BASE + MAX_CONCURRENT - 1
         raise ValueError(f"uid {uid} is not a sandbox uid ({SANDBOX_UID_BASE}..{last})")
-    fd = os.open(_lock_file(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = _open_lock(_lock_dir(), slot)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -74,8 +79,9 @@ def held(uid: int, timeout_s: float = 60.0) -> Iterator[None]:
 @contextlib.contextmanager
 def reserve() -> Iterator[int]:
     """Reserve one of the sandbox uids for this run (a lock file per uid), free of leftover processes."""
+    lock_dir = _lock_dir()
     for slot in range(MAX_CONCURRENT):
-        fd = os.open(_lock_file(slot), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = _open_lock(lock_dir, slot)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

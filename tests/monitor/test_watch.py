@@ -68,22 +68,28 @@ def test_a_real_torchrun_job_is_watched_to_the_end():
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_ranks_of_course_launch_are_watched(tmp_path):
-    """The ranks stay up until the monitor has read both (forked ranks can finish before a loaded sampler looks)."""
-    release = tmp_path / "release"
+    history = launch_watched_until_seen(2, tmp_path)
+    assert history.devices() == [0, 1]
+    assert live_children() == []
 
-    def release_once_both_are_seen(history) -> None:
+
+def launch_watched_until_seen(world_size: int, tmp_path: Path):
+    """Launch ``world_size`` ranks under the monitor; they stay up until it has read every one (forked ranks can
+    finish before a loaded sampler looks). Returns the history."""
+    release, ranks = tmp_path / "release", list(range(world_size))
+
+    def release_once_all_are_seen(history) -> None:
         deadline = time.monotonic() + 100
-        while history.devices() != [0, 1] and time.monotonic() < deadline:
+        while history.devices() != ranks and time.monotonic() < deadline:
             time.sleep(0.05)
         release.touch()
 
     with monitor.watch(None, interval_s=0.2, display=False) as history:
-        releaser = threading.Thread(target=release_once_both_are_seen, args=(history,), daemon=True)
+        releaser = threading.Thread(target=release_once_all_are_seen, args=(history,), daemon=True)
         releaser.start()
-        assert launch(rf.stay_until, 2, str(release), 110.0, timeout_s=120) == [0, 1]
+        assert launch(rf.stay_until, world_size, str(release), 110.0, timeout_s=120) == ranks
         releaser.join()
-    assert history.devices() == [0, 1]
-    assert live_children() == []
+    return history
 
 
 # ---- running, timeouts, interruptions, bad input -----------------------------------------------------------
@@ -161,8 +167,7 @@ def test_bad_input_is_explained():
     assert live_children() == []  # refused before it started anything
 
 
-def test_ranks_forked_by_the_fork_server_are_found_in_start_order():
+def test_ranks_forked_by_the_fork_server_are_found_in_start_order(tmp_path):
     launch(rf.identity, 1, "x", timeout_s=120)  # the fork server is up: these ranks are its children
-    with monitor.watch(None, interval_s=0.2, display=False) as history:
-        launch(rf.sleep_then_identity, 3, 1.0, timeout_s=120)
+    history = launch_watched_until_seen(3, tmp_path)
     assert history.devices() == [0, 1, 2]
