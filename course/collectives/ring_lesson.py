@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from course import world
+
 
 def ring_allreduce(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place, around a ring (every rank must call it, same shape and dtype)."""
@@ -46,6 +48,7 @@ def largest_difference(sizes: tuple[int, ...] = (1, 3, 17, 100_003), seed: int =
     rank, worst = dist.get_rank(), 0.0
     for numel in sizes:
         data = torch.randn(numel, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + rank + numel))
+        data = data.to(world.current().device)  # drawn on the CPU (the same numbers everywhere), reduced on the device
         expected = data.clone()
         dist.all_reduce(expected)
         worst = max(worst, (ring_allreduce(data) - expected).abs().max().item())

@@ -88,7 +88,7 @@ def clipping(seed: int = 0) -> dict[str, float]:
 def _uneven_steps(model: nn.Module, batches: int, lr: float = 0.1) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     for step in range(batches):
-        model(torch.full((4, 4), float(step + 1))).pow(2).mean().backward()
+        model(torch.full((4, 4), float(step + 1), device=next(model.parameters()).device)).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
 
