@@ -148,8 +148,8 @@ def notebook_steps(notebooks: list[Path], parallel: int) -> list[Step]:
 
 def check_lab(name: str) -> tuple[bool, str]:
     """The lab's reference solution (notebooks/solutions/labs) through its check, hidden runs included."""
-    from course.labs import registry
-    from course.labs.core import run_lab
+    from grader.labs import registry
+    from grader.labs.core import run_lab
 
     lab = registry.get(name)
     solution = ROOT / "notebooks" / "solutions" / "labs" / Path(lab.student_file).name
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="the markdown results file (default: under benchmarks/results/)")
     parser.add_argument("--emulate", action="store_true", help="the CPU dry run: a small subset, quick")
     args = parser.parse_args(argv)
-    from course.labs import registry
+    from grader.labs import registry
 
     if args.emulate:  # one lab and one broken script: the code paths, in a minute
         notebooks, labs, graded = [ROOT / "notebooks" / "01_gd_vs_sgd.ipynb"], ["tp_mlp"], ["unscaled_lr"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from declared_device import device_errors, run_ranks
 
-from course.labs import registry
+from grader.labs import registry
 
 SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
 

@@ -32,7 +32,7 @@ def _other_lessons() -> dict:
     import torch.distributed as dist
 
     from course import hello
-    from course.collectives import ring_lesson, timing_ranks
+    from course.collectives import timing_ranks
     from course.ddp import calibration, horovod, internals, overlap
     from course.ddp import distributed_optimizer as do
     from course.memory import sharding
@@ -44,7 +44,6 @@ def _other_lessons() -> dict:
         "00 hello": (hello.hello, 4, ()),
         "03 two-stage pipeline": (two_stage.run_pipeline, 2, (two_stage.Config(),
                                                                two_stage.training_batch(two_stage.Config()))),
-        "04 ring lesson": (ring_lesson.largest_difference, 3, ((1, 17),)),
         "04 allreduce timing": (timing_ranks.measure, 4, ([1024], 2, 1003)),
         "05b time_allreduce": (timing_ranks.time_allreduce, 4, ([1024], {"gloo": dist.all_reduce}, 2)),
         "04b misuse": (do.misuse_message, 1, ()),
@@ -62,7 +61,7 @@ def _other_lessons() -> dict:
 
 
 OTHER_LESSONS = [
-    "00 hello", "03 two-stage pipeline", "04 ring lesson", "04 allreduce timing", "05b time_allreduce", "04b misuse", "04b horovod",
+    "00 hello", "03 two-stage pipeline", "04 allreduce timing", "05b time_allreduce", "04b misuse", "04b horovod",
     "04b compare", "04b overlap", "05 ddp internals", "05 calibration", "07 sharding", "09 mixed precision",
     "09 evaluation", "09b pitfalls", "09b compiled DDP",
 ]
