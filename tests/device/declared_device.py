@@ -14,6 +14,13 @@ with a shape and no data), through ``course.world``'s hardware description (:att
   nothing: only where tensors live is checked).
 
 :func:`run_ranks` returns an :class:`Outcome` per rank: the device error if one was found, else how far the rank got.
+
+DDP is checked through a communication hook registered at its construction (each gradient bucket must be on the
+device; a hook the code registers later runs inside it) and through its parameter check. Limits: torch's meta
+kernels let a few operations mix devices (``F.linear`` of a CPU input, indexing with a meta index), so such a
+tensor is caught only when it reaches a collective; the object collectives (``all_gather_object``, ...) are
+not checked (they pick their device from the backend); code that needs real values (autocast, an FSDP mesh, a
+shape sent as a tensor) stops early, and ``Outcome.stopped`` says where.
 """
 
 from __future__ import annotations
