@@ -78,7 +78,7 @@ def timed(name: str, run: Callable[[], tuple[bool | None, str]]) -> Step:
     try:
         passed, detail = run()
     except Exception as error:  # noqa: BLE001 - every step is reported, whatever it raised
-        passed, detail = False, f"{type(error).__name__}: {str(error).strip().splitlines()[-1:] or ''}"
+        passed, detail = False, f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[-1]}"
     step = Step(name, passed, time.monotonic() - start, detail)
     verdict = {True: "PASS", False: "FAIL", None: "SKIP"}[passed]
     print(f"[{verdict}] {name} ({step.seconds:.0f} s) {detail}", flush=True)
@@ -119,7 +119,7 @@ def install_wheels(folder: Path) -> tuple[bool | None, str]:
                              *wanted], capture_output=True, text=True)
     importlib.invalidate_caches()
     return result.returncode == 0, (f"installed {', '.join(wanted)} from {folder}" if result.returncode == 0
-                                    else f"pip failed: {result.stderr.strip().splitlines()[-1:]}")
+                                    else f"pip failed: {(result.stderr.strip().splitlines() or [''])[-1]}")
 
 
 def _environment_for_children() -> dict[str, str]:
