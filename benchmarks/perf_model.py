@@ -27,7 +27,7 @@ def main() -> int:
     ok = summary["within"] >= ENOUGH and abs(summary["bias"]) <= BIAS
     print(f"\n{'PASS' if ok else 'FAIL'}: need >= {ENOUGH} predictions within ±{TOLERANCE:.0%} "
           f"(got {summary['within']} of {summary['predictions']}) and a bias within ±{BIAS:.0%} "
-          f"(got {summary['bias']:+.1%}).")
+          f"(got {summary['bias']:+.1%}); mean absolute error {summary['mae']:.1%}, largest {summary['largest']:+.0%}.")
     return 0 if ok else 1
 
 
