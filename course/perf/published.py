@@ -8,8 +8,9 @@
   leaves open.
 
 :func:`summary` reports the prediction rows' mean signed error (the bias) beside their mean absolute error and the
-largest, so neither an error of one sign nor errors of both signs that cancel can hide. ``benchmarks/perf_model.py`` prints the table,
-``tests/perf/test_published.py`` keeps it. Taught in ``notebooks/05c_performance_model.ipynb``.
+largest, so neither an error of one sign nor errors of both signs that cancel can hide.
+``benchmarks/perf_model.py`` prints the table, ``tests/perf/test_published.py`` keeps it.
+Taught in ``notebooks/05c_performance_model.ipynb``.
 """
 
 from __future__ import annotations
