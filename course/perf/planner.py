@@ -11,7 +11,7 @@ logits in FP32 for the loss (``4·s·b·V/t``). Step time = :func:`course.perf.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from course.memory import budget as memory_budget
 from course.perf import parallel
@@ -39,6 +39,18 @@ def _plan(strategy: str, gpus: int, cluster: Cluster, global_batch: int) -> tupl
     sharding, stage = {"DDP": ("ddp", 0), "ZeRO-2": ("zero2", 2), "FSDP": ("fsdp", 3),
                        "TP x FSDP": ("fsdp", 3)}[strategy]
     return parallel.Plan(t, 1, gpus // t, global_batch, 1, sharding), stage
+
+
+def interleaved(model: parallel.Transformer, plan: parallel.Plan, cluster: Cluster) -> parallel.Plan:
+    """``plan`` with the number of model chunks per GPU (``interleave``) that makes the step fastest: 1 (plain
+    1F1B) or any ``v`` that splits every stage's layers and runs the microbatches in whole groups of the stages.
+    More chunks divide the bubble by ``v`` but multiply the pipeline's sends by ``v``; the planner keeps ``v``
+    only where that pays."""
+    per_stage = model.layers // plan.pipeline
+    if plan.pipeline == 1 or plan.stage_layers or plan.microbatches % plan.pipeline:
+        return plan
+    candidates = [replace(plan, interleave=v) for v in range(1, per_stage + 1) if per_stage % v == 0]
+    return min(candidates, key=lambda p: parallel.step_time(model, p, cluster).step_s)
 
 
 def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> tuple[float, float]:
