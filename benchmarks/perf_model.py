@@ -13,7 +13,6 @@ Exit status 1 if fewer than 12 prediction rows fall within ±20% or their bias l
 from __future__ import annotations
 
 import sys
-
 from dataclasses import replace
 
 from course.perf import catalog, microbench, parallel, published

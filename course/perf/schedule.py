@@ -93,9 +93,9 @@ class Comparison:
 
     def __str__(self) -> str:
         s, d = self.student, self.ddp
-        return (f"MODELLED on {s.cluster}: your schedule {s.step_s * 1e3:.3g} ms per step ({s.allreduces} "
-                f"allreduces, {s.exposed_comm_s * 1e3:.3g} ms not hidden by backward); torch DDP's defaults "
-                f"{d.step_s * 1e3:.3g} ms ({d.allreduces} allreduces); yours takes {self.ratio:.2f}x DDP's time")
+        return (f"{s.cluster}: yours {s.step_s * 1e3:.3g} ms, DDP's {d.step_s * 1e3:.3g} ms per step "
+                f"({self.ratio:.2f}x; {s.exposed_comm_s * 1e3:.2g} ms of your {s.allreduces} allreduces not hidden "
+                "by backward)")
 
 
 def from_record(gradient_bytes: Sequence[int], ready: Sequence[float], launched: Sequence[float],

@@ -263,7 +263,8 @@ def judge_speed(record: StepRecord) -> Finding:
                                 [c.nbytes for c in calls], record.backward_end)
     comparisons = {cluster: modelled.compare(plan, cluster, BATCH_SIZE) for cluster in modelled.CLUSTERS}
     passed = SPEED.judge(comparisons[SPEED.cluster]) or not SPEED.points
-    return Finding("modelled_speed", passed, "; ".join(str(c) for c in comparisons.values()))
+    return Finding("modelled_speed", passed, "MODELLED step time, your bucket schedule beside torch DDP's defaults: "
+                   + "; ".join(str(c) for c in comparisons.values()))
 
 
 def judge_no_torch_ddp(constructed: list[str]) -> Finding:
