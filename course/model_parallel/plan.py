@@ -52,7 +52,8 @@ def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage:
     layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
     if plan.interleave > 1:  # the first stage runs ahead by (p-1)/(p·v) more (Korthikanti et al. 2022, 4.2.3)
         layer_inputs *= 1 + (plan.pipeline - 1) / (plan.pipeline * plan.interleave)
-    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+    scores = 0.0 if plan.fused_attention else 5 * model.heads * s / (h * t)  # a fused kernel keeps no s x s scores
+    working = s * b * h * (10 + 24 / t + scores)
     logits = 4 * s * b * model.vocab / t
     return states + layer_inputs + working + logits
 

@@ -4,7 +4,8 @@ and what step time each would take. Every number is **modelled**.
 Memory per GPU = model states (:mod:`course.memory.budget`: mixed-precision Adam, 16 bytes per parameter,
 sharded by the ZeRO stage over the data-parallel ranks; with tensor parallelism each GPU holds 1/t of every
 layer first) + activations with full recomputation: every layer's 16-bit input (``2·s·b·h`` bytes), one layer's
-working set while it is recomputed (``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes, Korthikanti et al. 2022) and the
+working set while it is recomputed (``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes, Korthikanti et al. 2022, without the
+``5·a·s/(h·t)`` of the attention scores when a fused attention kernel never stores them) and the
 logits in FP32 for the loss (``4·s·b·V/t``). Step time = :func:`course.perf.parallel.step_time`. Taught in
 ``notebooks/05c_performance_model.ipynb``.
 """
@@ -59,7 +60,8 @@ def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage:
     states = memory_budget.model_states(model.params / plan.tensor, setup).model_states
     s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
     layer_inputs = 2 * s * b * h * model.layers / plan.pipeline
-    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+    scores = 0.0 if plan.fused_attention else 5 * model.heads * s / (h * t)  # a fused kernel keeps no s x s scores
+    working = s * b * h * (10 + 24 / t + scores)
     logits = 4 * s * b * model.vocab / t
     return states + layer_inputs + working + logits, states
 
