@@ -37,6 +37,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(ddp.LAB, SOLUTION, hidden=True)  # 4 ranks, then 2 and 3 with seeds drawn now
     assert result.passed, result.report()
     assert result.runs == len(ddp.LAB.runs) + len(ddp.LAB.hidden_runs)
+    speed = next(r for r in result.results if r.check.id == "modelled_speed")  # a passing check's measure is kept
+    assert speed.message.startswith("world_size=4, ") and "MODELLED step time" in speed.message
 
 
 @pytest.mark.timeout(600)
