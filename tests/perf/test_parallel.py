@@ -164,6 +164,11 @@ def test_data_parallel_overlap_hides_the_reduction_behind_the_last_backward():
     passes = parallel.layer_passes(parallel.layer_terms(GPT, plan, SELENE), plan)
     backward = GPT.layers * (passes["backward"] + passes["recompute"])
     assert parallel.step_time(GPT, plan, SELENE).data_comm_s == pytest.approx(max(0.0, allreduce - backward))
+    # ZeRO-2: the reduce-scatter behind the last backward, the parameter all-gather behind the next forward
+    zero = replace(plan, sharding="zero2")
+    forward = GPT.layers * passes["forward"]
+    assert parallel.step_time(GPT, zero, SELENE).data_comm_s == pytest.approx(
+        max(0.0, allreduce / 2 - backward) + max(0.0, allreduce / 2 - forward))
 
 
 def test_sharding_trades_memory_for_communication_and_optimizer_time():
