@@ -91,8 +91,8 @@ class Plan:
       the sequence-parallel all-gather and reduce-scatter with the GEMMs) is off unless asked for
       (https://github.com/NVIDIA/Megatron-LM, ``megatron/training/arguments.py``).
     * ``fused_attention=True``: PyTorch's ``scaled_dot_product_attention`` and Megatron-Core's Transformer Engine
-      attention pick a fused (flash) kernel when one exists (https://pytorch.org/docs/stable/generated/
-      torch.nn.functional.scaled_dot_product_attention.html).
+      attention pick a fused (flash) kernel when one exists
+      (https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html).
     * ``reshard_after_forward=True``: FSDP's ``FULL_SHARD`` / FSDP2's default frees the gathered parameters after
       forward and gathers them again for backward (https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
     """
