@@ -1,4 +1,4 @@
-"""Every term in docs/glossary.md is taught before a notebook uses it, or the early use links to the glossary.
+"""Every term in docs/glossary.md is taught before a notebook uses it, or its first use links to the glossary.
 
 Reading order is the syllabus order of the notebooks (their sorted file names), Markdown cells only; code, code
 spans and link addresses are not prose and are skipped.
@@ -72,18 +72,22 @@ def prose(markdown: str) -> tuple[str, list[tuple[int, int]]]:
     return text, linked
 
 
-def first_unlinked_use(term: Term, notebooks: list[Path] = NOTEBOOKS) -> tuple[str, str] | None:
-    """(notebook, excerpt) of the term's first use that does not link to the glossary; None if it is never used."""
+def first_use(term: Term, notebooks: list[Path] = NOTEBOOKS) -> tuple[str, str, bool] | None:
+    """(notebook, excerpt, linked) of the term's first use; linked: that use links to the glossary.
+
+    None if no notebook uses the term.
+    """
     pattern = term.pattern()
     for path in notebooks:
         for cell in json.loads(path.read_text())["cells"]:
             if cell["cell_type"] != "markdown":
                 continue
             text, linked = prose("".join(cell["source"]))
-            for match in pattern.finditer(text):
-                if not any(start <= match.start() < end for start, end in linked):
-                    excerpt = " ".join(text[max(0, match.start() - 60):match.end() + 40].split())
-                    return path.name.split("_")[0], excerpt
+            match = pattern.search(text)
+            if match:
+                excerpt = " ".join(text[max(0, match.start() - 60):match.end() + 40].split())
+                return (path.name.split("_")[0], excerpt,
+                        any(start <= match.start() < end for start, end in linked))
     return None
 
 
@@ -108,10 +112,10 @@ def test_glossary_has_the_course_terms():
 
 @pytest.mark.parametrize("term", [_param(term) for term in TERMS])
 def test_term_is_used_first_where_it_is_taught_or_later(term):
-    first = first_unlinked_use(term)
+    first = first_use(term)
     assert first is not None, f"{term.name!r} is in the glossary but no notebook uses it: drop it, or teach it"
-    notebook, excerpt = first
-    assert ORDER.index(notebook) >= ORDER.index(term.notebook), (
+    notebook, excerpt, linked = first
+    assert linked or ORDER.index(notebook) >= ORDER.index(term.notebook), (
         f"{term.name!r} is taught in {term.notebook} but notebook {notebook} uses it first: ...{excerpt}... "
         f"Define it there, rephrase, or link it: [{term.name}](../docs/glossary.md)")
 
@@ -119,8 +123,19 @@ def test_term_is_used_first_where_it_is_taught_or_later(term):
 @pytest.mark.parametrize("term", [_param(term) for term in TERMS])
 def test_teaching_notebook_uses_the_term(term):
     taught_in = [path for path in NOTEBOOKS if path.name.split("_")[0] == term.notebook]
-    assert first_unlinked_use(term, taught_in) is not None, (
+    assert first_use(term, taught_in) is not None, (
         f"{term.name!r} is said to be taught in {term.notebook}, which never uses it: correct the glossary")
+
+
+def test_a_linked_first_use_passes_and_an_unlinked_one_is_found(tmp_path):
+    notebook = tmp_path / "03_x.ipynb"
+    cells = [{"cell_type": "markdown", "source": ["A [ring](../docs/glossary.md) all-reduce. The ring again."]}]
+    notebook.write_text(json.dumps({"cells": cells}))
+    ring = Term("ring", ("ring",), "", "04")
+    assert first_use(ring, [notebook])[0::2] == ("03", True)
+    cells[0]["source"] = ["A ring all-reduce, then [ring](../docs/glossary.md)."]
+    notebook.write_text(json.dumps({"cells": cells}))
+    assert first_use(ring, [notebook])[0::2] == ("03", False)
 
 
 def test_matching_rules():
