@@ -73,7 +73,7 @@ def _plain(markdown: str) -> str:
     """Markdown with code, formulas, links and tags reduced to the words a reader reads."""
     text = re.sub(r"```.*?```", "\n\n", markdown, flags=re.S)
     text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
-    text = re.sub(r"`[^`\n]+`", "code", text)
+    text = re.sub(r"``?[^`]+?``?", "code", text)  # a span may wrap onto the next line
     text = re.sub(r"\$\$.+?\$\$", "\n\nformula\n\n", text, flags=re.S)
     text = re.sub(r"\$[^$\n]+\$", "formula", text)
     text = re.sub(r"!\[([^\]]*)\]\([^)]*\)", r"\1", text)
