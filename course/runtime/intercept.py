@@ -1,7 +1,7 @@
 """One interceptor of ``torch.distributed``: each function wrapped once, every listener told of each call.
 
-Who calls what, how many bytes, to which peer: the labs' communication logs (:mod:`course.labs.comm_log`,
-:mod:`course.labs.recorder`) and the grader's probes (:mod:`grader.inrank.probes`) all need to see what a
+Who calls what, how many bytes, to which peer: the labs' communication logs (:mod:`course.runtime.comm_log`,
+:mod:`course.runtime.recorder`) and the grader's probes (:mod:`grader.inrank.probes`) all need to see what a
 student's code asks of ``torch.distributed``. They do not wrap torch themselves. Each registers a *listener*
 here for the names it watches::
 

@@ -6,10 +6,10 @@ listens) and notes every call: its name, when it was launched, when it
 returned, when the student waited for it (an ``async_op=True`` call returns a work handle whose ``wait()`` is
 timed), its tensor bytes and the bytes a bandwidth-optimal (ring) algorithm sends from each rank for it. It also
 notes every construction of a forbidden class (torch's ``DistributedDataParallel`` in the DDP lab). The labs'
-checks (``course.labs.ddp``, ``course.labs.zero``) read the record; the checker's own collectives use the
+checks (``grader.labs.ddp``, ``grader.labs.zero``) read the record; the checker's own collectives use the
 originals, kept in :data:`ORIGINAL`, and are never recorded.
 
-Beside :class:`course.labs.comm_log.CommLog` (the ring lab's: which calls, and the bytes of point-to-point sends),
+Beside :class:`course.runtime.comm_log.CommLog` (the ring lab's: which calls, and the bytes of point-to-point sends),
 this one adds what DDP and ZeRO need: the ``wait()`` time of each async call (overlap), each collective's
 bytes sent as a ring algorithm sends them (communication volume), one record for a deprecated alias that calls
 its new name (``reduce_scatter_tensor`` -> ``reduce_scatter_single``), and forbidden constructions.

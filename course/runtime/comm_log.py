@@ -5,7 +5,7 @@
 :class:`Call` for each (name, bytes sent, peer, start and end time); on exit the originals come back. Only the
 outermost call is recorded (torch's ``send`` calls ``isend``), and a ``batch_isend_irecv`` as its messages. Load the
 student's file inside the ``with`` so that names it imports are the wrappers too. ``log.original("all_reduce")``
-is torch's own function, for the checker's reference. Used by the labs (:mod:`course.labs.ring` and others) to
+is torch's own function, for the checker's reference. Used by the labs (:mod:`grader.labs.ring` and others) to
 fail a forbidden collective, count the bytes and messages each rank sent, and time when calls started.
 """
 
