@@ -170,11 +170,11 @@ def matches_single_process(ev: Evidence, a: Assignment) -> Finding:
     done = transformation(ev.comparisons, tolerance)
     if done is not None and done.kind == "clipped":
         worst = max(c.direction_error for c in ev.comparisons)
+        first = _clipped(ev.comparisons, tolerance)
         return True, (f"the first {len(ev.comparisons)} steps match one process training on the union of the "
-                      f"{a.world_size} ranks' batches, with the gradient clipped to norm {done.value:.3g} "
-                      f"(clip_grad_norm_) on every rank: at step {_clipped(ev.comparisons, tolerance).step} it was "
-                      f"{_clipped(ev.comparisons, tolerance).scale:.2f}x as long and pointed the same way "
-                      f"(relative error at most {worst:.1e}{rounding}).")
+                      f"{a.world_size} ranks' batches, with the gradient clipped to norm {done.value:.3g} on every "
+                      f"rank (clip_grad_norm_). At step {first.step} the clipping made it {first.scale:.2f}x as "
+                      f"long, pointing the same way (relative error at most {worst:.1e}{rounding}).")
     for c in ev.comparisons:
         if c.relative_error > tolerance:
             return False, _gradient_mismatch(c, a.world_size, precision, tolerance, done)
