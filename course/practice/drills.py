@@ -16,7 +16,8 @@
 
 :func:`run_drill` runs one and returns what the tools printed, so a notebook can show it; :func:`hang_report`
 runs a hang drill with a short limit, and once more with a longer one if the load kept a rank from its wait.
-Run one from a terminal too: ``TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 course/practice/drills.py shapes``.
+Run one from a terminal too:
+``TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 course/practice/drills.py shapes``.
 Taught in ``notebooks/09_real_gpu_practice.ipynb`` (skip, shapes) and ``09b_profiling_and_pitfalls.ipynb``
 (loading, with the flight recorder, and unused).
 """
