@@ -192,23 +192,30 @@ def run_drill(name: str, debug: str | None = None, world_size: int = 2, timeout_
 WAITING_MARK = "was waiting for it"
 
 
-def hang_report(name: str, first_limit_s: float = 8.0, **kwargs: object) -> str:
+def hang_report(name: str, first_limit_s: float = 8.0, world_size: int = 2, **kwargs: object) -> str:
     """Run hang drill ``name`` ("skip" or "loading") with a short time limit; return the hang report.
 
-    A hang costs its whole time limit, so the first try is short. Under heavy load the healthy rank may not
-    have reached its collective when the limit ends; then the report cannot say who it waited for, and the
-    drill runs once more with four times the limit (the pattern of the course's own hang tests).
-    ``kwargs`` go to :func:`run_drill` (``record_dir``, ``debug``).
+    A hang costs its whole time limit, so the first try is short. Under heavy load the ranks may start so late
+    that the limit ends before the drill has shown what it teaches: the healthy rank has not reached its
+    collective (the report cannot say who it waited for), or, with ``record_dir``, a rank has not dumped its
+    flight record yet. Then the drill runs once more with four times the limit (the pattern of the course's own
+    hang tests). ``kwargs`` go to :func:`run_drill` (``record_dir``, ``debug``).
 
     Raises:
         ValueError: ``name`` is not a hang drill.
     """
     if name not in ("skip", "loading"):
         raise ValueError(f"hang_report runs the hang drills 'skip' and 'loading', got {name!r}")
+    record_dir = kwargs.get("record_dir")
     report = ""
     for limit_s in (first_limit_s, 4 * first_limit_s):
-        report = run_drill(name, timeout_s=limit_s, **kwargs)
-        if WAITING_MARK in report:
+        if record_dir is not None:
+            for old in Path(str(record_dir)).glob("rank*.json"):
+                old.unlink()
+        report = run_drill(name, world_size=world_size, timeout_s=limit_s, **kwargs)
+        recorded = record_dir is None or all((Path(str(record_dir)) / f"rank{rank}.json").exists()
+                                             for rank in range(world_size))
+        if WAITING_MARK in report and recorded:
             break
     return report
 

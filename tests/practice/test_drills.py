@@ -57,3 +57,13 @@ def test_hang_report_with_a_short_limit_still_names_the_rank_and_its_wait():
 def test_hang_report_refuses_a_drill_that_does_not_hang():
     with pytest.raises(ValueError, match="hang drills"):
         drills.hang_report("shapes")
+
+
+@pytest.mark.timeout(300)
+def test_hang_report_of_the_stuck_loader_waits_for_both_flight_records(tmp_path):
+    from course.practice import flight_recorder
+
+    with flight_recorder.recording():
+        report = drills.hang_report("loading", first_limit_s=10, record_dir=str(tmp_path))
+    assert drills.WAITING_MARK in report
+    assert all((tmp_path / f"rank{rank}.json").exists() for rank in range(2))
