@@ -68,3 +68,20 @@ def test_the_formatted_table_names_its_columns_in_words_and_has_a_line_per_model
     text = plan.format_table(plan.table(plan.GPT, 64, CLUSTER))
     assert "plain DDP" in text and "ZeRO-1" in text and "zero1_gb" not in text
     assert sum(line.startswith("GPT") for line in text.splitlines()) == len(plan.GPT)
+
+
+def test_tensor_parallelism_does_not_cross_a_node_where_that_does_not_pay():
+    # issue 33 item 17: splits with t = 16 or 32 span nodes and are priced on InfiniBand; none is picked
+    found = plan.splits(LARGE, 64, CLUSTER)
+    across = [split for split in found if split.plan.tensor > CLUSTER.gpus_per_node]
+    assert {split.plan.tensor for split in across} == {16, 32}
+    best = plan.choose(LARGE, 64, CLUSTER)
+    assert best.plan.tensor <= CLUSTER.gpus_per_node
+    assert all(split.step.step_s > best.step.step_s for split in across)
+
+
+def test_the_plan_interleaves_the_pipeline_where_that_pays():
+    best = plan.choose(LARGE, 64, CLUSTER)
+    plain = parallel.step_time(LARGE, parallel.Plan(best.plan.tensor, best.plan.pipeline, best.plan.data, 512, 1,
+                                                    best.plan.sharding), CLUSTER)
+    assert best.plan.interleave > 1 and best.step.step_s < plain.step_s
