@@ -58,6 +58,7 @@ LAB = Lab(
                   "label": "3 SGD steps, buckets of at most 4224 bytes"},
                  {"world_size": 3, "seed": "jitter", "steps": 4, "bucket_cap_bytes": 9000, "timeout_s": 120,
                   "label": "4 SGD steps, buckets of at most 9000 bytes"}),
+    shortcuts=("course.ddp.distributed_optimizer:DistributedOptimizer",),
     hang_hint=("A hang in this lab usually means the ranks launched different allreduces (buckets planned in "
                "different orders) or one rank never launched a bucket."),
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course.labs.comm_log import SENDS, CommLog, collectives, sends
+from course.labs.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
 from course.labs.core import Check, Finding, Lab, RankReport, load_entry
 from course.labs.ring_diagnosis import close, expected, first_wrong
 
@@ -26,6 +26,7 @@ CHECKS = (
     Check("point_to_point_only", "only point-to-point calls (send/recv or isend/irecv), no collective", 2),
     Check("bytes", "each rank sends 2(n-1)/n of the tensor", 2),
     Check("steps", "2(n-1) steps: one message per step, n-1 reduce-scatter and n-1 all-gather", 2),
+    Check("neighbours", "every message goes to the right neighbour and comes from the left one", 2),
 )
 
 
@@ -87,7 +88,24 @@ def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returne
         found.append(Finding("steps", count == steps, "" if count == steps else
                              f"{case}: rank {rank} sent {count} messages (send/isend); a ring takes 2(n-1) = {steps} "
                              f"steps of one message each: n-1 = {world_size - 1} to reduce-scatter, n-1 to all-gather"))
+    found.append(_neighbours_finding(case, rank, world_size, calls))
     return found
+
+
+def _neighbours_finding(case: str, rank: int, world_size: int, calls: list[Call]) -> Finding:
+    """Every send goes to rank + 1 and every receive comes from rank - 1 (mod n): the ring's one hop per step."""
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    messages = [call for call in calls if call.name in POINT_TO_POINT]
+    for number, call in enumerate(messages, start=1):
+        sending = call.name in SENDS
+        if call.peer == (right if sending else left):
+            continue
+        verb, peer = ("sent", f"to rank {call.peer}") if sending else ("received", "from any rank (src=None)" if
+                                                                        call.peer is None else f"from rank {call.peer}")
+        return Finding("neighbours", False, f"{case}: rank {rank}'s message {number} was {verb} {peer}; in a ring "
+                       f"rank {rank} sends only to its right neighbour, rank {right}, and receives only from its left "
+                       f"one, rank {left}: pass each partial sum on one hop per step, never straight to its owner")
+    return Finding("neighbours", True)
 
 
 def _bytes_finding(case: str, rank: int, world_size: int, element_size: int, numel: int, sizes: list[int]
@@ -139,6 +157,8 @@ LAB = Lab(
         (5, [[12_345, "float64", "sum"], [4, "float32", "avg"], [77, "bfloat16", "avg"]]),
         (8, [[100_003, "float32", "sum"], [5, "bfloat16", "sum"], [64, "float64", "avg"]]),
     )),
+    shortcuts=("course.collectives.allreduce:ring_allreduce", "course.collectives.allreduce:naive_allreduce",
+               "course.collectives.allreduce:tree_allreduce", "course.collectives.ring_lesson:ring_allreduce"),
     hang_hint=("In a ring every rank sends before it receives: with a blocking dist.send each rank can wait for "
                "its right neighbour to receive while that neighbour waits too. Send with dist.isend, receive "
                "with dist.recv, then wait on the isend's request."),

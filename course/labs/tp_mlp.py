@@ -151,6 +151,9 @@ LAB = Lab(
     cross_check="course.labs.tp_mlp:cross_check",
     runs=(_run(4, 0, 64, "d_ff=64"),),  # one launch: a check takes well under 30 s here
     hidden_runs=(_run(2, "jitter", 128, "d_ff=128"), _run(3, "jitter", 96, "d_ff=96")),
+    shortcuts=tuple(f"course.model_parallel.tensor_parallel:{name}" for name in (
+        "CopyToTensorParallel", "ReduceFromTensorParallel", "copy_to_tensor_parallel", "reduce_from_tensor_parallel",
+        "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP")),
     hang_hint="Every rank must call each all_reduce: a rank that skips f or g leaves the others waiting in it.",
 )
 

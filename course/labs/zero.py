@@ -58,6 +58,7 @@ LAB = Lab(
     runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},),
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 4, "timeout_s": 120, "label": "4 Adam steps"}),
+    shortcuts=("torch.distributed.optim:ZeroRedundancyOptimizer",),
     hang_hint=("A hang in this lab usually means the ranks called different collectives, or one rank's "
                "reduce-scatter or all-gather had a different size (pad every rank's buffers to the same length)."),
 )

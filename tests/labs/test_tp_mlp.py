@@ -39,3 +39,10 @@ def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, 
     assert set(result.failed()) == fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
 
+
+
+def test_importing_the_course_classes_is_refused_without_starting_a_rank():
+    result = run_lab(tp_mlp.LAB, os.path.join(HERE, "attempts", "tp_mlp_imports_course.py"))
+    assert set(result.failed()) == EVERY and result.runs == 0
+    assert "your file uses course.model_parallel.tensor_parallel.ParallelMLP, a ready-made version" in \
+        result.results[0].message
