@@ -13,6 +13,10 @@ rank and measures, with :mod:`course.labs.recorder` installed:
   :data:`TOLERANCE`; a miss is diagnosed from the measured ratio of the two updates;
 * ``one_allreduce_per_bucket``: each step makes as many ``all_reduce`` calls as there are buckets
   (``course.ddp.buckets.assign_buckets`` over the gradients' sizes in the order their hooks fired);
+* ``in_order``: the buckets were launched in order, bucket 0 first (the same order on every rank): each step's
+  allreduce sizes are the planned buckets' (reverse ``module.parameters()`` order) in order, or those of
+  buckets filled in the order gradients became ready; the model registers its second and third layers in
+  swapped order, so a bucket fills before an earlier one;
 * ``overlap``: some allreduce was launched before backward's last gradient was ready, and was still not waited
   for when backward produced a later gradient: timestamps of our own hooks (registered first, so they fire
   before the student's) against the launch and ``wait()`` times of every call;
@@ -33,7 +37,6 @@ from course.ddp import buckets
 from course.labs.agree import spreads
 from course.labs.core import Check, Finding, Lab, load_entry
 from course.labs.recorder import ORIGINAL, Call, Recorder, recording
-from course.models import MLP
 
 ENTRY = "MyDDP"
 #: Largest |parameter difference| from torch's DDP accepted after each step (float32, lr 0.1: a wrong gradient
@@ -44,6 +47,7 @@ CHECKS = (
     Check("broadcast", "every rank starts from rank 0's parameters", 2),
     Check("matches_ddp", f"parameters equal torch's DistributedDataParallel's after every step (±{TOLERANCE:g})", 4),
     Check("one_allreduce_per_bucket", "one allreduce per bucket of at most bucket_cap_bytes", 2),
+    Check("in_order", "buckets launched in order, bucket 0 first, as every rank must", 2),
     Check("overlap", "an allreduce runs while backward is still computing gradients", 3),
     Check("no_torch_ddp", "torch's DistributedDataParallel is not used", 1),
 )
@@ -66,9 +70,27 @@ LAB = Lab(
 LR, BATCH_SIZE = 0.1, 8
 
 
+class _Net(nn.Module):
+    """64 -> 21 -> 32 -> 32 -> 10 with ReLUs, its second and third layers registered in swapped order.
+
+    The reverse of ``parameters()`` (how buckets are planned) is last, second, third, first layer; backward makes
+    gradients last, third, second, first. With buckets of 4224 bytes, bucket 1 (the third layer's 4224 bytes)
+    fills before bucket 0 (the last and second layers'): a solution that launches whatever is full goes out of order.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.third, self.second, self.last = (nn.Linear(64, 21), nn.Linear(32, 32), nn.Linear(21, 32),
+                                                          nn.Linear(32, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.first(x.flatten(1)))
+        return self.last(torch.relu(self.third(torch.relu(self.second(x)))))
+
+
 def _model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return MLP(hidden=(32, 32, 32))  # 8 tensors, gradients ready in reverse order: 40, 1280, 128, 4096, ... bytes
+    return _Net()
 
 
 def _batch(step: int, seed: int, me: world.Rank) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +130,7 @@ class StepRecord:
     ready: list[float] = field(default_factory=list)  # when each gradient became ready, in order
     sizes: list[int] = field(default_factory=list)  # its bytes, same order
     backward_end: float = 0.0
+    planned: list[int] = field(default_factory=list)  # gradient bytes in reverse parameters() order
 
 
 def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Rank
@@ -130,7 +153,9 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Ran
         backward_end = time.perf_counter()
         wrapped.finish_gradient_synchronization()
         optimizer.step()
-        records.append(StepRecord(list(recorder.calls), [t for t, _ in clock], [n for _, n in clock], backward_end))
+        planned = [p.nbytes for p in model.parameters() if p.requires_grad][::-1]
+        records.append(StepRecord(list(recorder.calls), [t for t, _ in clock], [n for _, n in clock], backward_end,
+                                  planned))
         trajectory.append(_flat(model))
     return trajectory, records
 
@@ -202,14 +227,38 @@ def judge_buckets(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
     for step, record in enumerate(records, start=1):
         made = len([call for call in record.calls if call.name == "all_reduce"])
         needed = len(buckets.assign_buckets(record.sizes, bucket_cap_bytes))
-        if made == needed:
-            continue
+        if made == needed or record.planned and made == len(buckets.assign_buckets(record.planned, bucket_cap_bytes)):
+            continue  # buckets filled in the order gradients became ready, or planned in reverse parameters() order
         why = {0: ": no allreduce at all", 1: ": everything in one allreduce, whatever bucket_cap_bytes says",
                len(record.sizes): ": one per gradient, not one per bucket"}.get(made, "")
         return Finding("one_allreduce_per_bucket", False, f"step {step} made {made} allreduces for {needed} buckets "
                        f"of at most {bucket_cap_bytes} bytes{why} (a bucket is closed before the gradient that would "
                        "overflow it; a gradient bigger than a bucket gets one of its own)")
     return Finding("one_allreduce_per_bucket", True, f"one allreduce per bucket in each of {len(records)} steps")
+
+
+def _bucket_bytes(sizes: list[int], bucket_cap_bytes: int) -> list[int]:
+    """The bytes of each bucket when ``sizes`` are packed in order into buckets of at most ``bucket_cap_bytes``."""
+    return [sum(sizes[i] for i in bucket) for bucket in buckets.assign_buckets(sizes, bucket_cap_bytes)]
+
+
+def judge_in_order(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
+    """Finding for ``in_order``: each step's allreduces carry the planned buckets in order (bucket 0 first).
+
+    Buckets filled in the order gradients became ready are in order by construction, and pass too. Allreduces that
+    are not a reordering of the planned buckets are the bucket check's to judge, not this one's."""
+    for step, record in enumerate(records, start=1):
+        sizes = [call.nbytes for call in record.calls if call.name == "all_reduce"]
+        planned = _bucket_bytes(record.planned, bucket_cap_bytes)
+        if sizes in (planned, _bucket_bytes(record.sizes, bucket_cap_bytes)) or sorted(sizes) != sorted(planned):
+            continue
+        order = [planned.index(size) for size in sizes]
+        return Finding("in_order", False, f"step {step} launched the buckets in the order {', '.join(map(str, order))}"
+                       f" (bytes {', '.join(map(str, sizes))}): bucket {order[0]} filled first and went first. Every "
+                       "rank must launch bucket 0, then 1, 2, ...: collectives are matched by order, and on GPUs "
+                       "ranks can see gradients in different orders. Launch a full bucket only once every earlier "
+                       "bucket is launched")
+    return Finding("in_order", True, f"buckets launched in order in each of {len(records)} steps")
 
 
 def _overlapped(call: Call, ready: list[float]) -> bool:
@@ -267,5 +316,6 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     world.settle()  # the student's models (a torch DDP among them, maybe) go when this returns
     return [judge_broadcast(spread, moved, me.rank),
             judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size),
-            judge_buckets(records, config["bucket_cap_bytes"]), judge_overlap(records),
+            judge_buckets(records, config["bucket_cap_bytes"]), judge_in_order(records, config["bucket_cap_bytes"]),
+            judge_overlap(records),
             judge_no_torch_ddp(recorder.constructed)]
