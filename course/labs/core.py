@@ -206,7 +206,8 @@ def on_rank(rank_check: str, path: str, entry: str, config: dict, report_dir: st
         rank = world.current().rank
         message = describe_error(error, path, entry, rank)
         with open(os.path.join(report_dir, f"rank-{rank}.json"), "w") as handle:
-            json.dump({"message": message, "not_attempted": message.startswith("Not attempted")}, handle)
+            json.dump({"message": message, "not_attempted": message.startswith("Not attempted"),
+                       "cause": isinstance(error, (StudentError, Refused))}, handle)
         raise
 
 
@@ -242,7 +243,13 @@ def _run_once(lab: Lab, path: str, config: dict) -> tuple[list[Finding], bool]:
 
 
 def _failure_message(failure: RankFailed, report_dir: str) -> str:
-    """The explained exception of the failed rank, or how it died when it could not explain itself."""
+    """The explained exception of the failed rank, or how it died when it could not explain itself; a rank that
+    named the cause (a refusal, a mismatch the lab found) first, since the others then fail as a consequence."""
+    for name in sorted(os.listdir(report_dir)):
+        with open(os.path.join(report_dir, name)) as handle:
+            report = json.load(handle)
+        if report.get("cause"):
+            return report["message"]
     explained = os.path.join(report_dir, f"rank-{failure.rank}.json")
     if os.path.exists(explained):
         with open(explained) as handle:

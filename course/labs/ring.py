@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from course.labs.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
-from course.labs.core import Check, Finding, Lab, RankReport, load_entry
+from course.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
+from course.labs.message_sizes import SizeMismatch, matched_sizes
 from course.labs.ring_diagnosis import close, expected, first_wrong
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -59,7 +60,11 @@ def check_on_rank(path: str, config: dict) -> RankReport:
                 reference /= world_size  # gloo has no ReduceOp.AVG
             mark = log.mark()
             mine = tensor.clone()
-            returned = ring_allreduce(mine, op=op)
+            try:
+                with matched_sizes(f"{config['seed']}/{len(outputs)}"):
+                    returned = ring_allreduce(mine, op=op)
+            except SizeMismatch as mismatch:
+                raise StudentError(f"{describe(case)}: {_mismatch(mismatch, world_size)}") from None
             calls = log.since(mark)
             found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
             outputs.append(mine)
@@ -90,6 +95,17 @@ def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returne
                              f"steps of one message each: n-1 = {world_size - 1} to reduce-scatter, n-1 to all-gather"))
     found.append(_neighbours_finding(case, rank, world_size, calls))
     return found
+
+
+def _mismatch(mismatch: SizeMismatch, world_size: int) -> str:
+    """A send and its receive of different sizes, said as the ring step where the chunk indices disagree."""
+    step, phase = mismatch.index + 1, "reduce-scatter"
+    if step > world_size - 1:
+        step, phase = step - (world_size - 1), "all-gather"
+    return (f"the chunk indices of sender and receiver disagree at step {step} of the {phase}: rank "
+            f"{mismatch.sender} sends a chunk of {mismatch.sent} elements and rank {mismatch.receiver} receives it "
+            f"into a chunk of {mismatch.expected}. The receiver must receive into the chunk index the sender sends "
+            "(tensor_split's chunks differ in size when world_size does not divide the length)")
 
 
 def _neighbours_finding(case: str, rank: int, world_size: int, calls: list[Call]) -> Finding:
