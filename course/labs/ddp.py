@@ -36,6 +36,7 @@ from course import world
 from course.ddp import buckets
 from course.labs.agree import spreads
 from course.labs.core import Check, Finding, Lab, load_entry
+from course.labs.late_results import results_at_wait
 from course.labs.recorder import ORIGINAL, Call, Recorder, recording
 
 ENTRY = "MyDDP"
@@ -131,6 +132,7 @@ class StepRecord:
     sizes: list[int] = field(default_factory=list)  # its bytes, same order
     backward_end: float = 0.0
     planned: list[int] = field(default_factory=list)  # gradient bytes in reverse parameters() order
+    sync: str = ""  # what .grad held after finish_gradient_synchronization: "", "no_wait", "no_copy", "early_read"
 
 
 def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Rank
@@ -138,8 +140,14 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Ran
     """Train with the student's class exactly as the reference trained with DDP; record each step."""
     model = _model(config["seed"]).to(me.device)
     clock: list[tuple[float, int]] = []
+    local: dict[nn.Parameter, torch.Tensor] = {}  # this rank's own gradients, before any synchronization
+
+    def ready(p: nn.Parameter) -> None:
+        clock.append((time.perf_counter(), p.nbytes))
+        local[p] = p.grad.detach().clone()
+
     for p in model.parameters():  # registered before the student's hooks, so ours fire first
-        p.register_post_accumulate_grad_hook(lambda p: clock.append((time.perf_counter(), p.nbytes)))
+        p.register_post_accumulate_grad_hook(ready)
     wrapped = my_ddp(model, config["bucket_cap_bytes"])
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     trajectory, records = [_flat(model)], []
@@ -152,12 +160,28 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Ran
         loss.backward()
         backward_end = time.perf_counter()
         wrapped.finish_gradient_synchronization()
+        sync = _synchronized(recorder.calls, local, me.world_size)
         optimizer.step()
         planned = [p.nbytes for p in model.parameters() if p.requires_grad][::-1]
         records.append(StepRecord(list(recorder.calls), [t for t, _ in clock], [n for _, n in clock], backward_end,
-                                  planned))
+                                  planned, sync))
         trajectory.append(_flat(model))
     return trajectory, records
+
+
+def _synchronized(calls: list[Call], local: dict[nn.Parameter, torch.Tensor], world_size: int) -> str:
+    """What went wrong between the allreduces and ``.grad``, if every gradient shows it ("" otherwise).
+
+    "no_wait": some allreduce was never waited for; "no_copy": every ``.grad`` still holds this rank's own
+    gradient; "early_read": every ``.grad`` is this rank's own gradient / world_size (the bucket was read before its
+    allreduce's result landed, which :func:`course.labs.late_results.results_at_wait` makes happen every time)."""
+    if any(call.name == "all_reduce" and call.async_op and call.waited is None for call in calls):
+        return "no_wait"
+    if local and all(p.grad is not None and torch.equal(p.grad, g) for p, g in local.items()):
+        return "no_copy"
+    if local and all(p.grad is not None and torch.allclose(p.grad, g / world_size) for p, g in local.items()):
+        return "early_read"
+    return ""
 
 
 def _broadcast_spread(my_ddp: type, config: dict, me: world.Rank) -> tuple[float, float]:
@@ -199,10 +223,22 @@ def _diagnosis(update_ratio: float, world_size: int) -> str:
     return "check which gradients each bucket carries and that each is copied back to its own parameter's .grad"
 
 
+#: what ``StepRecord.sync`` says went wrong, in the learner's terms
+SYNC_MISTAKES = {
+    "no_wait": ("an allreduce was never waited for, and its result is not there until work.wait() returns: call "
+                "wait() on every work handle in finish_gradient_synchronization, then read the bucket"),
+    "no_copy": ("every .grad still holds this rank's own gradient: the averaged bucket was never copied back into "
+                "the parameters' .grad"),
+    "early_read": ("every .grad is this rank's own gradient divided by world_size: the bucket was read before its "
+                   "allreduce finished; call wait() first, then divide and copy back"),
+}
+
+
 def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], spreads: list[float], rank: int,
-                  world_size: int) -> Finding:
+                  world_size: int, sync: list[str] | None = None) -> Finding:
     """Finding for ``matches_ddp``: ``ours``/``reference`` flat parameters before and after each step, ``spreads``
-    the largest |rank r - rank 0| difference of ours over all ranks r after each step."""
+    the largest |rank r - rank 0| difference of ours over all ranks r after each step, ``sync`` each step's
+    ``StepRecord.sync``."""
     for step in range(len(reference)):
         gap = (ours[step] - reference[step]).abs().max().item()
         if gap <= TOLERANCE:
@@ -211,6 +247,8 @@ def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], sprea
             return Finding("matches_ddp", False, f"rank {rank}'s parameters changed by {gap:.2g} when {ENTRY} was "
                            "built, on ranks that all start equal: building it must not change them")
         start = f"after step {step} rank {rank}'s parameters differ from DDP's by {gap:.2g} (tolerance {TOLERANCE:g})"
+        if sync and sync[step - 1] in SYNC_MISTAKES:
+            return Finding("matches_ddp", False, f"{start}: {SYNC_MISTAKES[sync[step - 1]]}")
         if spreads[step] > TOLERANCE:
             return Finding("matches_ddp", False, f"{start}, and the ranks no longer agree (they differ by up to "
                            f"{spreads[step]:.2g}): every rank must apply the same allreduced gradients")
@@ -309,13 +347,14 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     """
     me = world.current()
     reference = reference_trajectory(config, me)
-    with recording(me.world_size, forbidden=(DistributedDataParallel,)) as recorder:
+    with recording(me.world_size, forbidden=(DistributedDataParallel,)) as recorder, results_at_wait():
         my_ddp = load_entry(path, ENTRY)
         spread, moved = _broadcast_spread(my_ddp, config, me)
         trajectory, records = _train_student(my_ddp, config, recorder, me)
     world.settle()  # the student's models (a torch DDP among them, maybe) go when this returns
     return [judge_broadcast(spread, moved, me.rank),
-            judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size),
+            judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size,
+                          [record.sync for record in records]),
             judge_buckets(records, config["bucket_cap_bytes"]), judge_in_order(records, config["bucket_cap_bytes"]),
             judge_overlap(records),
             judge_no_torch_ddp(recorder.constructed)]

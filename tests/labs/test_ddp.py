@@ -46,6 +46,11 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("after_backward", ["overlap"], "step 1: every allreduce started after backward ended"),
     ("sums", ["matches_ddp"], "your update is 4.00x DDP's; the gradients were summed, not averaged"),
     ("no_broadcast", ["broadcast"], "rank 1's parameters differ from rank 0's by"),
+    # results land only at wait() (course.labs.late_results): each synchronization mistake fails on every run
+    ("no_wait", ["matches_ddp"], "an allreduce was never waited for, and its result is not there until"),
+    ("no_copy_back", ["matches_ddp"], "every .grad still holds this rank's own gradient: the averaged bucket was "
+     "never copied back"),
+    ("reads_before_wait", ["matches_ddp"], "the bucket was read before its allreduce finished"),
     ("out_of_order", ["in_order"], "step 1 launched the buckets in the order 1, 0, 2, 3 (bytes 4224, 4136, 84, "
      "5376): bucket 1 filled first and went first. Every rank must launch bucket 0, then 1, 2, ..."),
     # torch's DDP reduces in C++, so no allreduce of the student's is seen either
