@@ -1,0 +1,183 @@
+"""Lab (notebook 04): the student writes ``ring_allreduce(tensor, op)`` from point-to-point messages only.
+
+On every rank :func:`check_on_rank` loads the student's file under a :class:`~course.runtime.comm_log.CommLog`,
+calls ``ring_allreduce`` on each case of the run (a length, a dtype, an op) and records, per case: the result
+(returned to the driver), ``dist.all_reduce``'s result (torch's own function), the collectives called, the
+bytes and messages sent. Outside the ranks :func:`cross_check` regenerates every rank's input from the run's
+seed, computes the exact answer and explains the first wrong chunk (:mod:`grader.labs.ring_diagnosis`).
+
+Checks: equal to ``dist.all_reduce`` on every rank (tolerance per dtype in ``ring_diagnosis.TOLERANCE``); only
+point-to-point calls; each rank sends 2(n-1)/n of the tensor (within one element per chunk, for uneven chunks);
+2(n-1) messages per rank (one per step; checked where every chunk is non-empty).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from course.runtime.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
+from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
+from grader.labs.message_sizes import SizeMismatch, matched_sizes
+from grader.labs.ring_diagnosis import close, expected, first_wrong
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+CHECKS = (
+    Check("matches", "equal to dist.all_reduce on every rank (sum and avg; float32, float64, bfloat16)", 4),
+    Check("point_to_point_only", "only point-to-point calls (send/recv or isend/irecv), no collective", 2),
+    Check("bytes", "each rank sends 2(n-1)/n of the tensor", 2),
+    Check("steps", "2(n-1) steps: one message per step, n-1 reduce-scatter and n-1 all-gather", 2),
+    Check("neighbours", "every message goes to the right neighbour and comes from the left one", 2),
+)
+
+
+def inputs(seed: int, world_size: int, numel: int, dtype: str) -> torch.Tensor:
+    """Every rank's input, (world_size, numel) float64: nonzero integers in [-8, 8], exact in every dtype."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + numel * 101 + world_size)
+    magnitude = torch.randint(1, 9, (world_size, numel), generator=generator)
+    sign = torch.randint(0, 2, (world_size, numel), generator=generator) * 2 - 1
+    return (magnitude * sign).to(DTYPES[dtype]).double()
+
+
+def describe(case: list) -> str:
+    numel, dtype, op = case
+    return f"{numel} {dtype} element{'s' if numel != 1 else ''}, op={op!r}"
+
+
+def check_on_rank(path: str, config: dict) -> RankReport:
+    """On every rank: run the student's ring on each case of ``config`` and record what it did."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    with CommLog() as log:
+        ring_allreduce = load_entry(path, "ring_allreduce")
+        found: list[Finding] = []
+        outputs = []
+        for case in config["cases"]:
+            numel, dtype, op = case
+            tensor = inputs(config["seed"], world_size, numel, dtype)[rank].to(DTYPES[dtype])
+            reference = tensor.clone()
+            log.original("all_reduce")(reference)
+            if op == "avg":
+                reference /= world_size  # gloo has no ReduceOp.AVG
+            mark = log.mark()
+            mine = tensor.clone()
+            try:
+                with matched_sizes(f"{config['seed']}/{len(outputs)}"):
+                    returned = ring_allreduce(mine, op=op)
+            except SizeMismatch as mismatch:
+                raise StudentError(f"{describe(case)}: {_mismatch(mismatch, world_size)}") from None
+            calls = log.since(mark)
+            found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
+            outputs.append(mine)
+    return RankReport(found, {"outputs": outputs})
+
+
+def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returned: object,
+              reference: torch.Tensor, calls: list, numel: int) -> list[Finding]:
+    """This rank's findings for one case (messages start with the case)."""
+    found = []
+    same = bool(close(mine.double(), reference.double(), mine.dtype).all())
+    if returned is not mine and isinstance(returned, torch.Tensor) and not same:
+        message = f"rank {rank}'s tensor was not changed in place (your function returned a new one): write into it"
+    else:
+        worst = (mine.double() - reference.double()).abs().max().item() if numel else 0.0
+        message = f"rank {rank}'s result differs from dist.all_reduce's by up to {worst:g}"
+    found.append(Finding("matches", same, "" if same else f"{case}: {message}"))
+    used = collectives(calls)
+    called = f"{case}: rank {rank} called dist.{', dist.'.join(used)} (a collective): the lab asks for the ring " \
+             "from send/recv (or isend/irecv) only"
+    found.append(Finding("point_to_point_only", not used, called if used else ""))
+    sizes = [call.nbytes for call in calls if call.name in SENDS]
+    found.append(_bytes_finding(case, rank, world_size, mine.element_size(), numel, sizes))
+    if numel >= world_size:  # with empty chunks a ring may skip empty messages
+        count, steps = sends(calls), 2 * (world_size - 1)
+        found.append(Finding("steps", count == steps, "" if count == steps else
+                             f"{case}: rank {rank} sent {count} messages (send/isend); a ring takes 2(n-1) = {steps} "
+                             f"steps of one message each: n-1 = {world_size - 1} to reduce-scatter, n-1 to all-gather"))
+    found.append(_neighbours_finding(case, rank, world_size, calls))
+    return found
+
+
+def _mismatch(mismatch: SizeMismatch, world_size: int) -> str:
+    """A send and its receive of different sizes, said as the ring step where the chunk indices disagree."""
+    step, phase = mismatch.index + 1, "reduce-scatter"
+    if step > world_size - 1:
+        step, phase = step - (world_size - 1), "all-gather"
+    return (f"the chunk indices of sender and receiver disagree at step {step} of the {phase}: rank "
+            f"{mismatch.sender} sends a chunk of {mismatch.sent} elements and rank {mismatch.receiver} receives it "
+            f"into a chunk of {mismatch.expected}. The receiver must receive into the chunk index the sender sends "
+            "(tensor_split's chunks differ in size when world_size does not divide the length)")
+
+
+def _neighbours_finding(case: str, rank: int, world_size: int, calls: list[Call]) -> Finding:
+    """Every send goes to rank + 1 and every receive comes from rank - 1 (mod n): the ring's one hop per step."""
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    messages = [call for call in calls if call.name in POINT_TO_POINT]
+    for number, call in enumerate(messages, start=1):
+        sending = call.name in SENDS
+        if call.peer == (right if sending else left):
+            continue
+        verb, peer = ("sent", f"to rank {call.peer}") if sending else ("received", "from any rank (src=None)" if
+                                                                        call.peer is None else f"from rank {call.peer}")
+        return Finding("neighbours", False, f"{case}: rank {rank}'s message {number} was {verb} {peer}; in a ring "
+                       f"rank {rank} sends only to its right neighbour, rank {right}, and receives only from its left "
+                       f"one, rank {left}: pass each partial sum on one hop per step, never straight to its owner")
+    return Finding("neighbours", True)
+
+
+def _bytes_finding(case: str, rank: int, world_size: int, element_size: int, numel: int, sizes: list[int]
+                   ) -> Finding:
+    """Bytes sent (``sizes``: each message's) against 2(n-1)/n of the tensor, within one element per message."""
+    steps, sent = 2 * (world_size - 1), sum(sizes)
+    target = steps / world_size * numel * element_size
+    if abs(sent - target) <= steps * element_size:
+        return Finding("bytes", True)
+    tensor_bytes = numel * element_size
+    if sent == 0:
+        why = "nothing went through send/isend, so the data moved some other way (a collective?)"
+    elif whole := sum(size == tensor_bytes for size in sizes) if numel >= 2 * world_size else 0:
+        why = f"{whole} of its {len(sizes)} messages carried the whole tensor instead of one chunk (1/n of it)"
+    else:
+        why = f"that is {sent / tensor_bytes:.2f} tensors; each of the 2(n-1) steps sends one chunk of about 1/n"
+    return Finding("bytes", False, f"{case}: rank {rank} sent {sent:,} bytes; a ring sends 2(n-1)/n of the "
+                   f"{tensor_bytes:,}-byte tensor = {target:,.0f} bytes: {why}")
+
+
+def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
+    """Outside the ranks: each case's outputs against the exact answer from inputs generated here."""
+    for position, case in enumerate(config["cases"]):
+        numel, dtype, op = case
+        truth = inputs(config["seed"], config["world_size"], numel, dtype)
+        wrong = first_wrong([e["outputs"][position] for e in evidence], truth, op, DTYPES[dtype])
+        if wrong:
+            return [Finding("matches", False, f"{describe(case)}: {wrong}")]
+    return [Finding("matches", True)]
+
+
+CASES_4 = [[1001, "float32", "sum"], [1001, "float64", "avg"], [4099, "bfloat16", "avg"], [64, "bfloat16", "sum"],
+           [3, "float32", "sum"], [2, "float64", "avg"]]
+CASES_3 = [[1000, "float32", "avg"], [7, "float64", "sum"], [301, "bfloat16", "sum"], [1, "float32", "avg"]]
+LAB = Lab(
+    name="ring",
+    title="ring allreduce from point-to-point messages",
+    notebook="04_allreduce",
+    student_file="labs/ring_allreduce.py",
+    entry="ring_allreduce",
+    checks=CHECKS,
+    rank_check="grader.labs.ring:check_on_rank",
+    cross_check="grader.labs.ring:cross_check",
+    # timeouts: starting the ranks is most of a run, and a loaded 2-core machine can take a minute for it
+    runs=({"world_size": 4, "seed": 0, "cases": CASES_4, "timeout_s": 120},
+          {"world_size": 3, "seed": 1, "cases": CASES_3, "timeout_s": 120}),
+    hidden_runs=tuple({"world_size": n, "seed": "jitter", "cases": cases, "timeout_s": 180} for n, cases in (
+        (2, [[999, "float32", "avg"], [1, "float64", "sum"], [10_000, "bfloat16", "sum"]]),
+        (5, [[12_345, "float64", "sum"], [4, "float32", "avg"], [77, "bfloat16", "avg"]]),
+        (8, [[100_003, "float32", "sum"], [5, "bfloat16", "sum"], [64, "float64", "avg"]]),
+    )),
+    shortcuts=("course.collectives.allreduce:ring_allreduce", "course.collectives.allreduce:naive_allreduce",
+               "course.collectives.allreduce:tree_allreduce"),
+    hang_hint=("In a ring every rank sends before it receives: with a blocking dist.send each rank can wait for "
+               "its right neighbour to receive while that neighbour waits too. Send with dist.isend, receive "
+               "with dist.recv, then wait on the isend's request."),
+)
+
+__all__ = ["LAB", "check_on_rank", "cross_check", "expected", "inputs"]

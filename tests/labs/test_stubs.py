@@ -1,0 +1,40 @@
+"""Every registered lab is introduced in its notebook: a %%writefile cell holding exactly the packaged stub, then a
+check cell calling course.labs.check on that file."""
+
+import os
+
+import nbformat
+import pytest
+
+from grader.labs import LABS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("name", sorted(LABS))
+def test_the_notebook_writes_the_stub_then_checks_it(name):
+    lab = LABS[name]
+    notebook = nbformat.read(os.path.join(ROOT, "notebooks", f"{lab.notebook}.ipynb"), as_version=4)
+    sources = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    header = f"%%writefile {lab.student_file}\n"
+    written = [i for i, source in enumerate(sources) if source.startswith(header)]
+    assert len(written) == 1, f"{lab.notebook} should write {lab.student_file} in one cell"
+    with open(os.path.join(ROOT, "course", "labs", "stubs", os.path.basename(lab.student_file))) as handle:
+        assert sources[written[0]][len(header):].rstrip("\n") == handle.read().rstrip("\n")
+    assert f'labs.check("{name}", "{lab.student_file}")' in sources[written[0] + 1]
+
+
+@pytest.mark.parametrize("name", sorted(LABS))
+def test_the_solution_and_the_stub_are_where_the_lab_says(name):
+    base = os.path.basename(LABS[name].student_file)
+    assert os.path.isfile(os.path.join(ROOT, "notebooks", "solutions", "labs", base))
+    assert os.path.isdir(os.path.join(ROOT, "notebooks", os.path.dirname(LABS[name].student_file)))
+
+
+@pytest.mark.parametrize("name", sorted(LABS))
+def test_the_labs_readme_lists_each_lab_with_its_grader_check_line(name):
+    with open(os.path.join(ROOT, "notebooks", "labs", "README.md")) as handle:
+        readme = handle.read()
+    lab = LABS[name]
+    assert f"| `{name}` |" in readme and f"`grader check {name} {lab.student_file}`" in readme
+    assert f"`notebooks/solutions/labs/{os.path.basename(lab.student_file)}`" in readme
