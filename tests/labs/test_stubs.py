@@ -38,3 +38,13 @@ def test_the_labs_readme_lists_each_lab_with_its_grader_check_line(name):
     lab = LABS[name]
     assert f"| `{name}` |" in readme and f"`grader check {name} {lab.student_file}`" in readme
     assert f"`notebooks/solutions/labs/{os.path.basename(lab.student_file)}`" in readme
+
+
+def test_grader_help_lists_every_lab_with_its_check_line(capsys):
+    from grader.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    for name, lab in LABS.items():
+        assert f"grader check {name} {lab.student_file}" in shown
