@@ -11,7 +11,10 @@ with a shape and no data), through ``course.world``'s hardware description (:att
 * an operation mixing a CPU tensor with a meta one raises torch's own "not on the expected device";
 * reading a meta tensor's value (``item``, ``float``, ``tolist``, ``bool``) or copying it to the CPU (``cpu()``,
   ``to("cpu")``, ``copy_``) gives ones instead of failing, so the code after it still runs (its numbers mean
-  nothing: only where tensors live is checked).
+  nothing: only where tensors live is checked); ``torch.equal``/``allclose`` compare meta tensors as ones and
+  refuse two devices, as on a GPU;
+* the ranks share one key-value store (:class:`SharedStore`); a rank reading a key a later rank writes makes every
+  rank run again on the filled store (:func:`run_ranks`).
 
 :func:`run_ranks` returns an :class:`Outcome` per rank: the device error if one was found, else how far the rank got.
 
@@ -38,7 +41,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.testing._internal.distributed import fake_pg  # noqa: F401 - registers the "fake" backend
 
 from course import world
 
@@ -208,6 +211,25 @@ def _reads() -> dict[str, Callable[..., Any]]:
     return {**reads, "to": to_device, "copy_": copy_in}
 
 
+def _compare(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.equal``/``allclose`` (which read values): tensors on two devices fail as on a GPU; meta ones
+    compare as ones."""
+    @functools.wraps(original)
+    def compare(first: torch.Tensor, second: torch.Tensor, *args: Any, **kwargs: Any) -> bool:
+        if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and (first.is_meta or second.is_meta):
+            if first.device != second.device:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                                   f"{first.device} and {second.device} ({original.__name__})")
+            return original(_ones(first), _ones(second), *args, **kwargs)
+        return original(first, second, *args, **kwargs)
+
+    return compare
+
+
+#: functions that compare two tensors' values, as ``torch``'s and as methods
+COMPARES = ("equal", "allclose")
+
+
 def _target(args: tuple, kwargs: dict) -> torch.device | None:
     """The device a ``Tensor.to`` call moves to, if it names one."""
     for value in (*args, kwargs.get("device")):
@@ -235,6 +257,9 @@ def declared(world_size: int) -> Iterator[None]:
             stack.enter_context(patch)
         for name, method in _reads().items():
             stack.enter_context(mock.patch.object(torch.Tensor, name, method))
+        for name in COMPARES:
+            stack.enter_context(mock.patch.object(torch, name, _compare(getattr(torch, name))))
+            stack.enter_context(mock.patch.object(torch.Tensor, name, _compare(getattr(torch.Tensor, name))))
         yield
 
 
@@ -260,25 +285,92 @@ def _classify(error: BaseException) -> tuple[str, str]:
     return "", text
 
 
+class NotWrittenYet(LookupError):
+    """A rank read a store key that a rank which has not run yet writes (the ranks run one after the other)."""
+
+
+class SharedStore(dist.Store):
+    """The process group's key-value store, shared by the ranks and kept between passes (see :func:`run_ranks`).
+
+    Reading a key no rank has written raises :class:`NotWrittenYet` (a real store would wait for it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.values[key] = value.encode() if isinstance(value, str) else bytes(value)
+
+    def get(self, key: str) -> bytes:
+        if key not in self.values:
+            raise NotWrittenYet(key)
+        return self.values[key]
+
+    def add(self, key: str, amount: int) -> int:
+        total = int(self.values.get(key, b"0")) + amount
+        self.values[key] = str(total).encode()
+        return total
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.values for key in keys)
+
+    def delete_key(self, key: str) -> bool:
+        return self.values.pop(key, None) is not None
+
+    def num_keys(self) -> int:
+        return len(self.values)
+
+    def wait(self, keys: list[str], timeout: object = None) -> None:
+        for key in keys:
+            self.get(key)
+
+    def set_timeout(self, timeout: object) -> None:
+        pass
+
+
+def _waits_for_a_later_rank(error: BaseException) -> bool:
+    while error is not None:
+        if isinstance(error, NotWrittenYet) or "NotWrittenYet" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any) -> list[Outcome]:
     """Call ``fn(*args, **kwargs)`` as each of ``world_size`` ranks in turn, with the declared device (see the module
-    doc); ``fn`` sees ``world.current().device == meta`` and a process group of ``world_size``."""
-    outcomes = []
+    doc); ``fn`` sees ``world.current().device == meta`` and a process group of ``world_size``.
+
+    The ranks share one store. A rank that reads a key a later rank writes (rank 0 waiting for rank 3's message
+    size, say) stops; then every rank runs again, on the store the last pass filled, until none stops so or a pass
+    writes no new key (each pass lets such ranks get further, so a ring of n ranks takes about n passes)."""
+    store = SharedStore()
+    while True:
+        written = set(store.values)
+        outcomes, waiting = _pass(store, fn, world_size, args, kwargs)
+        if not waiting or set(store.values) == written:
+            return outcomes
+
+
+def _pass(store: SharedStore, fn: Callable[..., Any], world_size: int, args: tuple,
+          kwargs: dict) -> tuple[list[Outcome], bool]:
+    """One run of every rank in turn: the outcomes, and whether a rank stopped on a key a later rank writes."""
+    outcomes, waiting = [], False
     environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": str(world_size),
                    "LOCAL_WORLD_SIZE": str(world_size)}
     with declared(world_size):
         for rank in range(world_size):
             outcome = Outcome(rank)
             with mock.patch.dict(os.environ, {**environment, "RANK": str(rank), "LOCAL_RANK": str(rank)}):
-                dist.init_process_group("cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
+                dist.init_process_group("cpu:fake,meta:fake", store=store, rank=rank, world_size=world_size)
                 try:
                     outcome.result = fn(*args, **kwargs)
                 except Exception as error:  # noqa: BLE001 - classified: a device error or where the run stopped
                     outcome.device_error, outcome.stopped = _classify(error)
+                    waiting = waiting or _waits_for_a_later_rank(error)
                 finally:
                     world.shutdown(barrier=False)
             outcomes.append(outcome)
-    return outcomes
+    return outcomes, waiting
 
 
 def device_errors(outcomes: list[Outcome]) -> list[str]:

@@ -33,3 +33,15 @@ def ddp_on_the_device() -> float:
     model = DistributedDataParallel(nn.Linear(2, 2).to(device))
     model(torch.ones(4, 2, device=device)).sum().backward()
     return float(model.module.weight.grad.norm())
+
+
+def compare_across_devices() -> bool:
+    return torch.equal(torch.ones(3, device=world.current().device), torch.ones(3))  # the bug: no device
+
+
+def ring_of_sizes() -> int:
+    """Each rank writes its message's size for the next rank, then reads the previous rank's (as ``message_sizes``)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"size/{rank}", "3")
+    return int(store.get(f"size/{(rank - 1) % size}"))

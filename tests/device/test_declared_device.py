@@ -9,13 +9,15 @@ from declared_device import device_errors, run_ranks
     (programs.reduce_on_the_cpu, "passed all_reduce a (3,) tensor on cpu, but its device is meta"),
     (programs.mix_devices, "not on the expected device"),
     (programs.ddp_on_the_cpu, "wrapped a model with parameters on cpu in DDP"),
+    (programs.compare_across_devices, "found at least two devices"),
 ])
 def test_a_tensor_on_the_cpu_is_caught_on_every_rank(program, said):
     errors = device_errors(run_ranks(program, 2))
     assert len(errors) == 2 and all(said in error for error in errors), errors
 
 
-@pytest.mark.parametrize("program", [programs.reduce_on_the_device, programs.ddp_on_the_device])
+@pytest.mark.parametrize("program", [programs.reduce_on_the_device, programs.ddp_on_the_device,
+                                     programs.ring_of_sizes])
 def test_tensors_on_the_rank_device_pass_and_run_to_the_end(program):
     outcomes = run_ranks(program, 2)
     assert device_errors(outcomes) == [] and [o.stopped for o in outcomes] == ["", ""]
