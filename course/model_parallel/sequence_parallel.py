@@ -35,6 +35,7 @@ from course.model_parallel.tensor_parallel import (
 )
 from course.model_parallel.transformer import Config as TransformerConfig
 from course.model_parallel.transformer import Transformer, build, loss, sample_batch
+from course.runtime.collective_names import all_gather_single, reduce_scatter_single
 from course.runtime.comm_log import CommLog
 
 
@@ -42,7 +43,7 @@ def all_gather_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> tor
     """``(B, S/t, d)`` on each rank -> ``(B, S, d)``, the ranks' slices in rank order (no autograd)."""
     shard = x.transpose(0, 1).contiguous()  # (S/t, B, d): gather along dim 0
     out = shard.new_empty((shard.shape[0] * dist.get_world_size(group), *shard.shape[1:]))
-    dist.all_gather_single(out, shard, group=group)
+    all_gather_single(out, shard, group=group)
     return out.transpose(0, 1)
 
 
@@ -50,7 +51,7 @@ def reduce_scatter_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) ->
     """``(B, S, d)`` partial sums on each rank -> ``(B, S/t, d)``: this rank's positions, summed (no autograd)."""
     whole = x.transpose(0, 1).contiguous()  # (S, B, d)
     out = whole.new_empty((whole.shape[0] // dist.get_world_size(group), *whole.shape[1:]))
-    dist.reduce_scatter_single(out, whole, group=group)
+    reduce_scatter_single(out, whole, group=group)
     return out.transpose(0, 1)
 
 

@@ -32,6 +32,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
 from course import world
+from course.runtime.collective_names import named
 from course.runtime.recorder import ORIGINAL, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, StudentError, load_entry
@@ -136,7 +137,7 @@ def full_parameters(fsdp: nn.Module, linears: list[nn.Linear], me: world.Rank) -
                                f"{piece}: pad the flattened weight and bias to a multiple of world_size, then cut")
         full = torch.empty(piece * me.world_size, dtype=shard.dtype, device=shard.device)
         # torch's own function under its newest name (the deprecated one calls the watched new name)
-        ORIGINAL.get("all_gather_single", ORIGINAL["all_gather_into_tensor"])(full, shard.detach().reshape(-1))
+        ORIGINAL[named("all_gather_single")](full, shard.detach().reshape(-1))
         flat.append(full[:linear.weight.numel() + linear.bias.numel()].cpu().clone())
     return torch.cat(flat)
 

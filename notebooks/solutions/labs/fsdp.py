@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older
+
 
 class MyFSDP(nn.Module):
     """Wraps ``model``, an ``nn.Sequential`` of ``nn.Linear`` layers and parameter-free layers (ReLU, Flatten).
@@ -62,7 +64,7 @@ class MyFSDP(nn.Module):
 def gather(shard: torch.Tensor, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The full weight (out, in) and bias (out,) of one layer, all-gathered from every rank's piece."""
     full = torch.empty(shard.numel() * dist.get_world_size(), dtype=shard.dtype, device=shard.device)
-    dist.all_gather_single(full, shard.detach())
+    all_gather_single(full, shard.detach())
     out_features, in_features = shape
     weight = full[:out_features * in_features].view(out_features, in_features)
     return weight, full[out_features * in_features:out_features * (in_features + 1)]
@@ -87,7 +89,7 @@ class GatheredLinear(torch.autograd.Function):
         world_size = dist.get_world_size()
         grad_full = F.pad(grad_full, (0, shard.numel() * world_size - grad_full.numel()))
         grad_shard = torch.empty_like(shard)
-        dist.reduce_scatter_single(grad_shard, grad_full)
+        reduce_scatter_single(grad_shard, grad_full)
         return grad_x, grad_shard / world_size, None
 
 

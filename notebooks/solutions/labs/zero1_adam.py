@@ -14,6 +14,8 @@ Run it on 4 ranks from a terminal: torchrun --nproc_per_node=4 labs/zero1_adam.p
 import torch
 import torch.distributed as dist  # noqa: F401 - you will need it
 
+from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older
+
 
 class MyZeRO1Adam:
     """Adam (``torch.optim.Adam``'s update, no weight decay) with its state sharded over the ranks.
@@ -53,7 +55,7 @@ class MyZeRO1Adam:
     def step(self) -> None:
         grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         grad = torch.empty_like(self.exp_avg)
-        dist.reduce_scatter_single(grad, grads)
+        reduce_scatter_single(grad, grads)
         grad /= self.world_size
         mine = self._flat(self.params)[self.rank * self.shard:(self.rank + 1) * self.shard]
         self.t += 1
@@ -63,7 +65,7 @@ class MyZeRO1Adam:
         denominator = (self.exp_avg_sq / (1 - beta2 ** self.t)).sqrt_().add_(self.eps)
         mine -= self.lr * (self.exp_avg / (1 - beta1 ** self.t)) / denominator
         everything = torch.empty(self.world_size * self.shard, dtype=mine.dtype, device=mine.device)
-        dist.all_gather_single(everything, mine)
+        all_gather_single(everything, mine)
         offset = 0
         for p in self.params:
             p.copy_(everything[offset:offset + p.numel()].view_as(p))
