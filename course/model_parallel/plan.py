@@ -3,11 +3,10 @@
 For every ``t x p x d = N`` (``t`` at most one node's GPUs and dividing the heads, ``p`` dividing the layers,
 ``d`` dividing the global batch) :func:`splits` asks the course's performance model for one step
 (:func:`course.perf.parallel.step_time`: compute, tensor-parallel all-reduces, the pipeline bubble, the
-data-parallel all-reduce), and :func:`memory_per_gpu` adds up what one GPU of the first stage holds: model states
-of its ``1/(t·p)`` of the parameters (:mod:`course.memory.budget`: mixed-precision Adam, ZeRO-1 over the ``d``
-data-parallel ranks) and, with recomputation, every layer's 16-bit input for the ``p`` micro-batches 1F1B keeps
-in flight there, one layer's working set and the logits (the terms of :func:`course.perf.planner.memory_per_gpu`,
-which plans without pipelines; Korthikanti et al. 2022, section 4.2.3, for the ``p`` in flight). :func:`choose`
+data-parallel all-reduce), and :func:`course.perf.planner.memory_per_gpu` adds up what one GPU of the first stage
+holds: model states of its ``1/(t·p)`` of the parameters (:mod:`course.memory.budget`: mixed-precision Adam, ZeRO-1
+over the ``d`` data-parallel ranks) and, with recomputation, every layer's 16-bit input for the ``p`` micro-batches
+1F1B keeps in flight there, one layer's working set and the logits. :func:`choose`
 keeps the splits that fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those
 GPUs.
 Taught in ``notebooks/08_tensor_pipeline.ipynb``.
@@ -17,8 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course.memory import budget
-from course.perf import parallel
+from course.perf import parallel, planner
 from course.perf.comm import Cluster
 
 #: GPT-3's shapes (Brown et al. 2020, Table 2.1): 1.3B, 13B and 175B parameters.
@@ -41,22 +39,11 @@ class Split:
         return f"{self.plan.tensor} x {self.plan.pipeline} x {self.plan.data}"
 
 
-def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> float:
-    """Bytes one GPU of the first pipeline stage holds under ``plan`` (module docstring)."""
-    setup = budget.Setup("adam", "bf16", zero_stage, plan.data)
-    states = budget.model_states(model.params / (plan.tensor * plan.pipeline), setup).model_states
-    s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
-    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
-    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
-    logits = 4 * s * b * model.vocab / t
-    return states + layer_inputs + working + logits
-
-
 def evaluate(model: parallel.Transformer, tensor: int, pipeline: int, data: int, cluster: Cluster,
              global_batch: int = 512) -> Split:
     """The modelled step and memory of one ``tensor x pipeline x data`` split (ZeRO-1 when ``data > 1``)."""
     plan = parallel.Plan(tensor, pipeline, data, global_batch, 1, "zero1" if data > 1 else "ddp")
-    memory = memory_per_gpu(model, plan, 1 if data > 1 else 0)
+    memory, _ = planner.memory_per_gpu(model, plan, 1 if data > 1 else 0)
     return Split(plan, parallel.step_time(model, plan, cluster), memory, memory <= cluster.gpu.memory_bytes)
 
 

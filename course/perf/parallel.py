@@ -114,12 +114,19 @@ def check_plan(model: Transformer, plan: Plan, cluster: Cluster) -> None:
                          f"microbatches of {plan.microbatch}.")
 
 
+def layer_activation_bytes(model: Transformer, microbatch: int, tensor: int) -> float:
+    """Bytes one layer saves for backward for one micro-batch, its tensors split ``tensor`` ways:
+    ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` with 16-bit activations (Korthikanti et al. 2022, section 4.1)."""
+    s, h, b, t = model.seq, model.hidden, microbatch, tensor
+    return s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+
+
 def layer_seconds(model: Transformer, plan: Plan, cluster: Cluster) -> tuple[float, float]:
     """``(compute, tensor-parallel communication)`` of one layer's forward for one microbatch, seconds."""
     s, h, b, t, gpu = model.seq, model.hidden, plan.microbatch, plan.tensor, cluster.gpu
     flops = (24 * s * h**2 + 4 * s**2 * h) * b / t
     math_s = flops / (gpu.peak_flops(plan.precision) * microbench.matmul_efficiency(plan.precision, gpu.generation))
-    stored = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))  # bytes, Korthikanti et al. 2022
+    stored = layer_activation_bytes(model, b, t)
     memory_s = 2 * stored / (gpu.memory_bandwidth * microbench.constant("memory"))
     tp_s = 2 * allreduce_seconds(2.0 * s * b * h, t, cluster, "ring") if t > 1 else 0.0
     return math_s + memory_s, tp_s

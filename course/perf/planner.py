@@ -42,12 +42,16 @@ def _plan(strategy: str, gpus: int, cluster: Cluster, global_batch: int) -> tupl
 
 
 def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> tuple[float, float]:
-    """``(total, model states)`` bytes one GPU holds under ``plan`` (module docstring)."""
+    """``(total, model states)`` bytes one GPU of the first pipeline stage holds under ``plan`` (module docstring).
+
+    With a pipeline of ``p`` stages the GPU holds ``1/(t·p)`` of the parameters, and 1F1B keeps up to ``p``
+    micro-batches' layer inputs in flight on the first stage (Korthikanti et al. 2022, section 4.2.3).
+    """
     setup = memory_budget.Setup("adam", "bf16", zero_stage, plan.data)
-    states = memory_budget.model_states(model.params / plan.tensor, setup).model_states
+    states = memory_budget.model_states(model.params / (plan.tensor * plan.pipeline), setup).model_states
     s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
-    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline
-    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
+    working = parallel.layer_activation_bytes(model, b, t)
     logits = 4 * s * b * model.vocab / t
     return states + layer_inputs + working + logits, states
 
