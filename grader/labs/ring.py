@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from course.labs.comm_log import SENDS, CommLog, collectives, sends
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 from grader.labs.ring_diagnosis import close, expected, first_wrong
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -42,7 +42,7 @@ def describe(case: list) -> str:
     return f"{numel} {dtype} element{'s' if numel != 1 else ''}, op={op!r}"
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: run the student's ring on each case of ``config`` and record what it did."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     with CommLog() as log:
@@ -62,7 +62,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
             calls = log.since(mark)
             found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
             outputs.append(mine)
-    return RankReport(found, {"outputs": outputs})
+    return RankFindings(found, {"outputs": outputs})
 
 
 def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returned: object,
