@@ -100,7 +100,7 @@ def train(directory: Path, config: Config, crash_at: int | None = None) -> None:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ResumedRun:
     """A finished :func:`run`: the final parameters and what torchrun and the ranks printed."""
 
     parameters: list[torch.Tensor]
@@ -109,7 +109,7 @@ class Outcome:
 
 
 def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int = 2,
-        timeout_s: float = 180.0) -> Outcome:
+        timeout_s: float = 180.0) -> ResumedRun:
     """Run this script under ``torchrun --max-restarts=1`` in ``directory`` (must be new or empty).
 
     Raises:
@@ -129,7 +129,7 @@ def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int 
     if outcome.status == "timeout" or outcome.returncode != 0:
         raise RuntimeError(f"torchrun resume.py {'timed out' if outcome.status == 'timeout' else 'failed'}; "
                            f"its output:\n{output[-3000:]}")
-    return Outcome(torch.load(directory / "final.pt"), output, (directory / "crashed.marker").exists())
+    return ResumedRun(torch.load(directory / "final.pt"), output, (directory / "crashed.marker").exists())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,7 +63,7 @@ def rank_main(script: str) -> None:
 
     Non-daemon threads are joined, atexit handlers run and the streams flushed, as at any exit; only the
     interpreter's final teardown is skipped (freeing every module and torch's C++ state: seconds per rank on
-    a loaded machine, and nothing the grader or the script's files can observe). Started by :func:`launch`.
+    a loaded machine, and nothing the grader or the script's files can observe). Started by :func:`run_ranks`.
     """
     from grader.inrank import harness
 
@@ -109,7 +109,7 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
     return env
 
 
-def launch(script: str, nproc: int, record_fd: int, seed: int, straggler_s: float) -> int:
+def run_ranks(script: str, nproc: int, record_fd: int, seed: int, straggler_s: float) -> int:
     """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1.
 
     The ranks are forks of this process, made before it reads the run's key (``KEY_FD_ENV``), so that none
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
     os.set_inheritable(record_fd, False)
     seed = int(os.environ.pop(SEED_ENV, "0"))
-    return launch(args.script, args.nproc, record_fd, seed, args.straggler_s)
+    return run_ranks(args.script, args.nproc, record_fd, seed, args.straggler_s)
 
 
 if __name__ == "__main__":
