@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from grader import cli, grading, render
+from grader import cli, render
 from grader.labs import grade as labs
 from grader.runner import GradingConfig
 
@@ -72,19 +72,6 @@ def test_on_gradescope_a_lab_submitted_alone_is_graded_alone(tmp_path):
     assert [t["name"].split(":")[0] for t in data["tests"]] == ["lab ring"] * 4
     assert data["score"] == 0 and "graded the lab(s) submitted: ring" in data["output"]
     assert "Not attempted yet" in data["tests"][0]["output"]
-
-
-def test_a_folder_with_the_assignment_and_a_lab_gets_both_in_one_results(tmp_path):
-    submission = tmp_path / "carol"
-    submission.mkdir()
-    shutil.copyfile(STUB, submission / "ring_allreduce.py")
-    (submission / "train_4gpu.py").write_text("")  # refused at once: empty (no rank is started)
-    results = grading.grade_submission(submission, GradingConfig(visible_only=True))
-    assert results.assignment and results.status == "bad submission" and list(results.labs) == ["ring"]
-    tests = render.gradescope(results)["tests"]
-    assert len(tests) == len(results.checks) + 4 and tests[-1]["name"].startswith("lab ring: ")
-    text = render.feedback(results)
-    assert text.index("[NOT RUN]") < text.index("Lab 'ring'")  # the assignment's checks, then the lab's section
 
 
 def test_the_notebooks_self_check_prints_what_grader_check_prints(capsys):
