@@ -70,7 +70,7 @@ def check(path: Path, config: GradingConfig | None = None) -> Results:
     return results
 
 
-DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (README)
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (docs/instructors.md)
 
 
 def check_lab(lab: str, path: Path) -> bool:

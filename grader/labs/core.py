@@ -205,6 +205,8 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
         return LabResult(lab.name, lab.title, path, tuple(CheckResult.of(check, False, message) for check in checks),
                          0.0, 0, hidden)
     first_failure: dict[str, str] = {}
+    measures: dict[str, str] = {}  # the first passing message of each check that shows_measure
+    shown = {check.name for check in checks if check.shows_measure}
     seen: set[str] = set()
     start, runs = time.monotonic(), 0
     for config in lab.runs + (lab.hidden_runs if hidden else ()):
@@ -218,10 +220,13 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
             for check_id in ids:
                 if not finding.passed and check_id not in first_failure:
                     first_failure[check_id] = finding.message if stop else f"{_label(config)}: {finding.message}"
+                elif finding.passed and finding.message and check_id in shown:
+                    measures.setdefault(check_id, f"{_label(config)}: {finding.message}")
         if stop:
             break
     unchecked = "not checked: no run reported on it"
     results = tuple(CheckResult.of(check, check.name in seen and check.name not in first_failure,
-                                   first_failure.get(check.name, "" if check.name in seen else unchecked))
+                                   first_failure.get(check.name, measures.get(check.name, "" if check.name in seen
+                                                                              else unchecked)))
                     for check in checks)
     return LabResult(lab.name, lab.title, path, results, time.monotonic() - start, runs, hidden)
