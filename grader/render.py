@@ -47,11 +47,12 @@ def _assignment_feedback(results: Results, visible_only: bool) -> list[str]:
 
 
 def check_line(check: CheckResult, message: bool = True) -> str:
-    """One check's line of feedback: ``[PASS]``, ``[FAIL]`` or ``[NOT ASSESSED]``, its title, points, message."""
+    """One check's line of feedback: ``[PASS]``, ``[FAIL]``, ``[INFO]`` (a 0-point check that passed: a measure) or
+    ``[NOT ASSESSED]``, its title, points, message."""
     if not check.assessed:
         return (f"  [NOT ASSESSED] {check.title} (its {check.max_score:g} points left out of the total): "
                 f"{check.message}")
-    mark = "PASS" if check.passed else "FAIL"
+    mark = ("INFO" if not check.max_score and not check.voids_score else "PASS") if check.passed else "FAIL"
     said = f": {check.message}" if message and check.message else ""
     return f"  [{mark}] {check.title} ({check.score:g}/{check.max_score:g}){said}"
 

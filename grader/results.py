@@ -36,6 +36,8 @@ class Check:
             decided on its ranks instead (``None``).
         voids_score: when failed, the submission's score is withheld (0, the raw score kept for the
             instructor's review): the records every other check rests on cannot be trusted.
+        shows_measure: its message (a measure, e.g. a modelled step time) is kept even when it passes; with 0
+            points it is information (``[INFO]`` in the feedback).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Check:
     visibility: str = "visible"
     test: Callable[..., Any] | None = field(default=None, compare=False)
     voids_score: bool = False
+    shows_measure: bool = False
 
     def __post_init__(self) -> None:
         if self.visibility not in VISIBILITIES:
