@@ -61,7 +61,7 @@ class Check:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One rubric line for one submission."""
+    """The verdict on one check (the assignment's or a lab's) for one submission."""
 
     name: str
     title: str
