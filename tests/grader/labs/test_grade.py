@@ -9,10 +9,12 @@ import shutil
 import pytest
 
 from grader import cli, render
+from grader.labs import LABS
 from grader.labs import grade as labs
 from grader.runner import GradingConfig
 
 pytestmark = pytest.mark.timeout(900)
+RING = LABS["ring"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ring_allreduce.py")
@@ -40,15 +42,17 @@ def test_grading_a_class_gives_each_lab_a_column_feedback_and_gradescope_tests(t
     cli.grade_class(submissions, out, jobs=2, config=GradingConfig(visible_only=True), progress=False)
     with open(out / "gradebook.csv", newline="") as handle:
         rows = {row["submission"]: row for row in csv.DictReader(handle)}
-    assert rows["points possible"]["lab ring"] == "10"
-    assert rows["alice"]["lab ring"] == "10" and rows["bob"]["lab ring"] == "6"
+    full = sum(check.points for check in RING.checks)  # every ring check is visible
+    assert rows["points possible"]["lab ring"] == rows["alice"]["lab ring"] == f"{full:g}"
+    assert rows["bob"]["lab ring"] == f"{full - 4:g}"  # only "equal to dist.all_reduce" (4 points) fails
     assert rows["alice"]["status"] == "labs only" and rows["alice"]["score"] == ""  # no assignment: no 0 / 100
     feedback = (out / "feedback" / "bob.txt").read_text()
-    assert "Lab 'ring'" in feedback and "Score: 6/10" in feedback and "it holds the sum, not the average" in feedback
+    assert "Lab 'ring'" in feedback and f"Score: {full - 4:g}/{full:g}" in feedback
+    assert "it holds the sum, not the average" in feedback
     assert "/ 100" not in feedback and "NOT RUN" not in feedback
     tests = json.loads((out / "gradescope" / "bob" / "results.json").read_text())["tests"]
     lab_tests = {t["name"]: t for t in tests if t["name"].startswith("lab ring: ")}
-    assert len(lab_tests) == len(tests) == 4 and sum(t["score"] for t in lab_tests.values()) == 6
+    assert len(lab_tests) == len(tests) == len(RING.checks) and sum(t["score"] for t in lab_tests.values()) == full - 4
     assert lab_tests["lab ring: equal to dist.all_reduce on every rank (sum and avg; float32, float64, bfloat16)"][
         "status"] == "failed"
 
@@ -69,7 +73,7 @@ def test_on_gradescope_a_lab_submitted_alone_is_graded_alone(tmp_path):
     results = cli.run_autograder(submission, out, config=GradingConfig(visible_only=True))
     data = json.loads(out.read_text())
     assert results.checks == [] and results.status == "labs only" and results.labs["ring"].score == 0
-    assert [t["name"].split(":")[0] for t in data["tests"]] == ["lab ring"] * 4
+    assert [t["name"].split(":")[0] for t in data["tests"]] == ["lab ring"] * len(RING.checks)
     assert data["score"] == 0 and "graded the lab(s) submitted: ring" in data["output"]
     assert "Not attempted yet" in data["tests"][0]["output"]
 
