@@ -301,8 +301,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         while len(results) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                note = "" if pace.factor <= 1 else pace.why(timeout_s)
-                raise _timeout(processes, results, left, run_dir, pace.limit(timeout_s), note)
+                raise _timeout(processes, results, left, run_dir, pace.limit(timeout_s), pace.stretched(timeout_s))
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + _LOOK_S
                 stuck = _stuck(processes, results, left, run_dir, watch)

@@ -40,9 +40,14 @@ class Pace:
         """One sentence for a learner: the limit used and why it is what it is."""
         if self.factor <= 1.0:
             return f"The time limit was {base_s:g} s."
-        return (f"The time limit was {self.limit(base_s):.0f} s: the usual {base_s:g} s times {self.factor:.1f}, "
-                f"because this machine ran a fixed test {self.factor:.1f} times slower than usual "
-                "(other programs were using its processors).")
+        return f"The time limit was {self.limit(base_s):.0f} s: {self.stretched(base_s)}."
+
+    def stretched(self, base_s: float) -> str:
+        """Why the limit is longer than ``base_s``, as a clause (``""`` when it is not)."""
+        if self.factor <= 1.0:
+            return ""
+        return (f"the usual {base_s:g} s times {self.factor:.1f}, because this machine ran a fixed test "
+                f"{self.factor:.1f} times slower than usual (other programs were using its processors)")
 
 
 def pace_of(measured_s: float, reference_s: float = REFERENCE_S) -> Pace:
