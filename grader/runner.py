@@ -305,8 +305,11 @@ def _still_working(ev: Evidence, config: GradingConfig) -> str:
     unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
     working = [r for r in unfinished if not _waits_in_collective(ev, r)]
     waiting = [_where(ev, r) for r in unfinished if _waits_in_collective(ev, r)]
-    who = (f"rank(s) {', '.join(map(str, working))} were still using processor time"
-           if working and len(working) < ev.world_size else "the ranks were still using processor time")
+    if working and len(working) < ev.world_size:
+        who = (f"rank {working[0]} was" if len(working) == 1 else f"ranks {', '.join(map(str, working))} were")
+    else:
+        who = "the ranks were"
+    who += " still using processor time"
     return (f"the run did not finish within the time limit, and every rank and DataLoader worker was stopped. "
             f"It was not stuck: {who} when the limit ran out"
             + (" (" + "; ".join(waiting) + ")" if waiting else "")
