@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Gradescope runs this once, as root, while it builds the autograder's image. The zip (see the README,
+# Gradescope runs this once, as root, while it builds the autograder's image. The zip (see docs/instructors.md,
 # "Grading the assignment") is unpacked in /autograder/source: this script, run_autograder, pyproject.toml,
 # course/, grader/ and notebooks/assignment/ (the starter and skeleton the grader recognises).
 #

@@ -1,6 +1,6 @@
 """How long checking one lab takes: each registered lab's visible check on its reference solution, and the stub.
 
-    python benchmarks/labs.py [LAB ...]    (default: every lab in course.labs.LABS)
+    python benchmarks/labs.py [LAB ...]    (default: every lab in grader.labs.LABS)
 
 Target (issue 22): at most 30 s for one lab's visible check (what the notebook's check cell and ``grader check``
 run), printed next to what was measured here and judged PASS or FAIL; the stub's check (one run, stopped as soon
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from course.labs import LABS, run_lab
+from grader.labs import LABS, run_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 30.0

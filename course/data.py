@@ -74,13 +74,30 @@ def _split(images: torch.Tensor, labels: torch.Tensor, n_val: int, n_test: int, 
 
 def load_digits(seed: int = 0, n_val: int = 300, n_test: int = 300) -> Splits:
     """scikit-learn's 1,797 handwritten digits as ``(1, 8, 8)`` images, split deterministically by ``seed``."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    bunch = sklearn_digits()
-    images = torch.tensor(bunch.images / 16.0, dtype=torch.float32).unsqueeze(1)  # (N, 1, 8, 8)
-    labels = torch.tensor(bunch.target, dtype=torch.int64)
+    pixels, targets = _digits_table()
+    images = torch.tensor(pixels.reshape(-1, 8, 8) / 16.0, dtype=torch.float32).unsqueeze(1)  # (N, 1, 8, 8)
+    labels = torch.tensor(targets, dtype=torch.int64)
     train, val, test = _split(images, labels, n_val, n_test, seed)
     return Splits(train, val, test, num_classes=10, name="digits")
+
+
+def _digits_table() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' pixels ``(1797, 64)`` and labels ``(1797,)``, read from the file scikit-learn ships.
+
+    Read directly, as ``sklearn.datasets.load_digits`` reads it, because importing scikit-learn costs about a
+    second of CPU in every rank that loads the data (notebook 05 starts about 15 such processes).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is None or not path.exists():  # another layout: let scikit-learn find its own file
+        from sklearn.datasets import load_digits as sklearn_digits
+
+        bunch = sklearn_digits()
+        return bunch.data, bunch.target
+    table = np.loadtxt(path, delimiter=",")
+    return table[:, :-1], table[:, -1].astype(int)
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -2,7 +2,7 @@
 and :mod:`grader.render`.
 
     grader check train_4gpu.py               the student's self-check: the visible checks, with feedback
-    grader check ring ring_allreduce.py      a lab's self-check (course.labs): its visible checks, with feedback
+    grader check ring ring_allreduce.py      a lab's self-check (grader.labs): its visible checks, with feedback
     grader grade SUBMISSIONS_DIR -o OUT      an instructor grades a class (CSV, Gradescope JSON, feedback)
     grader report OUT [--submissions DIR]    re-render OUT's gradebook from its saved raw results
     grader gradescope                        inside Gradescope: /autograder/submission -> results.json
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from grader import render
 from grader.gradebook import GRADER_ERROR, graded_before, output_keys, rebuild, save, scan, submissions_in
-from grader.labs import grade_labs, only_labs
+from grader.labs.grade import grade_labs, only_labs
 from grader.results import Results
 from grader.runner import BAD, GRADER_STOPPED, GradingConfig, grade, not_run
 
@@ -69,12 +69,12 @@ def check(path: Path, config: GradingConfig | None = None) -> Results:
     return results
 
 
-DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (README)
+DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2-core machine (docs/instructors.md)
 
 
 def check_lab(lab: str, path: Path) -> bool:
     """A lab's self-check: its visible checks on ``path``, the report printed; True if every check passed."""
-    from course import labs
+    from grader import labs
 
     return labs.check(lab, str(path)).passed
 
@@ -82,7 +82,7 @@ def check_lab(lab: str, path: Path) -> bool:
 def _grade_safely(path: Path, config: GradingConfig) -> Results | None:
     """``grade``, turning the grader's own exceptions into a ``grader error`` result; None if stopped before.
 
-    The labs found in the submission (:mod:`grader.labs`) are graded after the assignment, into ``labs``.
+    The labs found in the submission (:mod:`grader.labs.grade`) are graded after the assignment, into ``labs``.
     """
     if config.stop is not None and config.stop.is_set():
         return None

@@ -9,8 +9,8 @@ import csv
 import json
 from pathlib import Path
 
-from grader import labs
 from grader.checks import CHECKS
+from grader.labs import grade as labs
 from grader.results import FINISHED, Results
 
 

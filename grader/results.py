@@ -48,7 +48,7 @@ class Results:
         test_accuracy: the grader's own evaluation of the checkpoint, or None.
         output: the head of rank 0's output and the tail of a failing rank's errors, for the feedback.
         seed: the grader's evaluation seed (derived from the submission's content, so regrading agrees).
-        labs: the labs found in the submission, graded (:mod:`grader.labs`); not part of :attr:`score`.
+        labs: the labs found in the submission, graded (:mod:`grader.labs.grade`); not part of :attr:`score`.
     """
 
     submission: str
@@ -59,7 +59,7 @@ class Results:
     test_accuracy: float | None = None
     output: str = ""
     seed: int = 0
-    labs: dict[str, dict[str, Any]] = field(default_factory=dict)  # lab name -> its verdict (grader.labs.grade_lab)
+    labs: dict[str, dict[str, Any]] = field(default_factory=dict)  # lab name -> grader.labs.grade.grade_lab's verdict
 
     @property
     def raw_score(self) -> float:

@@ -320,7 +320,7 @@ def with_reduce_ops() -> list[bool]:
 def sends(numel_per_rank: int = 10) -> dict[str, list[tuple[int, int]]]:
     """Every point-to-point send each algorithm makes on each group size, in order, as (dest, chunk) with
     group ranks and ``allreduce_sim``'s chunk numbering (``WHOLE`` for the whole tensor): ``"name/k"`` keys."""
-    from course.collectives.simulation import WHOLE
+    from course.collectives.schedules import WHOLE
 
     me = world.current()
     groups = _groups(me.world_size)

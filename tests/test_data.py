@@ -198,3 +198,13 @@ def test_tensors_are_the_dataset_tensors_on_the_device():
     val = data.load().val
     inputs, targets = data.tensors(val, torch.device("cpu"))
     assert torch.equal(inputs, val.tensors[0]) and torch.equal(targets, val.tensors[1])
+
+
+def test_digits_read_directly_equal_scikit_learns():
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    pixels, targets = data._digits_table()
+    bunch = sklearn_digits()
+    assert np.array_equal(pixels, bunch.data) and np.array_equal(targets, bunch.target)
+    assert torch.equal(data.load_digits(n_val=0, n_test=0).train.tensors[0].flatten(1).sort(0).values,
+                       torch.tensor(bunch.data / 16.0, dtype=torch.float32).sort(0).values)

@@ -46,7 +46,7 @@ from course.collectives.protocol import (
     register,
     validate_tensor,
 )
-from course.collectives.simulation import naive_schedule, ring_schedule, tree_schedule
+from course.collectives.schedules import naive_schedule, ring_schedule, tree_schedule
 
 #: The ring cuts each chunk into pieces of about this many bytes and passes a piece on as soon as it is
 #: reduced, while the next piece is still arriving (pipelining: the sends of piece k overlap the adding of

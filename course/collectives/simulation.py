@@ -1,9 +1,8 @@
 """Watch an allreduce happen: the naive, ring and tree algorithms replayed step by step in one process.
 
-Each algorithm is written as a *schedule*: a list of steps, each a set of messages that travel at the same
-time (rank ``source`` sends chunk ``chunk`` of its vector to rank ``dest``, which adds it to its own or
-overwrites its own). :func:`simulate` plays a schedule on a list of per-rank vectors and records, after
-every step, each rank's vector and which ranks' inputs each of its chunks already contains;
+Each algorithm is written as a *schedule* (:mod:`course.collectives.schedules`): a list of steps, each a set of
+messages that travel at the same time. :func:`simulate` plays a schedule on a list of per-rank vectors and
+records, after every step, each rank's vector and which ranks' inputs each of its chunks already contains;
 :func:`draw` turns that into one diagram per step. The schedules follow ``course.collectives.allreduce`` exactly (the
 real ring additionally cuts chunks into pieces to pipeline them; the steps are the same). Taught in
 ``notebooks/04_allreduce.ipynb``.
@@ -23,30 +22,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from course import exercise
+from course.collectives.allreduce import ALGORITHMS, chunk_bounds
+from course.collectives.schedules import WHOLE, Message, Step
 
 if TYPE_CHECKING:  # matplotlib is imported only when drawing
     from matplotlib.figure import Figure
-
-#: A whole-tensor message (naive and tree move whole tensors, the ring moves chunks).
-WHOLE = -1
-
-
-@dataclass(frozen=True)
-class Message:
-    """Rank ``source`` sends chunk ``chunk`` (or the whole vector, ``WHOLE``) to rank ``dest``."""
-
-    source: int
-    dest: int
-    chunk: int
-
-
-@dataclass(frozen=True)
-class Step:
-    """Messages that travel at the same time; ``add`` True reduces into the receiver, False overwrites."""
-
-    phase: str
-    messages: tuple[Message, ...]
-    add: bool
 
 
 @dataclass(frozen=True)
@@ -81,36 +61,6 @@ class Simulation:
         return self.snapshots[-1].values
 
 
-def ring_schedule(world_size: int) -> list[Step]:
-    """Reduce-scatter then all-gather: at step t rank r sends chunk (r - t) % n to rank (r + 1) % n."""
-    n = world_size
-    return [Step("reduce-scatter" if t < n - 1 else "all-gather",
-                 tuple(Message(r, (r + 1) % n, (r - t) % n) for r in range(n)), add=t < n - 1)
-            for t in range(2 * (n - 1))]
-
-
-def naive_schedule(world_size: int) -> list[Step]:
-    """Everyone sends to rank 0 in turn (its one link takes one at a time), then rank 0 sends to each."""
-    gather = [Step("gather to rank 0", (Message(r, 0, WHOLE),), add=True) for r in range(1, world_size)]
-    broadcast = [Step("broadcast from rank 0", (Message(0, r, WHOLE),), add=False) for r in range(1, world_size)]
-    return gather + broadcast
-
-
-def tree_schedule(world_size: int) -> list[Step]:
-    """Binomial tree: in round bit=1,2,4,.. ranks whose lowest set bit is ``bit`` send to ``rank - bit``;
-    the broadcast replays those edges backwards."""
-    n = world_size
-    bits = [1 << k for k in range(math.ceil(math.log2(n)))] if n > 1 else []
-    senders = {bit: [r for r in range(1, n) if r & -r == bit] for bit in bits}
-    reduce = [Step("reduce up the tree", tuple(Message(r, r - bit, WHOLE) for r in senders[bit]), add=True)
-              for bit in bits]
-    broadcast = [Step("broadcast down the tree", tuple(Message(r - bit, r, WHOLE) for r in senders[bit]), add=False)
-                 for bit in reversed(bits)]
-    return reduce + broadcast
-
-
-
-
 def example_inputs(world_size: int, numel: int, seed: int = 0) -> list[np.ndarray]:
     """Small integer vectors, one per rank (integers so the sums are exact and easy to read)."""
     rng = np.random.default_rng(seed)
@@ -126,8 +76,6 @@ def simulate(algorithm: str, inputs: Sequence[np.ndarray]) -> Simulation:
     Raises:
         ValueError: unknown algorithm, no inputs, or vectors of different lengths.
     """
-    from course.collectives.allreduce import ALGORITHMS  # it imports the schedules above
-
     schedules = {name: row.schedule for name, row in ALGORITHMS.items() if row.schedule is not None}
     if algorithm not in schedules:
         raise ValueError(f"algorithm must be one of {sorted(schedules)}, got {algorithm!r}.")
@@ -135,8 +83,6 @@ def simulate(algorithm: str, inputs: Sequence[np.ndarray]) -> Simulation:
 
 
 def _play(algorithm: str, schedule: Callable[[int], list[Step]], inputs: Sequence[np.ndarray]) -> Simulation:
-    from course.collectives.allreduce import chunk_bounds  # it imports this module's schedules
-
     vectors = [np.asarray(v, dtype=np.float64).ravel() for v in inputs]
     lengths = sorted({v.size for v in vectors})
     if len(lengths) != 1:

@@ -155,19 +155,23 @@ def last_swing(run: Run) -> float:
 
 
 def margin(reference: Run, other: Run, accuracy: float, n_samples: int) -> float:
-    """How close two runs' accuracies must be to count as the same: the larger of :func:`tolerance` of
-    ``accuracy`` (``reference``'s, on a set of ``n_samples``: the sampling noise of the set) and how far either
-    run's validation accuracy moved in its last epoch (:func:`last_swing`: the noise of training at its rate; a
-    run that still moves that much from one epoch to the next cannot be ranked by a smaller difference)."""
-    return max(tolerance(accuracy, n_samples), last_swing(reference), last_swing(other))
+    """How close two runs' accuracies must be to count as the same: :func:`tolerance` of ``accuracy``
+    (``reference``'s, on a set of ``n_samples``), the sampling noise of the set.
+
+    A run whose accuracy still swings from epoch to epoch does not widen it: a swing says the run is unsettled,
+    not that a gap is small (:func:`unsettled`). ``reference`` and ``other`` are kept for callers that name them.
+    """
+    return tolerance(accuracy, n_samples)
 
 
-def margin_reason(reference: Run, other: Run, accuracy: float, n_samples: int) -> str:
-    """Which term of :func:`margin` sets it, in words: the sampling noise, or which run's last swing."""
-    terms = {f"two standard errors of an accuracy on {n_samples} samples": tolerance(accuracy, n_samples),
-             f"how far the validation accuracy of '{reference.label}' moved in its last epoch": last_swing(reference),
-             f"how far the validation accuracy of '{other.label}' moved in its last epoch": last_swing(other)}
-    return max(terms, key=terms.get)
+def unsettled(runs: list[Run], gap: float) -> str:
+    """A caveat when some run's validation accuracy moved more than ``gap`` in its last epoch, else ``""``."""
+    moving = [run for run in runs if last_swing(run) > abs(gap)]
+    if not moving:
+        return ""
+    worst = max(moving, key=last_swing)
+    return (f" (but '{worst.label}' moved by {last_swing(worst):.3f} in its last epoch, more than the gap: "
+            f"more epochs could change this)")
 
 
 def gap_verdict(reference: float, before: float, after: float, margin: float) -> str:
@@ -187,8 +191,8 @@ def explain_gap(single: Run, converted: Run, n_val: int) -> str:
     """In words chosen by the numbers: how far the converted run is from the single-device one, and its steps."""
     noise = margin(single, converted, single.val_accuracy, n_val)
     gap = single.val_accuracy - converted.val_accuracy
-    where = (f"trails the single device by {gap:.3f}" if gap > noise else
-             f"matches the single device (within {noise:.3f}, the noise of the comparison)")
+    where = (f"trails the single device by {gap:.3f}{unsettled([single, converted], gap)}" if gap > noise else
+             f"matches the single device (within {noise:.3f}, two standard errors on {n_val} samples)")
     return (f"After {len(converted.val_accuracies)} epochs the {converted.world_size}-rank script {where} in "
             f"validation accuracy ({converted.val_accuracy:.3f} vs {single.val_accuracy:.3f}; test "
             f"{converted.test_accuracy:.3f} vs {single.test_accuracy:.3f}). Its global batch is "
@@ -230,7 +234,8 @@ def conclusion(single: Run, converted: Run, fixed: Run, n_val: int, n_test: int)
                           ("test", n_test, lambda run: run.test_accuracy)):
         noise = margin(single, fixed, get(single), n)
         verdict = gap_verdict(get(single), get(converted), get(fixed), noise)
+        caveat = unsettled([single, fixed], get(single) - get(fixed)) if split == "validation" else ""
         parts.append(f"on {split} the gap {verdict} ({get(single):.3f} single device, {get(converted):.3f} before "
-                     f"the fix, {get(fixed):.3f} after; the same within {noise:.3f}: "
-                     f"{margin_reason(single, fixed, get(single), n)})")
+                     f"the fix, {get(fixed):.3f} after; the same within {noise:.3f}, two standard errors on "
+                     f"{n} samples){caveat}")
     return f"With {fixed.steps} steps of a global batch of {fixed.global_batch_size}: " + "; ".join(parts) + "."

@@ -1,36 +1,35 @@
 """Labs: the student writes the real distributed code (a ring allreduce, DDP, ZeRO), checked on N ranks.
 
-``course.labs.check("ring", "labs/ring_allreduce.py")`` in a notebook's check cell (or ``grader check ring
-FILE`` from a terminal) runs the lab's visible checks and prints what is right and the first thing wrong;
-``grader grade`` runs the hidden ones too. The format is in :mod:`course.labs.core`, the labs in
-:mod:`course.labs.registry`.
+The stubs that a notebook's ``%%writefile labs/<file>.py`` cell writes are in :mod:`course.labs.stubs`. The
+checks live with the grader's (:mod:`grader.labs`): :func:`check` here is the notebooks' way in, so that a
+notebook's self-check, ``grader check`` and ``grader grade`` run the same code.
 """
 
 from __future__ import annotations
 
-from course.labs.core import Check, CheckResult, Finding, Lab, LabResult, RankReport, run_lab
-from course.labs.registry import LABS, get
+from typing import TYPE_CHECKING
 
-__all__ = ["LABS", "Check", "CheckResult", "Finding", "Lab", "LabResult", "RankReport", "check", "get", "run_lab"]
+if TYPE_CHECKING:
+    from grader.labs.core import LabResult
+
+__all__ = ["check"]
 
 
 def check(lab: str, path: str | None = None, hidden: bool = False, quiet: bool = False) -> LabResult:
     """Check the student's file for ``lab`` and print the report; never raises for a wrong submission.
 
     Args:
-        lab: the lab's name, e.g. ``"ring"`` (see :data:`LABS`).
+        lab: the lab's name, e.g. ``"ring"`` (see ``grader.labs.LABS``).
         path: the student's file; default the lab's ``student_file`` (relative to ``notebooks/``).
         hidden: also run the grader's hidden runs and checks.
         quiet: return the result without printing it.
 
     Returns:
-        The :class:`LabResult` (``.passed``, ``.score``, ``.failed()``, ``.report()``).
+        The lab's result (``.passed``, ``.score``, ``.failed()``, ``.report()``).
 
     Raises:
         ValueError: no lab called ``lab``.
     """
-    spec = get(lab)
-    result = run_lab(spec, path or spec.student_file, hidden=hidden)
-    if not quiet:
-        print(result.report())
-    return result
+    from grader import labs  # the grader builds on the course: imported here, when a check is asked for
+
+    return labs.check(lab, path, hidden=hidden, quiet=quiet)

@@ -84,12 +84,3 @@ def show(history: History, threshold: float | None = None) -> None:
     else:  # a script has nowhere to show it; plot_timeline is there to save one
         plt.close(fig)
 
-
-def __getattr__(name: str):
-    """``report`` was this function's name before the layout of issue 21 (it meant five things): warn, forward."""
-    if name == "report":
-        from course import _moved
-
-        _moved.warn_moved("course.monitor.summary_plot.report", "course.monitor.summary_plot.show")
-        return show
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

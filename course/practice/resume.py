@@ -9,7 +9,8 @@ remembers): torchrun sees a worker die, stops the others and starts every rank a
 is then 1). Elastic membership (``--nnodes=1:4``) goes further: the job restarts with however many nodes are
 left, so the checkpoint must not depend on the world size (this one refuses another world size).
 
-Why ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default (torch 2.13) the restarted ranks meet in the same key-value
+Why ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: a workaround for one torch version (2.13, installed when this was
+written), not how torchrun is meant to behave. By default there the restarted ranks meet in the same key-value
 store the first attempt used, whose keys still hold the dead ranks' gloo addresses; the new rank 1 connects to
 the old rank 0's port and fails with "Gloo connectFullMesh failed ... Connection refused" (measured here). With the
 variable set, every attempt gets a fresh store. Taught in

@@ -44,7 +44,7 @@ def hide_memory() -> bool:
     For the process holding the run's key (the launcher): the ranks it starts run as the same user and could
     otherwise read the key out of its memory and sign records as the launcher. An ``exec`` makes a process
     dumpable again, so the ranks themselves are unaffected. Returns False where this is not possible (not
-    Linux); the key is then readable by same-user processes (see the README's threat model).
+    Linux); the key is then readable by same-user processes (see docs/instructors.md, the threat model).
     """
     if not sys.platform.startswith("linux"):
         return False

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from course import world
-from course.collectives import cost_model, simulation
+from course.collectives import cost_model, schedules, simulation
 from course.collectives.allreduce import ALGORITHMS, begin, finish
 from course.collectives.protocol import Algorithm, register
 from course.perf import catalog
@@ -36,9 +36,9 @@ def direct_allreduce(tensor, op="sum", group=None, *, check=True):
 
 def direct_schedule(world_size):
     """One step: every rank's whole tensor to every other rank, added on arrival."""
-    messages = tuple(simulation.Message(source, dest, simulation.WHOLE)
+    messages = tuple(schedules.Message(source, dest, schedules.WHOLE)
                      for source in range(world_size) for dest in range(world_size) if dest != source)
-    return [simulation.Step("everyone to everyone", messages, add=True)] if messages else []
+    return [schedules.Step("everyone to everyone", messages, add=True)] if messages else []
 
 
 #: The one row.

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from course.collectives import cost_model
 from course.collectives.allreduce import ALGORITHMS
-from course.collectives.simulation import WHOLE, draw, example_inputs, simulate
+from course.collectives.schedules import WHOLE
+from course.collectives.simulation import draw, example_inputs, simulate
 
 matplotlib.use("Agg")
 

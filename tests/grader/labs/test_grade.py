@@ -7,15 +7,16 @@ import shutil
 
 import pytest
 
-from grader import cli, labs
+from grader import cli
+from grader.labs import grade as labs
 from grader.runner import GradingConfig
 
 pytestmark = pytest.mark.timeout(900)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ring_allreduce.py")
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "ring_allreduce.py")
-FORGETS_AVERAGE = os.path.join(ROOT, "tests", "labs", "attempts", "ring_forgets_average.py")
+FORGETS_AVERAGE = os.path.join(ROOT, "tests", "grader", "labs", "attempts", "ring_forgets_average.py")
 
 
 def test_a_lab_is_found_by_its_file_name_anywhere_in_a_folder_or_as_the_submission(tmp_path):

@@ -1,11 +1,11 @@
-"""course.labs.ring_diagnosis names the mistake behind a wrong ring result, read off the numbers alone."""
+"""grader.labs.ring_diagnosis names the mistake behind a wrong ring result, read off the numbers alone."""
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course.labs import ring
-from course.labs.ring_diagnosis import expected, first_wrong
+from grader.labs import ring
+from grader.labs.ring_diagnosis import expected, first_wrong
 
 SHAPES = st.tuples(st.integers(2, 8), st.integers(1, 200), st.sampled_from(sorted(ring.DTYPES)), st.integers(0, 99))
 

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from course.labs.comm_log import COLLECTIVES, CommLog
-from course.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 
 CHECKS = (
     Check("outputs", "the output equals the unsplit MLP's on every rank", 3),
@@ -147,8 +147,8 @@ LAB = Lab(
     student_file="labs/tp_mlp.py",
     entry="ParallelMLP",
     checks=CHECKS,
-    rank_check="course.labs.tp_mlp:check_on_rank",
-    cross_check="course.labs.tp_mlp:cross_check",
+    rank_check="grader.labs.tp_mlp:check_on_rank",
+    cross_check="grader.labs.tp_mlp:cross_check",
     runs=(_run(4, 0, 64, "d_ff=64"),),  # one launch: a check takes well under 30 s here
     hidden_runs=(_run(2, "jitter", 128, "d_ff=128"), _run(3, "jitter", 96, "d_ff=96")),
     hang_hint="Every rank must call each all_reduce: a rank that skips f or g leaves the others waiting in it.",

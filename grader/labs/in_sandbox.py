@@ -1,11 +1,11 @@
 """Inside the sandbox: check one lab file and write the verdict to a pipe only the grader reads.
 
-    python -m grader.lab_run ring ring_allreduce.py --result-fd 5 [--hidden]
+    python -m grader.labs.in_sandbox ring ring_allreduce.py --result-fd 5 [--hidden]
 
-Runs :func:`course.labs.run_lab` (which starts the ranks and cross-checks their outputs here, in this process,
-where no student code runs) and writes :meth:`~course.labs.LabResult.to_dict` plus the printed report as one
+Runs :func:`grader.labs.run_lab` (which starts the ranks and cross-checks their outputs here, in this process,
+where no student code runs) and writes :meth:`~grader.labs.LabResult.to_dict` plus the printed report as one
 JSON document to ``--result-fd``. The ranks are started with spawn, which passes them no inherited descriptor
-but their own: they cannot write to that pipe. Started by :mod:`grader.labs`.
+but their own: they cannot write to that pipe. Started by :mod:`grader.labs.grade`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import argparse
 import json
 import os
 
-from course.labs import get, run_lab
+from grader.labs import get, run_lab
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.lab_run")
+    parser = argparse.ArgumentParser(prog="python -m grader.labs.in_sandbox")
     parser.add_argument("lab")
     parser.add_argument("file")
     parser.add_argument("--result-fd", type=int, required=True)

@@ -1,4 +1,4 @@
-"""The DDP-by-hand lab (course.labs.ddp): the stub fails every check, the solution passes all, each mistake its own.
+"""The DDP-by-hand lab (grader.labs.ddp): the stub fails every check, the solution passes all, each mistake its own.
 
 The verdicts are also tested alone on timelines built by hand (no ranks): what counts as overlap, and the
 diagnosis of a wrong update from its measured ratio to DDP's.
@@ -14,11 +14,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course.labs import ddp
-from course.labs.core import run_lab
 from course.labs.recorder import Call
+from grader.labs import ddp
+from grader.labs.core import run_lab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "ddp_by_hand.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ddp_by_hand.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")

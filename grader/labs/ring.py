@@ -4,7 +4,7 @@ On every rank :func:`check_on_rank` loads the student's file under a :class:`~co
 calls ``ring_allreduce`` on each case of the run (a length, a dtype, an op) and records, per case: the result
 (returned to the driver), ``dist.all_reduce``'s result (torch's own function), the collectives called, the
 bytes and messages sent. Outside the ranks :func:`cross_check` regenerates every rank's input from the run's
-seed, computes the exact answer and explains the first wrong chunk (:mod:`course.labs.ring_diagnosis`).
+seed, computes the exact answer and explains the first wrong chunk (:mod:`grader.labs.ring_diagnosis`).
 
 Checks: equal to ``dist.all_reduce`` on every rank (tolerance per dtype in ``ring_diagnosis.TOLERANCE``); only
 point-to-point calls; each rank sends 2(n-1)/n of the tensor (within one element per chunk, for uneven chunks);
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from course.labs.comm_log import SENDS, CommLog, collectives, sends
-from course.labs.core import Check, Finding, Lab, RankReport, load_entry
-from course.labs.ring_diagnosis import close, expected, first_wrong
+from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.ring_diagnosis import close, expected, first_wrong
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 CHECKS = (
@@ -129,8 +129,8 @@ LAB = Lab(
     student_file="labs/ring_allreduce.py",
     entry="ring_allreduce",
     checks=CHECKS,
-    rank_check="course.labs.ring:check_on_rank",
-    cross_check="course.labs.ring:cross_check",
+    rank_check="grader.labs.ring:check_on_rank",
+    cross_check="grader.labs.ring:cross_check",
     # timeouts: starting the ranks is most of a run, and a loaded 2-core machine can take a minute for it
     runs=({"world_size": 4, "seed": 0, "cases": CASES_4, "timeout_s": 120},
           {"world_size": 3, "seed": 1, "cases": CASES_3, "timeout_s": 120}),

@@ -8,15 +8,15 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from course.labs.core import Lab
+from grader.labs.core import Lab
 
 #: lab name -> the module that defines its ``LAB``
 MODULES = {
-    "ring": "course.labs.ring",  # notebook 04: ring allreduce from point-to-point
-    "ddp": "course.labs.ddp",  # notebook 04b: DDP by hand (bucketed, overlapped)
-    "zero": "course.labs.zero",  # notebook 07: ZeRO-1 sharded Adam
-    "tp_mlp": "course.labs.tp_mlp",  # tensor-parallel MLP
-    "one_f_one_b": "course.labs.one_f_one_b",  # the 1F1B pipeline schedule
+    "ring": "grader.labs.ring",  # notebook 04: ring allreduce from point-to-point
+    "ddp": "grader.labs.ddp",  # notebook 04b: DDP by hand (bucketed, overlapped)
+    "zero": "grader.labs.zero",  # notebook 07: ZeRO-1 sharded Adam
+    "tp_mlp": "grader.labs.tp_mlp",  # tensor-parallel MLP
+    "one_f_one_b": "grader.labs.one_f_one_b",  # the 1F1B pipeline schedule
 }
 
 
@@ -27,7 +27,7 @@ def _load() -> dict[str, Lab]:
             continue
         lab = importlib.import_module(module).LAB
         if lab.name != name:
-            raise ValueError(f"{module}.LAB is named {lab.name!r} but its row in course.labs.registry says {name!r}")
+            raise ValueError(f"{module}.LAB is named {lab.name!r} but its row in grader.labs.registry says {name!r}")
         labs[name] = lab
     return labs
 

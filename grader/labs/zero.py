@@ -32,9 +32,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from course import world
-from course.labs.agree import spreads, total
-from course.labs.core import Check, Finding, Lab, load_entry
 from course.labs.recorder import Recorder, recording
+from grader.labs.agree import spreads, total
+from grader.labs.core import Check, Finding, Lab, load_entry
 
 ENTRY = "MyZeRO1Adam"
 #: eps near the gradients' size, so a sum is not mistaken for an average (Adam alone is blind to the scale), and
@@ -54,7 +54,7 @@ CHECKS = (
 
 LAB = Lab(
     name="zero", title="ZeRO-1: Adam with its state sharded over the ranks", notebook="07_memory",
-    student_file="labs/zero1_adam.py", entry=ENTRY, checks=CHECKS, rank_check="course.labs.zero:check_on_rank",
+    student_file="labs/zero1_adam.py", entry=ENTRY, checks=CHECKS, rank_check="grader.labs.zero:check_on_rank",
     runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},),
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 4, "timeout_s": 120, "label": "4 Adam steps"}),
@@ -242,7 +242,7 @@ def judge_communication(sent: list[float], numel: int, tensors: int, world_size:
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Run the student's ``MyZeRO1Adam`` from ``path`` on this rank as ``config`` says; one Finding per check.
 
-    An exception from the student's code propagates: the driver (``course.labs.core``) explains it.
+    An exception from the student's code propagates: the driver (``grader.labs.core``) explains it.
     """
     me, seed = world.current(), config["seed"]
     reference = reference_trajectory(_model(seed), config, me)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course.labs.core import Check, Finding, Lab, RankReport, load_entry
 from course.model_parallel import pipeline, schedules, transformer
+from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 
 CHECKS = (
     Check("well_formed", "every micro-batch runs forward once, then backward once, on every stage", 2),
@@ -105,8 +105,8 @@ LAB = Lab(
     student_file="labs/one_f_one_b.py",
     entry="one_f_one_b",
     checks=CHECKS,
-    rank_check="course.labs.one_f_one_b:check_on_rank",
-    cross_check="course.labs.one_f_one_b:cross_check",
+    rank_check="grader.labs.one_f_one_b:check_on_rank",
+    cross_check="grader.labs.one_f_one_b:cross_check",
     runs=(_run(4, 8, 0),),
     hidden_runs=(_run(4, 3, "jitter"), _run(3, 7, "jitter")),
     hang_hint=("A pipeline hangs when a stage waits to receive what its neighbour will only send later: check "

@@ -1,8 +1,8 @@
-"""Grade the labs a student submitted (course.labs), each in the same sandbox as the assignment's run.
+"""Grade the labs a student submitted (grader.labs), each in the same sandbox as the assignment's run.
 
 A lab is found in a submission by its file name (``ring_allreduce.py`` for the ring lab: the file the notebook's
 ``%%writefile`` cell wrote), anywhere in the student's folder, or as the submission itself. :func:`grade_labs`
-runs each one found with :mod:`grader.lab_run` inside :func:`grader.sandbox.run` (a fresh directory holding only
+runs each one found with :mod:`grader.labs.in_sandbox` inside :func:`grader.sandbox.run` (a fresh directory holding only
 that file, the grader's limits, loopback only) and returns plain data per lab, which :class:`grader.results.Results`
 keeps under ``labs`` and the gradebook, the feedback and Gradescope render: one column, one section, one test per
 check. ``grader grade`` runs the hidden runs and checks; the self-check (``grader check ring FILE``) only the
@@ -18,10 +18,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from course.labs import LABS, Lab
 from grader import sandbox
 from grader import secret as instructor_secret
 from grader.environment import python_argv, run_env
+from grader.labs import LABS, Lab
 
 #: the sandbox's limits for one lab: every run of it, hidden ones included (8 ranks at most)
 LAB_LIMITS = sandbox.Limits(wall_s=420.0)
@@ -68,7 +68,7 @@ def grade_lab(lab: Lab, path: Path, hidden: bool = True, isolation: str = "auto"
         received: list[bytes] = []
         reader = threading.Thread(target=lambda: received.append(_read_all(read)), daemon=True)
         reader.start()
-        argv = [*python_argv(), "-m", "grader.lab_run", lab.name, name, "--result-fd", str(write)]
+        argv = [*python_argv(), "-m", "grader.labs.in_sandbox", lab.name, name, "--result-fd", str(write)]
         try:
             result = sandbox.run(argv + (["--hidden"] if hidden else []), cwd=run_dir, env=run_env(), limits=limits,
                                  pass_fds=(write,), isolation=isolation, stop=stop,
@@ -85,7 +85,7 @@ def _read_all(fd: int) -> bytes:
 
 
 def _verdict(lab: Lab, path: str, raw: bytes, result: Any, hidden: bool) -> dict[str, Any]:
-    """The lab's result as lab_run wrote it, or every check failed with how the sandboxed run ended."""
+    """The lab's result as in_sandbox wrote it, or every check failed with how the sandboxed run ended."""
     import json
 
     try:

@@ -30,10 +30,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course import world
 from course.ddp import buckets
-from course.labs.agree import spreads
-from course.labs.core import Check, Finding, Lab, load_entry
 from course.labs.recorder import ORIGINAL, Call, Recorder, recording
 from course.models import MLP
+from grader.labs.agree import spreads
+from grader.labs.core import Check, Finding, Lab, load_entry
 
 ENTRY = "MyDDP"
 #: Largest |parameter difference| from torch's DDP accepted after each step (float32, lr 0.1: a wrong gradient
@@ -51,7 +51,7 @@ CHECKS = (
 LAB = Lab(
     name="ddp", title="DDP by hand: broadcast, hooks, buckets, overlapped allreduce",
     notebook="04b_distributed_optimizer", student_file="labs/ddp_by_hand.py", entry=ENTRY, checks=CHECKS,
-    rank_check="course.labs.ddp:check_on_rank",
+    rank_check="grader.labs.ddp:check_on_rank",
     runs=({"world_size": 4, "seed": 0, "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
            "label": "3 SGD steps of a 4-layer MLP, buckets of at most 4224 bytes"},),
     hidden_runs=({"world_size": 2, "seed": "jitter", "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
@@ -255,7 +255,7 @@ def judge_no_torch_ddp(constructed: list[str]) -> Finding:
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Run the student's ``MyDDP`` from ``path`` on this rank as ``config`` says; one Finding per check.
 
-    An exception from the student's code propagates: the driver (``course.labs.core``) explains it.
+    An exception from the student's code propagates: the driver (``grader.labs.core``) explains it.
     """
     me = world.current()
     reference = reference_trajectory(config, me)

@@ -1,4 +1,4 @@
-"""The ring lab (course.labs.ring): the stub fails every check, the solution passes all, each mistake fails its own.
+"""The ring lab (grader.labs.ring): the stub fails every check, the solution passes all, each mistake fails its own.
 
 The solution is also compared with dist.all_reduce on inputs hypothesis draws (world sizes 2-8, any length, every
 dtype and op).
@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course.labs import ring
-from course.labs.core import run_lab
+from grader.labs import ring
+from grader.labs.core import run_lab
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.unit4]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "ring_allreduce.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ring_allreduce.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")

@@ -1,16 +1,16 @@
-"""course.labs.one_f_one_b: the stub fails every check, the solution passes every one, and each wrong schedule
+"""grader.labs.one_f_one_b: the stub fails every check, the solution passes every one, and each wrong schedule
 fails exactly the checks its mistake breaks, with a message that names the mistake."""
 
 import os
 
 import pytest
 
-from course.labs import one_f_one_b
-from course.labs.core import run_lab
+from grader.labs import one_f_one_b
+from grader.labs.core import run_lab
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 EVERY = {check.id for check in one_f_one_b.CHECKS}
 
 

@@ -4,7 +4,7 @@ The lab's inputs are small integers (every sum is exact in float32, float64 and 
 difference from the right answer says what happened: off by exactly one rank's input means that rank's chunk
 was added twice (or never, if negative); the sum where the average was asked means the division was forgotten;
 the same mistake on every rank means the reduce-scatter made it (the all-gather only passed it on). Used by
-:mod:`course.labs.ring` outside the ranks, on outputs the ranks returned and inputs the checker generated.
+:mod:`grader.labs.ring` outside the ranks, on outputs the ranks returned and inputs the checker generated.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""course.labs.tp_mlp: the stub fails every check, the solution passes every one, and each wrong attempt fails
+"""grader.labs.tp_mlp: the stub fails every check, the solution passes every one, and each wrong attempt fails
 exactly the checks its mistake breaks, with a message that names the mistake."""
 
 import os
 
 import pytest
 
-from course.labs import tp_mlp
-from course.labs.core import run_lab
+from grader.labs import tp_mlp
+from grader.labs.core import run_lab
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 EVERY = {check.id for check in tp_mlp.CHECKS}
 
 

@@ -6,7 +6,7 @@ import os
 import nbformat
 import pytest
 
-from course.labs import LABS
+from grader.labs import LABS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,7 +8,7 @@ evidence such as output tensors that the driver cross-checks outside the ranks w
 check passes only if it passed on every rank of every run; the first failure is reported, prefixed with its
 run) and returns a :class:`LabResult`. A student's exception becomes "your ring_allreduce raised ValueError on
 rank 2: ... (line 14 of labs/ring_allreduce.py)", a hang a timeout naming the ranks that waited, never a
-traceback from inside the checker. The labs are in :mod:`course.labs` (notebooks 04, 04b, 07 introduce them);
+traceback from inside the checker. The labs are in :mod:`grader.labs` (notebooks 04, 04b, 07 introduce them);
 ``grader check`` and ``grader grade`` call the same :func:`run_lab`.
 """
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course.labs import stubs
 from course.runtime.launch import RankFailed, RankTimeout, launch
 
 
@@ -254,7 +255,7 @@ def _not_attempted(report_dir: str) -> bool:
 
 def stub_path(lab: Lab) -> Path:
     """The packaged stub of ``lab``: ``course/labs/stubs/<the student file's name>``."""
-    return Path(__file__).with_name("stubs") / Path(lab.student_file).name
+    return Path(stubs.__file__).parent / Path(lab.student_file).name
 
 
 def _is_the_stub(lab: Lab, path: str) -> bool:
@@ -267,7 +268,7 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
     """Run every run of ``lab`` on the student's file ``path`` and merge the findings into a :class:`LabResult`.
 
     Args:
-        lab: the lab (see :mod:`course.labs`).
+        lab: the lab (see :mod:`grader.labs`).
         path: the student's file, e.g. ``"labs/ring_allreduce.py"`` (relative to the current directory).
         hidden: also the hidden runs and hidden checks (the grader's ``grade``; never the self-check).
     """

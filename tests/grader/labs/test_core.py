@@ -1,9 +1,9 @@
-"""The lab driver (course.labs.core) on a toy lab: verdicts merged over ranks and runs, errors in plain words."""
+"""The lab driver (grader.labs.core) on a toy lab: verdicts merged over ranks and runs, errors in plain words."""
 
 import pytest
 import toy_lab
 
-from course.labs.core import run_lab
+from grader.labs.core import run_lab
 
 pytestmark = pytest.mark.timeout(240)
 

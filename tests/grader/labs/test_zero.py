@@ -1,4 +1,4 @@
-"""The ZeRO-1 lab (course.labs.zero): the stub fails every check, the solution passes all, each mistake its own.
+"""The ZeRO-1 lab (grader.labs.zero): the stub fails every check, the solution passes all, each mistake its own.
 
 The verdicts are also tested alone (no ranks): what counts as the optimizer's state, and the diagnosis of the
 bytes kept and sent.
@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from course.labs import zero
-from course.labs.core import run_lab
+from grader.labs import zero
+from grader.labs.core import run_lab
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "zero1_adam.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "zero1_adam.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")

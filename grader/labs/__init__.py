@@ -1,0 +1,36 @@
+"""The labs' checks: the student writes the real distributed code (a ring allreduce, DDP, ZeRO), checked on N ranks.
+
+``course.labs.check("ring", "labs/ring_allreduce.py")`` in a notebook's check cell (it calls :func:`check`
+here), or ``grader check ring FILE`` from a terminal, runs the lab's visible checks and prints what is right
+and the first thing wrong; ``grader grade`` runs the hidden ones too. The format is in
+:mod:`grader.labs.core`, the labs in :mod:`grader.labs.registry`.
+"""
+
+from __future__ import annotations
+
+from grader.labs.core import Check, CheckResult, Finding, Lab, LabResult, RankReport, run_lab
+from grader.labs.registry import LABS, get
+
+__all__ = ["LABS", "Check", "CheckResult", "Finding", "Lab", "LabResult", "RankReport", "check", "get", "run_lab"]
+
+
+def check(lab: str, path: str | None = None, hidden: bool = False, quiet: bool = False) -> LabResult:
+    """Check the student's file for ``lab`` and print the report; never raises for a wrong submission.
+
+    Args:
+        lab: the lab's name, e.g. ``"ring"`` (see :data:`LABS`).
+        path: the student's file; default the lab's ``student_file`` (relative to ``notebooks/``).
+        hidden: also run the grader's hidden runs and checks.
+        quiet: return the result without printing it.
+
+    Returns:
+        The :class:`LabResult` (``.passed``, ``.score``, ``.failed()``, ``.report()``).
+
+    Raises:
+        ValueError: no lab called ``lab``.
+    """
+    spec = get(lab)
+    result = run_lab(spec, path or spec.student_file, hidden=hidden)
+    if not quiet:
+        print(result.report())
+    return result
