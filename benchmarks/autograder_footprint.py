@@ -3,7 +3,7 @@
     python benchmarks/autograder_footprint.py [SCRIPT]   (default: the reference solution)
 
 Grades SCRIPT once, as Gradescope's ``run_autograder`` does (one submission, the grader's default configuration),
-while a thread samples this process's whole tree every half second with psutil: the grader, the sandboxed
+while a thread samples this process's whole tree every 0.2 s with psutil: the grader, the sandboxed
 launcher and its 4 ranks, the evaluation process, DataLoader workers. It prints the peak of their summed
 proportional memory (PSS: a page shared by n processes counts 1/n to each, so forked ranks' shared torch is
 counted once, as a container's memory limit counts it), the peak of their summed resident memory (RSS, which
@@ -35,11 +35,12 @@ MIB = 2**20
 class TreeSampler(threading.Thread):
     """Samples this process and all its descendants until stopped; keeps the peaks."""
 
-    def __init__(self, period_s: float = 0.5) -> None:
+    def __init__(self, period_s: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.period_s, self.done = period_s, threading.Event()
         self.peak_pss = self.peak_rss = self.peak_processes = 0
         self.at_peak: list[tuple[str, int]] = []
+        self.cpu_s: dict[tuple[int, float], float] = {}  # (pid, start time) -> its own CPU seconds, last seen
 
     def run(self) -> None:
         me = psutil.Process()
@@ -49,9 +50,11 @@ class TreeSampler(threading.Thread):
             for proc in [me, *me.children(recursive=True)]:
                 try:
                     info = proc.memory_full_info()
+                    times = proc.cpu_times()
+                    self.cpu_s[(proc.pid, proc.create_time())] = times.user + times.system
                     pss += info.pss
                     rss += info.rss
-                    seen.append((" ".join(proc.cmdline()[:4])[-60:], info.pss))
+                    seen.append((_role(proc, me), info.pss))
                 except psutil.Error:
                     continue
             if pss > self.peak_pss:
@@ -59,6 +62,23 @@ class TreeSampler(threading.Thread):
             self.peak_rss = max(self.peak_rss, rss)
             self.peak_processes = max(self.peak_processes, len(seen))
             self.done.wait(self.period_s)
+
+
+def _role(proc: psutil.Process, me: psutil.Process) -> str:
+    """What a process of the grading is, in a few words."""
+    if proc.pid == me.pid:
+        return "the grader (this process: torch and the course data loaded)"
+    command = " ".join(proc.cmdline())
+    if '"limits"' in command or "bwrap" in command:  # its argument, a JSON config, names what it supervises
+        return "a sandbox supervisor"
+    if "grader.inrank.launcher" in command:
+        parent = proc.parent()
+        above = " ".join(parent.cmdline()) if parent is not None else ""
+        is_rank = "grader.inrank.launcher" in above and '"limits"' not in above
+        return "a rank (a fork of the launcher)" if is_rank else "the launcher (torch preloaded; the ranks' parent)"
+    if "grader.evaluate" in command:
+        return "the checkpoint's evaluation process"
+    return command[:60]
 
 
 def main(argv: list[str]) -> int:
@@ -73,7 +93,10 @@ def main(argv: list[str]) -> int:
     sampler.done.set()
     sampler.join()
     after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = sum((a.ru_utime + a.ru_stime) - (b.ru_utime + b.ru_stime) for a, b in zip(after, before, strict=True))
+    # reaped children's CPU (rusage) misses processes killed at the end of the run and reaped inside the sandbox;
+    # the samples miss each process's last 0.2 s: the larger of the two
+    reaped = sum((a.ru_utime + a.ru_stime) - (b.ru_utime + b.ru_stime) for a, b in zip(after, before, strict=True))
+    cpu_s = max(reaped, sum(sampler.cpu_s.values()) - (before[0].ru_utime + before[0].ru_stime))
     print(f"submission: {script.name}: {results.status}, {results.score:g} / {results.max_score:g}")
     print(f"machine: {psutil.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, pace {machine.factor:.1f}x")
     print(f"wall time: {wall_s:.1f} s")
