@@ -6,8 +6,9 @@ method side by side for ``steps`` steps on the same per-rank batches, and return
 ended and the bytes this rank holds, measured (``numel x element_size`` of the local tensors) beside the
 estimate of :func:`course.memory.budget.model_states`. ZeRO-1 is ``torch.distributed.optim.ZeroRedundancyOptimizer``
 (whole parameters are assigned to ranks, so shards are only roughly Ψ/N); FSDP is FSDP2's ``fully_shard``
-(every parameter split into N row chunks, so shards are Ψ/N up to rounding); ZeRO-2 is the same with
-``reshard_after_forward=False`` (parameters stay whole from forward through backward). Rajbhandari et al. 2020,
+(every parameter split into N row chunks, so shards are Ψ/N up to rounding). ZeRO-2 is approached by the same
+with ``reshard_after_forward=False``: parameters stay whole from forward through backward, as in ZeRO-2, but go
+back to the shard between steps, where ZeRO-2 keeps them whole; torch has no ZeRO-2 of its own. Rajbhandari et al. 2020,
 https://arxiv.org/abs/1910.02054. Taught in ``notebooks/07_memory.ipynb``.
 """
 
@@ -106,7 +107,9 @@ def fsdp_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, se
 
 
 def zero2_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, seed: int = 0) -> dict[str, float]:
-    """Rank function: ZeRO-2 as FSDP2 runs it, ``fully_shard(..., reshard_after_forward=False)``, against DDP.
+    """Rank function: FSDP2 without resharding, ``fully_shard(..., reshard_after_forward=False)``, against DDP.
+
+    It is ZeRO-2 during a step and less than ZeRO-2 between steps (only the parameter shard is kept).
 
     Gradients are reduce-scattered and the optimizer state is sharded, as in ZeRO-2; the parameters, gathered
     before forward, stay whole until backward is done (no second gather in backward, ZeRO-2's communication),
