@@ -39,7 +39,7 @@ def _batch(step: int, batch_size: int, me: world.Rank) -> tuple[torch.Tensor, to
     images = torch.randn(me.world_size * batch_size, 1, 8, 8, generator=generator)
     labels = torch.randint(0, 10, (me.world_size * batch_size,), generator=generator)
     rows = slice(me.rank * batch_size, (me.rank + 1) * batch_size)
-    return images[rows], labels[rows]
+    return images[rows].to(me.device), labels[rows].to(me.device)
 
 
 def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, batch_size: int, me: world.Rank) -> None:
@@ -51,7 +51,7 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, batch
 
 
 def _ddp_reference(seed: int, optimizer: str, steps: int, batch_size: int, me: world.Rank) -> nn.Module:
-    model = DistributedDataParallel(_model(seed))
+    model = DistributedDataParallel(_model(seed).to(me.device))
     _train(model, train.make_optimizer(optimizer, model.parameters(), LR), steps, batch_size, me)
     return model.module
 
@@ -78,7 +78,7 @@ def zero1_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, s
     """
     me = world.current()
     reference = _ddp_reference(seed, optimizer, steps, batch_size, me)
-    model = DistributedDataParallel(_model(seed))
+    model = DistributedDataParallel(_model(seed).to(me.device))
     optimizer_class = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "momentum": torch.optim.SGD}[optimizer]
     extra = {"momentum": 0.9} if optimizer == "momentum" else {}
     zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class, lr=LR, **extra)
@@ -127,7 +127,7 @@ def _fully_sharded_vs_ddp(optimizer: str, steps: int, batch_size: int, seed: int
 
     me = world.current()
     reference = _ddp_reference(seed, optimizer, steps, batch_size, me)
-    model = _model(seed)
+    model = _model(seed).to(me.device)
     chunks = sum(_chunk_numel(p.shape, me.world_size, me.rank) for p in model.parameters())
     ideal = _estimate(optimizer, 3 if reshard_after_forward else 2, me, model)
     mesh = init_device_mesh(me.device.type, (me.world_size,))

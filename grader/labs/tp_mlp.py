@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from course import world
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 
@@ -32,17 +33,20 @@ CHECKS = (
 TOLERANCE = 1e-5
 
 
-def problem(config: dict) -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
-    """The run's unsplit ``fc1``, ``fc2``, input ``x`` (B, S, d) and upstream gradient (B, S, d), from its seed."""
+def problem(config: dict, device: torch.device | str = "cpu"
+            ) -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
+    """The run's unsplit ``fc1``, ``fc2``, input ``x`` (B, S, d) and upstream gradient (B, S, d), from its seed, on
+    ``device`` (drawn on the CPU, so the same on every device)."""
     torch.manual_seed(config["seed"])
     d, d_ff, batch_size, seq_len = config["d_model"], config["d_ff"], config["batch_size"], config["seq_len"]
     fc1, fc2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
-    return fc1, fc2, torch.randn(batch_size, seq_len, d), torch.randn(batch_size, seq_len, d)
+    x, upstream = torch.randn(batch_size, seq_len, d), torch.randn(batch_size, seq_len, d)
+    return fc1.to(device), fc2.to(device), x.to(device), upstream.to(device)
 
 
-def reference(config: dict) -> dict[str, torch.Tensor]:
-    """The unsplit MLP's output and gradients (input, fc1/fc2 weights and biases), in one process."""
-    fc1, fc2, x, upstream = problem(config)
+def reference(config: dict, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The unsplit MLP's output and gradients (input, fc1/fc2 weights and biases), in one process, on ``device``."""
+    fc1, fc2, x, upstream = problem(config, device)
     x.requires_grad_()
     y = fc2(F.gelu(fc1(x)))
     y.backward(upstream)
@@ -59,9 +63,9 @@ def _local(full: dict[str, torch.Tensor], rank: int, world_size: int) -> dict[st
 
 def check_on_rank(path: str, config: dict) -> RankReport:
     """On every rank: run the student's ParallelMLP forward and backward and compare with the unsplit MLP."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    truth = reference(config)
-    fc1, fc2, x, upstream = problem(config)
+    rank, world_size, device = dist.get_rank(), dist.get_world_size(), world.current().device
+    truth = reference(config, device)
+    fc1, fc2, x, upstream = problem(config, device)
     with CommLog() as log:
         parallel_mlp = load_entry(path, "ParallelMLP")(copy.deepcopy(fc1), copy.deepcopy(fc2))
         x.requires_grad_()
@@ -71,11 +75,12 @@ def check_on_rank(path: str, config: dict) -> RankReport:
         mark = log.mark()
         y.backward(upstream)
         backward = log.since(mark)
-    found = [_close("outputs", f"rank {rank}'s output", y.detach(), truth["y"]),
+    found = [_close("outputs", f"rank {rank}'s output", y.detach(), truth["y"],
+                    _output_hint(y.detach(), truth["y"], fc2.bias.detach(), world_size)),
              _close("input_grad", f"rank {rank}'s gradient of x", x.grad, truth["x"], _input_hint(x.grad, truth))]
     found.append(_weight_grads(parallel_mlp, _local(truth, rank, world_size), rank))
     found.append(_collectives(rank, forward, backward))
-    return RankReport(found, {"y": y.detach()})
+    return RankReport(found, {"y": y.detach().cpu()})  # compared outside the ranks, on the CPU
 
 
 def _close(check: str, what: str, got: torch.Tensor | None, expected: torch.Tensor, hint: str = "") -> Finding:
@@ -98,6 +103,16 @@ def _input_hint(got: torch.Tensor | None, truth: dict) -> str:
                 "(all_reduce)")
     if ratio > 1.1:
         return f": it is about {ratio:.1f}x too large; only f's backward sums over the ranks, g's is the identity"
+    return ""
+
+
+def _output_hint(got: torch.Tensor, expected: torch.Tensor, bias: torch.Tensor, world_size: int) -> str:
+    """Why the output is off, when the numbers say it: fc2's bias added on every rank before g's all_reduce."""
+    if got.shape != expected.shape or world_size < 2:
+        return ""
+    if torch.allclose(got - expected, (world_size - 1) * bias.expand_as(got), atol=TOLERANCE):
+        return (f": it is off by exactly (world_size - 1) = {world_size - 1} times fc2's bias, so every rank added "
+                "b2 before g's all_reduce, which summed it world_size times. Add b2 once, after the all_reduce")
     return ""
 
 
@@ -127,9 +142,10 @@ def _collectives(rank: int, forward: list, backward: list) -> Finding:
 
 def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
     """Outside the ranks: every rank's output against the unsplit MLP computed here."""
-    truth = reference(config)["y"]
+    truth, bias = reference(config)["y"], problem(config)[1].bias.detach()
     for rank, seen in enumerate(evidence):
-        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth)
+        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth,
+                       _output_hint(seen["y"], truth, bias, config["world_size"]))
         if not found.passed:
             return [found]
     return [Finding("outputs", True)]
@@ -151,6 +167,9 @@ LAB = Lab(
     cross_check="grader.labs.tp_mlp:cross_check",
     runs=(_run(4, 0, 64, "d_ff=64"),),  # one launch: a check takes well under 30 s here
     hidden_runs=(_run(2, "jitter", 128, "d_ff=128"), _run(3, "jitter", 96, "d_ff=96")),
+    shortcuts=tuple(f"course.model_parallel.tensor_parallel:{name}" for name in (
+        "CopyToTensorParallel", "ReduceFromTensorParallel", "copy_to_tensor_parallel", "reduce_from_tensor_parallel",
+        "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP")),
     hang_hint="Every rank must call each all_reduce: a rank that skips f or g leaves the others waiting in it.",
 )
 
