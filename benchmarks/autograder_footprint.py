@@ -9,7 +9,7 @@ proportional memory (PSS: a page shared by n processes counts 1/n to each, so fo
 counted once, as a container's memory limit counts it), the peak of their summed resident memory (RSS, which
 counts shared pages once per process), the most processes at once, the CPU seconds used by the tree, the wall
 time and their ratio (the cores it kept busy on average). Gradescope's default container is about half a CPU and
-768 MB (docs/notes-stuck.md says what the package needs and why).
+768 MB (docs/instructors.md says what the package needs and why).
 
 Every number is measured on this machine, under whatever else runs on it; the load average is printed with them.
 """
