@@ -17,6 +17,7 @@ MODULES = {
     "zero": "grader.labs.zero",  # notebook 07: ZeRO-1 sharded Adam
     "tp_mlp": "grader.labs.tp_mlp",  # tensor-parallel MLP
     "one_f_one_b": "grader.labs.one_f_one_b",  # the 1F1B pipeline schedule
+    "sequence_parallel": "grader.labs.sequence_parallel",  # notebook 08: the gather linear of sequence parallelism
 }
 
 
