@@ -31,14 +31,15 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("attempt", "fails", "fragment"), [
-    ("sums_durations", {"union"}, "counted twice; merge the intervals"),
+    ("sums_durations", {"union", "real_trace"}, "counted twice; merge the intervals"),
     ("counts_forward", {"forward"}, "communication during forward as overlapped"),
     ("ignores_pid", {"per_rank", "real_trace"}, "the answer over every process"),
     ("imports_course", EVERY, "imports course.practice.profiling"),
 ])
 def test_each_wrong_reader_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(trace_overlap.LAB, os.path.join(HERE, "attempts", f"trace_overlap_{attempt}.py"))
-    assert set(result.failed()) == fails, result.report()
+    # the real trace's own events may overlap (or not): a mistake may fail it too, never another check
+    assert fails - {"real_trace"} <= set(result.failed()) <= fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
 
 
