@@ -5,7 +5,7 @@ The student's ``MyDDP(module, bucket_cap_bytes)`` (stub: ``course/labs/stubs/ddp
 ``register_post_accumulate_grad_hook`` per parameter, fills buckets of at most ``bucket_cap_bytes`` in the order
 gradients become ready, launches each bucket's allreduce (``async_op=True``) from the hook that fills it, and
 in ``finish_gradient_synchronization()`` waits for them all and averages. :func:`check_on_rank` runs on every
-rank and measures, with :mod:`course.labs.recorder` installed:
+rank and measures, with :mod:`course.runtime.recorder` installed:
 
 * ``broadcast``: ranks seeded differently hold rank 0's parameters once ``MyDDP`` is built;
 * ``matches_ddp``: after each of ``steps`` SGD steps on the same data, the parameters equal those of torch's
@@ -32,9 +32,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course import world
 from course.ddp import buckets
-from course.labs.recorder import ORIGINAL, Call, Recorder, recording
 from course.models import MLP
 from course.perf import schedule as modelled
+from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, load_entry
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course.labs.recorder import Call
+from course.runtime.recorder import Call
 from grader.labs import ddp
 from grader.labs.core import run_lab
 
