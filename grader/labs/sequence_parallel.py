@@ -3,7 +3,7 @@
 On every rank :func:`check_on_rank` builds the run's seeded unsplit linear (``weight`` (d_ff, d), ``bias``), input
 ``x`` (B, S, d) and upstream gradient (B, S, d_ff), and computes the unsplit output and gradients itself. It gives
 the student's ``GatherLinear`` this rank's positions of ``x`` (``S/t`` of them) and this rank's ``k = d_ff/t`` rows
-of the weight and bias, under a :class:`~course.labs.comm_log.CommLog`, runs forward and backward and compares:
+of the weight and bias, under a :class:`~course.runtime.comm_log.CommLog`, runs forward and backward and compares:
 the output with the unsplit output's columns of this rank, the input's gradient with the unsplit one at this
 rank's positions, the weight's and bias's gradients with their rows. :func:`cross_check` recomputes the unsplit
 output outside the ranks. A file importing the course's own version is refused.
@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
 from course import world
-from course.labs.comm_log import COLLECTIVES, CommLog
+from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
 from grader.labs.refuse import refuse_imports
 
