@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
 from grader.labs.refuse import refuse_imports
 
 CHECKS = (
@@ -133,7 +133,14 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     shape = (len(micro_inputs[0]), model_config.seq_len, model_config.d_model)
     run_stage = load_entry(path, "run_stage")
     with LateSends() as sends:
-        run_stage(stage, ops, micro_inputs, lambda out, i: transformer.loss(out, micro_targets[i]) / m, shape)
+        try:
+            run_stage(stage, ops, micro_inputs, lambda out, i: transformer.loss(out, micro_targets[i]) / m, shape)
+        except RuntimeError as error:
+            if "backward through the graph a second time" not in str(error):
+                raise
+            raise StudentError(f"stage {rank}'s run_stage ran a backward twice through the same forward: each "
+                               "backward must use its own micro-batch's x and out; keep them per micro-batch (a "
+                               "dict keyed by i) until that micro-batch's backward") from None
         unwaited = sends.unwaited()
     full = transformer.build(model_config, config["seed"]).to(me.device)
     transformer.loss(full(inputs.to(me.device)), targets.to(me.device)).backward()
