@@ -6,8 +6,8 @@ On every rank :func:`check_on_rank` cuts the run's seeded transformer into one s
 gradients with the unsplit model's on the same batch. Meanwhile every ``isend`` is held back a little
 (:class:`LateSends`: one thread per rank issues them in order, ``DELAY_S`` late), so that a tensor read before its
 ``irecv`` completed is wrong on every run, not only on a slow machine; every ``isend``/``irecv`` peer is recorded.
-A file importing the course's own runner is refused. A stage that waits for what its neighbour never sends hangs:
-the run's limit is short, and the report says which ranks waited where.
+A file using the course's own runner is refused (the lab's ``shortcuts``). A stage that waits for what its
+neighbour never sends hangs: the run's limit is short, and the report says which ranks waited where.
 
 Checks: the gradients equal the unsplit model's; every activation goes to rank + 1 and every gradient to rank - 1,
 with ``isend``/``irecv``, one of each per micro-batch and neighbour.
@@ -26,7 +26,6 @@ import torch.distributed as dist
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
 from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
-from grader.labs.refuse import refuse_imports
 
 CHECKS = (
     Check("gradients", "each stage's gradients equal the unsplit model's after one 1F1B step", 5),
@@ -35,7 +34,6 @@ CHECKS = (
 )
 TOLERANCE = 1e-5
 DELAY_S = 0.05  # how late each isend is issued: far longer than reading a received tensor takes
-COURSE_ANSWER = ("course.model_parallel.pipeline",)
 
 
 class _Request:
@@ -121,7 +119,6 @@ def _model_config(p: int) -> transformer.Config:
 
 def check_on_rank(path: str, config: dict) -> RankReport:
     """On every rank: run the student's run_stage on this rank's stage in 1F1B order; compare its gradients."""
-    refuse_imports(path, COURSE_ANSWER, "pipeline runner (course.model_parallel.pipeline.run)")
     me = world.current()
     rank, p, m = dist.get_rank(), dist.get_world_size(), config["micro_batches"]
     model_config = _model_config(p)
@@ -209,6 +206,7 @@ LAB = Lab(
     rank_check="grader.labs.pipeline_runner:check_on_rank",
     runs=(_run(4, 6, 0),),
     hidden_runs=(_run(4, 3, "jitter"), _run(3, 5, "jitter")),
+    shortcuts=("course.model_parallel.pipeline:run",),
     hang_hint=("A pipeline hangs when a stage waits for what its neighbour never sends: receive activations from "
                "rank - 1 and send them to rank + 1; gradients go the other way, once per micro-batch."),
 )

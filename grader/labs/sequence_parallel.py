@@ -6,7 +6,7 @@ the student's ``GatherLinear`` this rank's positions of ``x`` (``S/t`` of them) 
 of the weight and bias, under a :class:`~course.runtime.comm_log.CommLog`, runs forward and backward and compares:
 the output with the unsplit output's columns of this rank, the input's gradient with the unsplit one at this
 rank's positions, the weight's and bias's gradients with their rows. :func:`cross_check` recomputes the unsplit
-output outside the ranks. A file importing the course's own version is refused.
+output outside the ranks. A file using the course's own version is refused (the lab's ``shortcuts``).
 
 Checks: the output; the input's gradient (the reduce-scatter); the weight's and bias's gradients; the collectives
 (an all-gather in forward; a reduce-scatter and no all_reduce in backward).
@@ -26,7 +26,6 @@ from torch.nn import functional as F  # noqa: N812
 from course import world
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
-from grader.labs.refuse import refuse_imports
 
 CHECKS = (
     Check("outputs", "each rank's output equals its columns of the unsplit linear's output", 3),
@@ -37,7 +36,6 @@ CHECKS = (
 TOLERANCE = 1e-4
 GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single")
 SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
-COURSE_ANSWER = ("course.model_parallel.sequence_parallel",)
 
 
 def problem(config: dict) -> dict[str, torch.Tensor]:
@@ -66,7 +64,6 @@ def _slices(config: dict, rank: int, world_size: int) -> tuple[slice, slice]:
 
 def check_on_rank(path: str, config: dict) -> RankReport:
     """On every rank: run the student's GatherLinear forward and backward and compare with the unsplit linear."""
-    refuse_imports(path, COURSE_ANSWER, "GatherLinear")
     me = world.current()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     rows, positions = _slices(config, rank, world_size)
@@ -195,6 +192,8 @@ LAB = Lab(
     cross_check="grader.labs.sequence_parallel:cross_check",
     runs=(_run(4, 0, 8, "8 positions"),),
     hidden_runs=(_run(2, "jitter", 6, "6 positions"), _run(3, "jitter", 12, "12 positions")),
+    shortcuts=tuple(f"course.model_parallel.sequence_parallel:{name}" for name in (
+        "GatherLinear", "all_gather_sequence", "reduce_scatter_sequence", "SequenceParallelColumnLinear")),
     hang_hint="Every rank must call each all-gather and reduce-scatter: a rank that skips one leaves the others "
               "waiting in it.",
 )

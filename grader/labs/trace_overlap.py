@@ -7,8 +7,8 @@ trace: every rank profiles one DDP step (:func:`course.practice.profiling.profil
 are merged into one, as a multi-rank trace viewer shows them. Rank 0 then checks the student's reader on synthetic
 traces made from the run's seed (each kind isolates one thing a reader must get right), and every rank checks it on
 the merged real trace for its own process. The answer is computed here (:func:`expected`), the likely mistakes too
-(:data:`MISTAKES`), so that a wrong number is named ("you summed the durations: ..."). A file importing the
-course's own reader is refused.
+(:data:`MISTAKES`), so that a wrong number is named ("you summed the durations: ..."). A file using the
+course's own reader is refused (the lab's ``shortcuts``).
 
 Checks: one process, communication in and after backward; overlapping communication counted once (union); none
 counted during forward; only the given process; the real 2-rank DDP trace.
@@ -26,7 +26,6 @@ import torch.distributed as dist
 
 from course.practice.profiling import Setup, profile_ddp_step
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
-from grader.labs.refuse import refuse_imports
 
 CHECKS = (
     Check("one_rank", "the fraction on synthetic traces of one process", 3),
@@ -39,7 +38,6 @@ COMMUNICATION = ("gloo:", "nccl:")
 LAST_GRADIENT = "torch::autograd::AccumulateGrad"
 TOLERANCE = 1e-6
 TRACES_PER_CHECK = 4
-COURSE_ANSWER = ("course.practice.profiling",)
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -168,7 +166,6 @@ def _synthetic_findings(reader: Callable[[dict, int], object], seed: int) -> lis
 
 def check_on_rank(path: str, config: dict) -> RankReport:
     """On every rank: record this rank's trace of one DDP step, merge the ranks' traces, check the reader."""
-    refuse_imports(path, COURSE_ANSWER, "trace reader (course.practice.profiling.overlap_fraction)")
     rank = dist.get_rank()
     with tempfile.TemporaryDirectory(prefix="course-trace-") as trace_dir:
         recorded = profile_ddp_step(trace_dir, Setup(width=128, depth=4, batch_size=32, bucket_cap_mb=0.07))
@@ -198,6 +195,7 @@ LAB = Lab(
     rank_check="grader.labs.trace_overlap:check_on_rank",
     runs=(_run(0, "synthetic traces of seed 0 and a real DDP step"),),
     hidden_runs=(_run("jitter", "synthetic traces of a new seed and a real DDP step"),),
+    shortcuts=tuple(f"course.practice.profiling:{name}" for name in ("overlap_fraction", "read_trace", "_inside")),
     hang_hint="Your overlap_fraction runs on one process and calls no collective: a loop that never ends is the "
               "likely cause.",
 )

@@ -33,7 +33,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("no_wait", {"gradients", "waits"}, "never waited its irecv number 1 (from rank"),
     ("wrong_peer", EVERY, "did not finish"),
     ("keeps_last_only", EVERY, "keep them per micro-batch"),
-    ("imports_course", EVERY, "imports course.model_parallel.pipeline"),
+    ("imports_course", EVERY, "your file uses course.model_parallel.pipeline.run"),
 ])
 def test_each_wrong_runner_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(pipeline_runner.LAB, os.path.join(HERE, "attempts", f"pipeline_runner_{attempt}.py"))

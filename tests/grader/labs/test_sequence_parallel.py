@@ -7,7 +7,6 @@ import pytest
 
 from grader.labs import sequence_parallel
 from grader.labs.core import run_lab
-from grader.labs.refuse import imported
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
@@ -34,20 +33,10 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("backward_all_reduce", {"collectives"}, "an all_reduce gives every rank every position"),
     ("identity_backward", {"input_grad", "collectives"}, "it is this rank's term only"),
     ("wrong_dim", EVERY, "stacked along the wrong dimension"),
-    ("imports_course", EVERY, "imports course.model_parallel.sequence_parallel"),
+    ("imports_course", EVERY, "your file uses course.model_parallel.sequence_parallel.GatherLinear"),
 ])
 def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(sequence_parallel.LAB, os.path.join(HERE, "attempts", f"sequence_parallel_{attempt}.py"))
     assert set(result.failed()) == fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
 
-
-def test_an_import_of_the_course_answer_is_found_however_written(tmp_path):
-    for line in ("import course.model_parallel.sequence_parallel as sp",
-                 "from course.model_parallel import sequence_parallel",
-                 "import importlib\nimportlib.import_module('course.model_parallel.sequence_parallel')"):
-        path = tmp_path / "attempt.py"
-        path.write_text(line + "\n")
-        assert imported(str(path), sequence_parallel.COURSE_ANSWER) == list(sequence_parallel.COURSE_ANSWER), line
-    path.write_text("import torch.distributed as dist\nfrom course import world\n")
-    assert imported(str(path), sequence_parallel.COURSE_ANSWER) == []

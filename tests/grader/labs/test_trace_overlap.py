@@ -34,7 +34,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("sums_durations", {"union", "real_trace"}, "counted twice; merge the intervals"),
     ("counts_forward", {"forward"}, "communication during forward as overlapped"),
     ("ignores_pid", {"per_rank", "real_trace"}, "the answer over every process"),
-    ("imports_course", EVERY, "imports course.practice.profiling"),
+    ("imports_course", EVERY, "your file uses course.practice.profiling.overlap_fraction"),
 ])
 def test_each_wrong_reader_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(trace_overlap.LAB, os.path.join(HERE, "attempts", f"trace_overlap_{attempt}.py"))
