@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
-from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 
 CHECKS = (
     Check("gradients", "each stage's gradients equal the unsplit model's after one 1F1B step", 5),
@@ -117,7 +117,7 @@ def _model_config(p: int) -> transformer.Config:
     return transformer.Config(d_model=16, num_heads=2, d_ff=32, seq_len=8, num_layers=p)
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: run the student's run_stage on this rank's stage in 1F1B order; compare its gradients."""
     me = world.current()
     rank, p, m = dist.get_rank(), dist.get_world_size(), config["micro_batches"]
@@ -142,7 +142,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     full = transformer.build(model_config, config["seed"]).to(me.device)
     transformer.loss(full(inputs.to(me.device)), targets.to(me.device)).backward()
     reference = dict(full.named_parameters())
-    return RankReport([_gradients(stage, reference, rank), _peers(sends.calls, rank, p, m),
+    return RankFindings([_gradients(stage, reference, rank), _peers(sends.calls, rank, p, m),
                        _waits(sends.calls, unwaited, rank)])
 
 

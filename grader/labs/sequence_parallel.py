@@ -25,7 +25,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from course import world
 from course.runtime.comm_log import COLLECTIVES, CommLog
-from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 
 CHECKS = (
     Check("outputs", "each rank's output equals its columns of the unsplit linear's output", 3),
@@ -62,7 +62,7 @@ def _slices(config: dict, rank: int, world_size: int) -> tuple[slice, slice]:
     return slice(rank * k, (rank + 1) * k), slice(rank * s, (rank + 1) * s)
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: run the student's GatherLinear forward and backward and compare with the unsplit linear."""
     me = world.current()
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -78,7 +78,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
         forward = log.since(mark)
         expected_y = truth["y"][..., rows]
         if not isinstance(y, torch.Tensor) or y.shape != expected_y.shape:
-            return RankReport([_shape("outputs", rank, y, expected_y)] + [
+            return RankFindings([_shape("outputs", rank, y, expected_y)] + [
                 Finding(c, False, "not run: the output has the wrong shape (see the first check)")
                 for c in ("input_grad", "weight_grads", "collectives")], {"y": None})
         mark = log.mark()
@@ -93,7 +93,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     bias_found = _close("weight_grads", f"rank {rank}'s bias gradient", bias.grad, truth["bias"][rows])
     if not bias_found.passed and found[2].passed:
         found[2] = bias_found
-    return RankReport(found, {"y": y.detach().cpu()})
+    return RankFindings(found, {"y": y.detach().cpu()})
 
 
 RETURNS = {"forward": "forward returns F.linear of the gathered input: (B, S, k)",

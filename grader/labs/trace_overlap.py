@@ -25,7 +25,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from course.practice.profiling import Setup, profile_ddp_step
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 
 CHECKS = (
     Check("one_rank", "the fraction on synthetic traces of one process", 3),
@@ -164,7 +164,7 @@ def _synthetic_findings(reader: Callable[[dict, int], object], seed: int) -> lis
     return found
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: record this rank's trace of one DDP step, merge the ranks' traces, check the reader."""
     rank = dist.get_rank()
     with tempfile.TemporaryDirectory(prefix="course-trace-") as trace_dir:
@@ -178,7 +178,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     found = _synthetic_findings(reader, config["seed"]) if rank == 0 else []
     found.append(_judge("real_trace", reader, merged, pids[rank], f"the real trace of {len(pids)} ranks "
                         f"(rank {rank}'s process)"))
-    return RankReport(found)
+    return RankFindings(found)
 
 
 def _run(seed: int | str, label: str) -> dict:

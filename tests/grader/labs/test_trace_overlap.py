@@ -6,27 +6,28 @@ import os
 
 import pytest
 
+from grader import render
 from grader.labs import trace_overlap
 from grader.labs.core import run_lab
 
 pytestmark = [pytest.mark.unit9, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-EVERY = {check.id for check in trace_overlap.CHECKS}
+EVERY = {check.name for check in trace_overlap.CHECKS}
 
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(trace_overlap.LAB, os.path.join(ROOT, "course", "labs", "stubs", "trace_overlap.py"))
     assert set(result.failed()) == EVERY
-    assert result.results[0].message.startswith("Not attempted yet: your overlap_fraction still raises")
+    assert result.checks[0].message.startswith("Not attempted yet: your overlap_fraction still raises")
 
 
 @pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(trace_overlap.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "trace_overlap.py"),
                      hidden=True)
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
 
 
 @pytest.mark.slow
@@ -39,8 +40,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 def test_each_wrong_reader_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(trace_overlap.LAB, os.path.join(HERE, "attempts", f"trace_overlap_{attempt}.py"))
     # the real trace's own events may overlap (or not): a mistake may fail it too, never another check
-    assert fails - {"real_trace"} <= set(result.failed()) <= fails, result.report()
-    assert any(fragment in r.message for r in result.results if not r.passed), result.report()
+    assert fails - {"real_trace"} <= set(result.failed()) <= fails, render.lab_feedback(result)
+    assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 
 
 @pytest.mark.parametrize("seed", range(20))
