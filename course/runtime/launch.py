@@ -282,9 +282,13 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     port = free_port()
     run_dir = tempfile.mkdtemp(prefix="course-launch-")  # per rank: stack dumps on request, stderr
     stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
+    pace = machine_pace()
+    # the process group's own timeout outlasts this launcher's limits, so that the progress rule or the time limit
+    # names a hang (who waits where), not gloo's "timed out" on whichever rank waited longest
+    group_timeout_s = pace.limit(timeout_s) + progress.WINDOW_S
     processes = [
         context.Process(target=_run_rank, name=f"course-rank-{rank}",
-                        args=(function, rank, world_size, port, timeout_s, arguments, channel,
+                        args=(function, rank, world_size, port, group_timeout_s, arguments, channel,
                               os.path.join(run_dir, f"rank-{rank}.stacks"), stderr.paths[rank], dict(os.environ)))
         for rank in range(world_size)
     ]
@@ -298,7 +302,6 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
             with stderr_to(stderr.paths[rank]):  # a spawned rank's, from its first line (_run_rank sets a forked one's)
                 process.start()
         _note_server(context)
-        pace = machine_pace()
         deadline = time.monotonic() + pace.limit(timeout_s)
         watch, next_look = progress.Watch(progress.WINDOW_S), 0.0
         while len(results) < world_size:
