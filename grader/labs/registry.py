@@ -17,6 +17,9 @@ MODULES = {
     "zero": "grader.labs.zero",  # notebook 07: ZeRO-1 sharded Adam
     "tp_mlp": "grader.labs.tp_mlp",  # tensor-parallel MLP
     "one_f_one_b": "grader.labs.one_f_one_b",  # the 1F1B pipeline schedule
+    "estimate": "grader.labs.estimate",  # notebook 05c: model states per GPU and TP all-reduce time by hand
+    "mixed_precision": "grader.labs.mixed_precision",  # notebook 09: a loss scaler and an AMP training step
+    "checkpoint": "grader.labs.checkpoint",  # notebook 09: save and resume bit-for-bit under DDP
 }
 
 
