@@ -10,8 +10,8 @@ from grader.labs import checkpoint
 from grader.labs.core import run_lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "checkpoint.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "checkpoint.py")
+STUB = os.path.join(ROOT, "course", "labs", "stubs", "checkpoint_resume.py")
+SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "checkpoint_resume.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.id for check in checkpoint.CHECKS]
 

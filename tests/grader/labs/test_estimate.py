@@ -11,8 +11,8 @@ from grader.labs import estimate
 from grader.labs.core import run_lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "estimate.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "estimate.py")
+STUB = os.path.join(ROOT, "course", "labs", "stubs", "estimate_plan.py")
+SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "estimate_plan.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.id for check in estimate.CHECKS]
 
@@ -45,7 +45,7 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
 
 @pytest.mark.timeout(300)
 def test_a_file_without_a_student_id_is_told_to_set_it(tmp_path):
-    path = tmp_path / "estimate.py"
+    path = tmp_path / "estimate_plan.py"
     path.write_text(open(SOLUTION).read().replace('STUDENT_ID = "solution"', 'STUDENT_ID = ""'))
     result = run_lab(estimate.LAB, str(path))
     assert result.failed() == ALL and "set STUDENT_ID at the top of" in result.results[0].message

@@ -10,8 +10,8 @@ from grader.labs import mixed_precision
 from grader.labs.core import run_lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "mixed_precision.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "mixed_precision.py")
+STUB = os.path.join(ROOT, "course", "labs", "stubs", "loss_scaler.py")
+SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "loss_scaler.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.id for check in mixed_precision.CHECKS]
 CONFIG = mixed_precision.LAB.runs[0]

@@ -1,5 +1,5 @@
 """Lab: a full checkpoint under DDP, resumed bit-for-bit (notebook 09).
-Check: course.labs.check("checkpoint", "labs/checkpoint.py").
+Check: course.labs.check("checkpoint", "labs/checkpoint_resume.py").
 
 A job that stops at step k and resumes from your checkpoint must end with the same parameters, to the last bit,
 as a job that never stopped. So the checkpoint holds everything a step depends on: the model, the optimizer's

@@ -1,4 +1,4 @@
-"""Lab: estimate a plan by hand (notebook 05c). Check: course.labs.check("estimate", "labs/estimate.py").
+"""Lab: estimate a plan by hand (notebook 05c). Check: course.labs.check("estimate", "labs/estimate_plan.py").
 
 The check calls your two functions with your own numbers, drawn from STUDENT_ID (a layer count, a hidden size,
 t, d, a link), and compares them with course.perf. Work from the formulas of notebooks 05c and 07; importing
@@ -42,6 +42,6 @@ def tp_allreduce_seconds(seq_len: int, micro_batch: int, hidden: int, tensor_par
     return 2 * one_allreduce  # after attention and after the MLP
 
 
-if __name__ == "__main__":  # python labs/estimate.py: your answers for a 1.3 B model on 8 GPUs of one node
+if __name__ == "__main__":  # python labs/estimate_plan.py: your answers for a 1.3 B model on 8 GPUs of one node
     print(f"{model_states_bytes(1.3e9, 2, 4, 1) / 1e9:.2f} GB of model states per GPU at ZeRO-1, t=2, d=4")
     print(f"{tp_allreduce_seconds(2048, 4, 2048, 2, 5e-6, 200e9) * 1e3:.3f} ms of TP all-reduce per layer forward")

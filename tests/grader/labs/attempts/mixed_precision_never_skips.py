@@ -1,5 +1,5 @@
 """Lab: a loss scaler and a mixed-precision training step (notebook 09).
-Check: course.labs.check("mixed_precision", "labs/mixed_precision.py").
+Check: course.labs.check("mixed_precision", "labs/loss_scaler.py").
 
 fp16 keeps only 5 exponent bits: small gradients flush to zero. A loss scaler multiplies the loss by a large
 scale before backward, so the gradients are large enough, and divides them by it again before the optimizer
@@ -72,7 +72,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: LossS
     return loss.item()
 
 
-if __name__ == "__main__":  # python labs/mixed_precision.py
+if __name__ == "__main__":  # python labs/loss_scaler.py
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 5))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -1,5 +1,5 @@
 """Lab: a full checkpoint under DDP, resumed bit-for-bit (notebook 09).
-Check: course.labs.check("checkpoint", "labs/checkpoint.py").
+Check: course.labs.check("checkpoint", "labs/checkpoint_resume.py").
 
 A job that stops at step k and resumes from your checkpoint must end with the same parameters, to the last bit,
 as a job that never stopped. So the checkpoint holds everything a step depends on: the model, the optimizer's
@@ -9,7 +9,7 @@ is refused: this is that module, written by you.
 """
 
 import torch
-import torch.distributed as dist
+import torch.distributed as dist  # noqa: F401 - you will need it
 
 
 def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
@@ -20,21 +20,11 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Op
     writes the file with torch.save (the others would write the same file at the same time). When this returns
     on any rank, the file must be complete: end with dist.barrier().
     """
-    rng_states = [None] * dist.get_world_size()
-    dist.all_gather_object(rng_states, torch.get_rng_state())
-    if dist.get_rank() == 0:
-        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "epoch": epoch, "step": step, "rng": rng_states}, path)
-    dist.barrier()  # nobody goes on (or loads) before the file is complete
+    raise NotImplementedError("gather the RNG states, write on rank 0, barrier")
 
 
 def load_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler
                     ) -> tuple[int, int]:
     """Called on every rank: load model, optimizer and scheduler state, set this rank's own RNG state back,
     and return (epoch, step), the position to resume at. torch.load(path, weights_only=False) reads the file."""
-    checkpoint = torch.load(path, weights_only=False)
-    model.module.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    scheduler.load_state_dict(checkpoint["scheduler"])
-    torch.set_rng_state(checkpoint["rng"][dist.get_rank()])  # this rank's own
-    return checkpoint["epoch"], checkpoint["step"]
+    raise NotImplementedError("load every part back; return (epoch, step)")
