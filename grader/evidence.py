@@ -33,6 +33,7 @@ from grader.inrank.records import (
     Init,
     Initial,
     MalformedRecord,
+    Messages,
     ProbeError,
     RankExit,
     Record,
@@ -48,7 +49,7 @@ from grader.inrank.records import (
 # RunRecords attribute -> the record kind it holds, per rank, in order
 _BY_KIND = {"steps": Step, "inits": Init, "ends": End, "reports": Report, "saves": Save, "writes": Write,
             "collectives": CollectiveRecord, "tampers": Tamper, "shutdowns": Shutdown, "initials": Initial,
-            "forgeries": Forgery, "probe_errors": ProbeError, "calls": CallRecord}
+            "forgeries": Forgery, "probe_errors": ProbeError, "calls": CallRecord, "messages": Messages}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +59,9 @@ class RunRecords:
     Attributes:
         world_size: ranks the grader started.
         steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns, initials, forgeries,
-            probe_errors, calls: the probes' records per rank, in order (``forgeries``: calls into the probes
-            from outside the grader; ``probe_errors``: the grader's own code failed in the rank's process).
+            probe_errors, calls, messages: the probes' records per rank, in order (``forgeries``: calls into the
+            probes from outside the grader; ``probe_errors``: the grader's own code failed in the rank's process;
+            ``messages``: the point-to-point messages each rank sent and received, a record per stretch).
         exits: the launcher's record of each rank's exit code, output size and output.
         last_record: each rank's last record (of the kinds above).
         rejected_records: lines on the record channel refused (no valid signature, or out of sequence).
@@ -81,6 +83,7 @@ class RunRecords:
     forgeries: Mapping[int, tuple[Forgery, ...]] = field(default_factory=dict)
     probe_errors: Mapping[int, tuple[ProbeError, ...]] = field(default_factory=dict)
     calls: Mapping[int, tuple[CallRecord, ...]] = field(default_factory=dict)
+    messages: Mapping[int, tuple[Messages, ...]] = field(default_factory=dict)
     exits: Mapping[int, RankExit] = field(default_factory=dict)
     last_record: Mapping[int, Record] = field(default_factory=dict)
     rejected_records: int = 0

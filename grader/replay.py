@@ -4,7 +4,9 @@ Data parallelism on 4 ranks is supposed to be plain SGD on the union batch (note
 the parameters rank 0 held before a step and the indices every rank fetched for it, recomputes the
 gradient of the mean loss on that union batch in one process, and compares it with the gradient rank 0's
 optimizer actually applied. Summed gradients come out ``world_size`` times too large; missing
-synchronisation comes out different altogether.
+synchronisation comes out different altogether. A transformation applied the same way on every rank after the
+averaging keeps the direction: clipping (``clip_grad_norm_``) shortens the gradient to one norm, a constant factor
+scales it by that factor at every step (:func:`transformation` names which).
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ class Comparison:
         step: optimizer step, counting from 1.
         relative_error: ``|g - g_ref| / |g_ref|``.
         scale: ``<g, g_ref> / |g_ref|^2``: 1 when averaged, ``world_size`` when summed.
+        direction_error: ``|g - scale * g_ref| / |scale * g_ref|``: how far ``g`` points from ``g_ref``, whatever
+            its length (0 when it is ``g_ref`` clipped or scaled).
+        norm: ``|g|``, the applied gradient's length (clipping makes it the clipping norm).
     """
 
     step: int
     relative_error: float
     scale: float
+    direction_error: float = float("nan")
+    norm: float = float("nan")
 
 
 def model_from_flat(flat: torch.Tensor, shapes: list[list[int]]) -> nn.Module:
@@ -77,5 +84,41 @@ def compare(step: int, applied: torch.Tensor, reference: torch.Tensor) -> Compar
     """Relative error and scale of the ``applied`` gradient against the ``reference`` one."""
     applied, reference = applied.double(), reference.double()
     norm = float(reference.norm()) or 1e-30
-    return Comparison(step, float((applied - reference).norm()) / norm,
-                      float(applied @ reference) / norm ** 2)
+    scale = float(applied @ reference) / norm ** 2
+    direction = float((applied - scale * reference).norm()) / (abs(scale) * norm or 1e-30)
+    return Comparison(step, float((applied - reference).norm()) / norm, scale, direction, float(applied.norm()))
+
+
+@dataclass(frozen=True)
+class Transformation:
+    """What was done to the averaged gradient, the same way on every rank and at every step compared.
+
+    Attributes:
+        kind: ``"clipped"`` (shortened to one norm at the steps where it was longer) or ``"scaled"`` (multiplied
+            by one factor at every step).
+        value: the clipping norm, or the factor.
+    """
+
+    kind: str
+    value: float
+
+
+def transformation(comparisons: list[Comparison] | tuple[Comparison, ...], tolerance: float
+                   ) -> Transformation | None:
+    """The transformation that explains the comparisons off by more than ``tolerance``, or None.
+
+    Every one of them must point the way the union-batch gradient does (``direction_error`` within
+    ``tolerance``). Clipped: each is shorter (scale below 1) and all share one norm, which no step within
+    ``tolerance`` exceeded. Scaled: every comparison has the same scale.
+    """
+    off = [c for c in comparisons if c.relative_error > tolerance]
+    if not off or any(not c.direction_error <= tolerance for c in off):
+        return None
+    clip = max(c.norm for c in off)
+    if all(c.scale < 1 and abs(c.norm / clip - 1) <= 1e-3 for c in off) and all(
+            c.norm <= clip * (1 + 1e-3) for c in comparisons if c not in off):
+        return Transformation("clipped", clip)
+    factor = off[0].scale
+    if len(off) == len(comparisons) and all(abs(c.scale / factor - 1) <= 0.01 for c in off):
+        return Transformation("scaled", factor)
+    return None

@@ -7,7 +7,8 @@ from grader.results import Results
 ACCUSING = ("not averaged", "unaveraged", "differ after", "do not match", "did not match", "tamper", "forged",
             "did not produce", "integrity violation", "also fetched", "under-scaled", "without combining",
             "crash", "out of scope", "train without it", "instead of", "summed", "divided by", "not assessed",
-            "cannot be assessed", "not run", "never joined", "took no optimizer step", "not available")
+            "cannot be assessed", "not run", "never joined", "took no optimizer step", "not available",
+            "not the final model", "multiplied by")
 
 
 def accusations(results: Results) -> list[str]:

@@ -102,16 +102,11 @@ def test_course_and_grader_import_no_circle():
     assert cycle is None, f"import circle: {' -> '.join(cycle)}"
 
 
-#: The torch.distributed interceptors that lessons still import from course/labs/; they move to course/runtime/
-#: (issue 35), after which this allowance names nothing.
-INTERCEPTORS = {"course.labs.comm_log", "course.labs.recorder"}
-
-
 def test_no_lesson_imports_the_labs():
     lessons = {name: edges for name, edges in import_graph().items()
                if name.startswith("course.") and not name.startswith("course.labs")}
-    wrong = {name: sorted(edge for edge in edges if edge.startswith(("course.labs", "grader.labs"))
-                          and edge not in INTERCEPTORS) for name, edges in lessons.items()}
+    wrong = {name: sorted(edge for edge in edges if edge.startswith(("course.labs", "grader.labs")))
+             for name, edges in lessons.items()}
     assert not {name: edges for name, edges in wrong.items() if edges}
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from course.labs.comm_log import CommLog
 from course.model_parallel.tensor_parallel import compare_gradients, parallelize
 from course.model_parallel.transformer import Config as TransformerConfig
 from course.model_parallel.transformer import build, loss, sample_batch
+from course.runtime.comm_log import CommLog
 
 
 @dataclass(frozen=True)

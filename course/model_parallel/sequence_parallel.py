@@ -24,7 +24,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from course.labs.comm_log import CommLog
 from course.memory.activations import measure_bytes
 from course.model_parallel.tensor_parallel import (
     ColumnParallelLinear,
@@ -35,6 +34,7 @@ from course.model_parallel.tensor_parallel import (
 )
 from course.model_parallel.transformer import Config as TransformerConfig
 from course.model_parallel.transformer import Transformer, build, loss, sample_batch
+from course.runtime.comm_log import CommLog
 
 
 def all_gather_sequence(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:

@@ -28,9 +28,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from course.labs.comm_log import CommLog
 from course.model_parallel.transformer import MLP, Attention, Transformer, attend, build, loss, sample_batch
 from course.model_parallel.transformer import Config as TransformerConfig
+from course.runtime.comm_log import CommLog
 
 Communication = Callable[[torch.Tensor, "dist.ProcessGroup | None"], torch.Tensor]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 GB = 1e9  # decimal giga: datasheets quote GB/s and GB in powers of ten
+BF16_GENERATIONS = ("Ampere", "Hopper")  # BF16 tensor cores arrived with Ampere (Ampere whitepaper, Table 1)
 
 _KEPLER = ("NVIDIA Tesla K40 board specification BD-06902-001: "
            "https://www.nvidia.com/content/PDF/kepler/Tesla-K40-PCIe-Passive-Board-Spec-BD-06902-001_v05.pdf")
@@ -60,15 +61,23 @@ class Gpu:
         families = {"K": "Kepler", "M": "Maxwell", "P": "Pascal", "V": "Volta", "A": "Ampere", "H": "Hopper"}
         return families.get(self.name[0], "unknown")
 
+    @property
+    def has_bf16(self) -> bool:
+        """Whether the GPU has BF16 tensor cores: from Ampere on (Ampere whitepaper). A V100's or P100's 16-bit
+        units take FP16 only; BF16 there runs at the FP32 rate at best."""
+        return self.generation in BF16_GENERATIONS
+
     def peak_flops(self, precision: str) -> float:
         """Peak FLOP/s at ``precision`` (``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, ``"amp"``), falling back
-        to FP32 where the GPU has no faster unit for it (a K40 runs FP16 at its FP32 rate at best).
+        to FP32 where the GPU has no faster unit for it (a K40 runs FP16 at its FP32 rate at best; a V100 runs
+        BF16 at its FP32 rate, not its FP16 tensor-core rate).
 
         Raises:
             ValueError: unknown precision.
         """
         half = self.fp16_flops  # FP16 and BF16 tensor cores run at one rate; "amp" is autocast (16-bit math)
-        rates = {"fp32": self.fp32_flops, "tf32": self.tf32_flops, "fp16": half, "bf16": half, "amp": half}
+        bf16 = half if self.has_bf16 else None  # before Ampere no unit runs BF16 faster than FP32
+        rates = {"fp32": self.fp32_flops, "tf32": self.tf32_flops, "fp16": half, "bf16": bf16, "amp": half}
         if precision not in rates:
             raise ValueError(f"precision must be one of {sorted(rates)}, got {precision!r}.")
         return rates[precision] or self.fp32_flops

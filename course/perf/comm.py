@@ -9,7 +9,8 @@ has ``nics_per_node`` network adapters; the GPUs of a node share them, so one GP
 * ``ring`` on one node: ``2(n-1)`` steps, ``2(n-1)/n·N`` bytes per link. Across nodes the ring crosses every
   node's adapters with the same ``2(n-1)/n·N`` bytes, and each step waits for the slower hop.
 * ``pipelined_tree``: NCCL's double binary tree, **pipelined**: ``2⌈log₂n⌉`` steps of latency, about ``2·N``
-  bytes per link (close to the ring). Not the course's unpipelined binomial tree of notebook 04 (``tree``),
+  bytes per link (close to the ring). Across nodes the tree spans the nodes and a chain joins each node's ``g``
+  GPUs: ``2⌈log₂nodes⌉ + 2(g-1)`` steps. Not the course's unpipelined binomial tree of notebook 04 (``tree``),
   which moves whole tensors at every level (``2⌈log₂n⌉·N``).
 * ``hierarchical``: the one two-level formula, :func:`course.collectives.cost_model.predict_hierarchical`
   with ``within="ring"``: reduce-scatter inside each node, allreduce of each GPU's ``1/g`` shard across the nodes
@@ -113,8 +114,8 @@ def allreduce_seconds(nbytes: float, world_size: int, cluster: Cluster, algorith
     slower = cost_model.AlphaBeta(max(inside.alpha_s, between.alpha_s),
                                   max(inside.beta_s_per_byte, between.beta_s_per_byte / g))
     a, b = cost_model.coefficients(coefficient, world_size)
-    if coefficient == cost_model.PIPELINED_TREE:  # NCCL's tree spans the nodes; a chain inside each one
-        a = cost_model.coefficients(coefficient, nodes)[0]
+    if coefficient == cost_model.PIPELINED_TREE:  # NCCL's tree spans the nodes; a chain inside each one, up and down
+        a = cost_model.coefficients(coefficient, nodes)[0] + 2 * (g - 1)
     return a * slower.alpha_s + b * nbytes * slower.beta_s_per_byte
 
 

@@ -7,6 +7,8 @@ defaults only: no row may change them. Each fit is a ratio, ``measured / peak``:
 
     transport efficiency = nccl-tests bus bandwidth / the link's peak per direction (per adapter)
     matmul efficiency    = a large GEMM's achieved FLOP/s / the GPU's peak at that precision
+    GEMM depth k_half    = k x (1/c - 1), where c = a GEMM of depth k's FLOP/s / the best shape's: the shape term
+                           of :func:`gemm_efficiency`, best x k / (k + k_half)
     α (latency per step) = an 8-byte or small allreduce's time / its number of steps
 
 One figure is end-to-end, not a microbenchmark, and its row is labelled *calibration* in the validation table:
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from course.perf.catalog import BF16_GENERATIONS
+
 NCCL_TESTS_149 = "https://github.com/NVIDIA/nccl-tests/issues/149 (S. Jeaugey, NVIDIA: ~230 GB/s on A100 NVLink 3)"
 NCCL_TESTS_29 = "https://github.com/NVIDIA/nccl-tests/issues/29 (S. Jeaugey: 12.2 GB/s on a 100 Gb/s EDR adapter)"
 NCCL_495 = "https://github.com/NVIDIA/nccl/issues/495 (2 A100 nodes, 8 x 100 Gb/s RoCE: 600 Gb/s busbw)"
@@ -29,6 +33,8 @@ MAMF = ("S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLO
         "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator")
 SGEMM = "https://github.com/Yinghan-Li/YHs_Sample/issues/4 (cuBLAS SGEMM 18.88 of 19.49 TFLOP/s, A100 PCIe)"
 V100_HGEMM = "https://github.com/lablup/mlxcel/issues/1654 (cuBLAS FP16 GEMM on V100: 95-100 of 125 TFLOP/s)"
+SHALLOW_GEMM = ("https://github.com/pytorch/pytorch/issues/83272 (A100, CUDA 11.7: FP16 bmm of 512 x 1024x128 by "
+                "128x1024 at 132.46 TFLOP/s)")
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,9 @@ FIGURES: tuple[Figure, ...] = (
     Figure("matmul.half.Volta", "cuBLAS FP16 GEMM, V100 (TFLOP/s)", 97.5, 125, V100_HGEMM),
     Figure("matmul.half.Ampere", "BF16 matmul, best shape, A100 SXM (TFLOP/s)", 271.2, 312, MAMF),
     Figure("matmul.half.Hopper", "BF16 matmul, best shape, H100 SXM (TFLOP/s)", 794.5, 989, MAMF),
+    # shape: a GEMM whose reduction depth k is short reaches less of the best-shape rate (module docstring)
+    Figure("matmul.depth128", "FP16 bmm with k = 128, A100, over the best-shape BF16 rate (TFLOP/s)", 132.46, 271.2,
+           SHALLOW_GEMM),
     Figure("memory", "element-wise kernels, fraction of peak memory bandwidth", 0.8, 1.0,
            "stream-like kernels reach ~80% of HBM peak", assumed=True),
     Figure("launch", "launch and scheduling of one kernel (s)", 5e-6, 0, "an order of magnitude",
@@ -83,7 +92,7 @@ FIGURES: tuple[Figure, ...] = (
 
 #: FP32 convolution efficiency, fitted in :func:`course.perf.published.conv_efficiency` to ResNet-50 on one M40
 #: (the one end-to-end calibration, labelled so in the table), then frozen here so the model does not depend on
-#: the table. ``tests/test_perf_published.py`` checks the two agree.
+#: the table. ``tests/perf/test_published.py`` checks the two agree.
 CONV_EFFICIENCY = 0.407
 
 
@@ -101,11 +110,34 @@ def constant(name: str) -> float:
 
 def matmul_efficiency(precision: str, generation: str) -> float:
     """A large GEMM's fraction of peak: FP32/TF32 from the SGEMM figure; 16-bit tensor cores by GPU generation
-    (Volta, Ampere, Hopper; any other generation, e.g. Pascal's FP16 units, falls back to Volta's figure)."""
-    if precision in ("fp32", "tf32"):
-        return constant("matmul.fp32")
+    (Volta, Ampere, Hopper; any other generation, e.g. Pascal's FP16 units, falls back to Volta's figure).
+    BF16 on a GPU without BF16 units (before Ampere) takes the FP32 figure, as its peak takes the FP32 rate."""
+    if precision in ("fp32", "tf32") or (precision == "bf16" and generation not in BF16_GENERATIONS):
+        return constant("matmul.fp32")  # BF16 before Ampere runs on the FP32 units (catalog.Gpu.has_bf16)
     names = {f.fits for f in FIGURES}
     return constant(f"matmul.half.{generation}" if f"matmul.half.{generation}" in names else "matmul.half.Volta")
+
+
+#: The reduction depth ``k`` at which a GEMM reaches half its best-shape rate, read off ``matmul.depth128``.
+DEPTH_FIGURE_K = 128
+
+
+def depth_half() -> float:
+    """``k_half`` of :func:`gemm_efficiency`: the depth at which a GEMM runs at half its best-shape rate, solved from
+    the one published shallow GEMM (``matmul.depth128``): ``c = k / (k + k_half)`` at ``k = 128``."""
+    return DEPTH_FIGURE_K * (1 / constant("matmul.depth128") - 1)
+
+
+def gemm_efficiency(precision: str, generation: str, k: float) -> float:
+    """The fraction of peak a GEMM of reduction depth ``k`` reaches: the best-shape figure of
+    :func:`matmul_efficiency` times ``k / (k + k_half)`` (:func:`depth_half`).
+
+    Why the depth: each tile of the output loads its operands once and then runs ``k`` multiply-adds per element;
+    a short ``k`` leaves the tensor cores waiting for loads and for the tile's prologue and epilogue. The
+    attention scores of a transformer (``k`` = the head dimension, 64 to 160) are the shallow GEMMs that matter.
+    Taught in ``notebooks/05c_performance_model.ipynb``.
+    """
+    return matmul_efficiency(precision, generation) * k / (k + depth_half())
 
 
 def format_figures() -> str:

@@ -1,27 +1,41 @@
-"""Beyond data parallelism: a transformer trained with tensor x pipeline x data parallelism, and sharded data
-parallelism (ZeRO, FSDP), step by step. Every number is **modelled**.
+"""Beyond data parallelism: a transformer trained with tensor x context x pipeline x data parallelism, and sharded
+data parallelism (ZeRO, FSDP), step by step. Every number is **modelled**.
 
-A GPT-style transformer (``layers``, ``hidden`` h, ``heads`` a, sequence s, vocabulary V) on ``t x p x d`` GPUs:
+A GPT-style transformer (``layers``, ``hidden`` h, ``heads`` a, sequence s, vocabulary V) on ``t x c x p x d`` GPUs.
+One layer, one microbatch of ``b`` sequences, per GPU (:func:`layer_terms`):
 
-* **tensor parallel** (Megatron-LM, Shoeybi et al. 2019): each layer's matmuls split ``t`` ways inside a node;
-  two allreduces of the activations (``s·b·h`` elements) in forward and two in backward per layer, on the
-  critical path (nothing to overlap them with), plus two more when the forward is recomputed.
-* **pipeline parallel**: ``p`` stages of ``layers/p`` layers; ``m`` microbatches per step. GPipe and 1F1B both
-  take ``(m + p - 1)`` microbatch-times (the bubble is ``(p-1)/m`` of the work; 1F1B only holds fewer
-  activations); the interleaved schedule with ``v`` chunks per GPU divides the bubble by ``v``. Each microbatch
-  sends its activations forward and their gradients back: ``s·b·h`` 16-bit values, 1/t per GPU (scatter-gather).
-* **data parallel** over ``d`` replicas, after the pipeline flushes (Megatron overlaps none of it):
-  ``ddp`` allreduces the gradients; ``zero1``/``zero2`` reduce-scatter them and all-gather the parameters (the
-  same bytes, optimizer state on 1/d of the parameters); ``zero3``/``fsdp`` also all-gather the parameters
-  before forward and again before backward (1.5x the bytes), which may overlap compute.
-* the last stage also computes the logits (``2·s·h·V·b/t`` FLOPs per microbatch) and sets the pipeline's pace.
-* per layer and microbatch: matmul FLOPs ``(24·s·h² + 4·s²·h)·b/t`` at the fitted GEMM efficiency, and element-wise
-  traffic of twice the activation bytes Korthikanti et al. 2022 count (``s·b·h·(10 + 24/t + 5·a·s/(h·t))``
-  stored per layer) at the memory bandwidth; backward 2x forward.
+* **GEMMs**: ``24·(s/c)·b·h²/t`` FLOPs in four GEMMs, and the attention's two batched GEMMs, ``4·(s/c)·s·b·h/t``
+  (scores ``QKᵀ`` with depth ``h/a``, then scores times ``V`` with depth ``s``); each at the efficiency of its
+  reduction depth (:func:`course.perf.microbench.gemm_efficiency`).
+* **element-wise traffic**: twice the activation bytes Korthikanti et al. 2022 count,
+  ``(s/c)·b·h·(10 + 24/t + 5·a·s/(h·t))``, at the memory bandwidth. A **fused attention** kernel (FlashAttention,
+  Dao et al. 2022) never writes the ``s x s`` scores to memory: the ``5·a·s/(h·t)`` term goes.
+* **tensor parallel** (Megatron-LM, Shoeybi et al. 2019): two allreduces of ``2·(s/c)·b·h`` bytes among ``t`` GPUs
+  in forward, two in backward, two more in a recomputed forward. With ``tp_overlap`` they hide behind the GEMMs:
+  only ``max(0, comm - GEMMs)`` is exposed.
+* **context parallel** (ring attention, Megatron-LM's ``--context-parallel-size``): the sequence is split ``c``
+  ways; each GPU passes its keys and values around a ring, ``(c-1)`` messages of ``4·(s/c)·b·h/t`` bytes in forward
+  and twice that in backward, overlapped with the attention GEMMs (only the excess is exposed).
+* backward costs twice forward; recomputation adds a forward (``"full"``), the attention core (``"selective"``,
+  Korthikanti et al. 2022) or nothing (``"none"``).
 
-Throughput is reported as Megatron's papers count it, ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per step with
-recomputation (72 without), so modelled and published FLOP/s compare like for like. Taught in
-``notebooks/05c_performance_model.ipynb``.
+The step (:func:`step_time`):
+
+* **pipeline**: ``p`` stages (``stage_layers`` may be uneven), ``m`` microbatches. 1F1B takes
+  ``m·t_max + (Σ t_i - t_max)/v`` (even stages: ``(m + (p-1)/v)`` microbatch-times; the bubble is ``(p-1)/v`` of
+  the work), where ``v`` is the number of model chunks per GPU (the **interleaved** schedule, chosen whenever
+  ``interleave > 1``). Each microbatch sends its activations forward and their gradients back at each of the
+  ``v`` chunk boundaries a GPU owns: ``2·v`` messages of ``2·(s/c)·b·h/t`` bytes. The last stage also computes the
+  logits (``2·(s/c)·h·V·b/t`` FLOPs).
+* **data parallel** over ``d·c`` GPUs holding the same shard (:func:`sharding_seconds`): ``ddp`` allreduces the
+  gradients; ``zero1``/``zero2`` reduce-scatter them and all-gather the updated parameters; ``zero3``/``fsdp``
+  reduce-scatter the gradients once per step and all-gather the parameters before each microbatch's forward and
+  again before its backward (once, without ``reshard_after_forward``). With ``dp_overlap`` the gradient reduction
+  hides behind the last microbatch's backward, the parameter gathers behind the compute.
+
+Throughput is reported as Megatron's papers count it, ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per step with full
+recomputation (72 without), so modelled and published FLOP/s compare like for like. Not modelled: network
+oversubscription, stragglers, and the first stage's embedding. Taught in ``notebooks/05c_performance_model.ipynb``.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from course.perf import microbench
 from course.perf.comm import Cluster, allreduce_seconds, alpha_beta, message_seconds
 
 SHARDING = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+RECOMPUTE = ("full", "selective", "none")
 
 
 @dataclass(frozen=True)
@@ -51,16 +66,36 @@ class Transformer:
     def params(self) -> float:
         return 12.0 * self.layers * self.hidden**2 + (self.vocab + self.seq) * self.hidden
 
-    def megatron_flops(self, batch_size: int, recompute: bool = True) -> float:
-        """FLOPs of one step on ``batch_size`` sequences as Megatron counts them (module docstring)."""
+    def megatron_flops(self, batch_size: int, recompute: str = "full") -> float:
+        """FLOPs of one step on ``batch_size`` sequences as Megatron counts them (module docstring); selective
+        recomputation adds one forward of the attention core, ``4·s²·h`` per layer and sequence."""
+        check_choice("recompute", recompute, RECOMPUTE)
         s, h, layer_count = self.seq, self.hidden, self.layers
-        factor = 96 if recompute else 72
-        return factor * batch_size * s * layer_count * h**2 * (1 + s / (6 * h) + self.vocab / (16 * layer_count * h))
+        factor = 96 if recompute == "full" else 72
+        counted = factor * batch_size * s * layer_count * h**2 * (1 + s / (6 * h) + self.vocab / (16 * layer_count * h))
+        return counted + (4.0 * batch_size * s**2 * h * layer_count if recompute == "selective" else 0.0)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How a transformer is split: ``tensor`` x ``pipeline`` x ``data`` GPUs, and how a step is batched."""
+    """How a transformer is split and how a step runs: the *setup* a run states, never a fitted efficiency.
+
+    The overlap defaults follow the frameworks people train with today:
+
+    * ``dp_overlap=True``: PyTorch's DDP launches each gradient bucket's allreduce as soon as it is full, during
+      backward, always (https://pytorch.org/docs/stable/notes/ddp.html); FSDP prefetches the next parameter
+      all-gather by default (``backward_prefetch=BACKWARD_PRE``,
+      https://pytorch.org/docs/stable/fsdp.html). Megatron-LM has it as ``--overlap-grad-reduce`` and
+      ``--overlap-param-gather`` (off unless asked for, and Narayanan et al. 2021 overlapped none).
+    * ``tp_overlap=False``: Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine's userbuffers, which pipeline
+      the sequence-parallel all-gather and reduce-scatter with the GEMMs) is off unless asked for
+      (https://github.com/NVIDIA/Megatron-LM, ``megatron/training/arguments.py``).
+    * ``fused_attention=True``: PyTorch's ``scaled_dot_product_attention`` and Megatron-Core's Transformer Engine
+      attention pick a fused (flash) kernel when one exists
+      (https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html).
+    * ``reshard_after_forward=True``: FSDP's ``FULL_SHARD`` / FSDP2's default frees the gathered parameters after
+      forward and gathers them again for backward (https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
+    """
 
     tensor: int = 1
     pipeline: int = 1
@@ -68,78 +103,176 @@ class Plan:
     global_batch: int = 512     # sequences per step, over all replicas
     microbatch: int = 1         # sequences per microbatch
     sharding: str = "ddp"       # one of SHARDING
-    interleave: int = 1         # model chunks per GPU (interleaved 1F1B); 1: plain 1F1B / GPipe
-    recompute: bool = True      # full activation recomputation (one more forward in backward)
+    interleave: int = 1         # model chunks per GPU (virtual stages: interleaved 1F1B); 1: plain 1F1B
+    recompute: str = "full"     # one of RECOMPUTE: activation recomputation in backward
     precision: str = "fp16"     # 16-bit model: 2-byte activations and gradients; Adam's state in FP32
+    context: int = 1            # context parallelism: the sequence split over this many GPUs
+    stage_layers: tuple[int, ...] = ()  # layers of each pipeline stage; () for layers/pipeline each
+    fused_attention: bool = True        # a fused attention kernel: no s x s scores in memory
+    tp_overlap: bool = False            # tensor-parallel collectives hidden behind the GEMMs
+    dp_overlap: bool = True             # data-parallel collectives hidden behind backward (and forward)
+    reshard_after_forward: bool = True  # zero3/fsdp: gather the parameters again for backward
 
     @property
     def gpus(self) -> int:
-        return self.tensor * self.pipeline * self.data
+        return self.tensor * self.context * self.pipeline * self.data
 
     @property
     def microbatches(self) -> int:
         return self.global_batch // (self.data * self.microbatch)
+
+    def layers_per_stage(self, layers: int) -> tuple[int, ...]:
+        """Layers held by each pipeline stage: ``stage_layers``, or ``layers / pipeline`` each."""
+        return self.stage_layers or (layers // self.pipeline,) * self.pipeline
 
 
 @dataclass(frozen=True)
 class TransformerStep:
     """One modelled step, its parts in seconds, and the throughput it implies."""
 
-    pipeline_s: float       # (m + p - 1) microbatch-times, TP and pipeline traffic included
-    bubble_s: float         # the part of pipeline_s no GPU of a stage computes in
-    tensor_comm_s: float    # TP allreduces inside pipeline_s
+    pipeline_s: float       # the 1F1B schedule's time: microbatches, bubble, TP, CP and pipeline traffic included
+    bubble_s: float         # the part of pipeline_s no GPU of the slowest stage computes in
+    tensor_comm_s: float    # exposed TP allreduces inside pipeline_s
     data_comm_s: float      # the data-parallel collectives' exposed time
     update_s: float         # optimizer step + framework overhead
     step_s: float
     flops_per_gpu: float    # Megatron's count / step / GPUs
+    context_comm_s: float = 0.0  # exposed context-parallel ring traffic inside pipeline_s
+    p2p_s: float = 0.0           # pipeline sends inside pipeline_s
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """One layer's forward for one microbatch on one GPU, term by term (seconds; see :func:`layer_terms`)."""
+
+    gemm_s: float        # the four weight GEMMs
+    attention_s: float   # the two attention GEMMs
+    memory_s: float      # element-wise traffic, the attention's share included
+    attention_memory_s: float  # the part of memory_s that the s x s scores cause (0 with a fused kernel)
+    tensor_s: float      # TP collectives of one pass (two allreduces), before any overlap
+    context_s: float     # CP ring traffic of one forward, before any overlap
+
+    @property
+    def compute_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s
 
 
 def check_plan(model: Transformer, plan: Plan, cluster: Cluster) -> None:
     """Raise a clear error for a plan the model cannot run.
 
     Raises:
-        ValueError: tensor parallel across nodes, layers or batch that do not divide, unknown sharding.
+        ValueError: layers or batch that do not divide, uneven stages that do not add up, unknown options.
     """
     check_choice("sharding", plan.sharding, SHARDING)
-    for name in ("tensor", "pipeline", "data", "microbatch", "interleave"):
+    check_choice("recompute", plan.recompute, RECOMPUTE)
+    for name in ("tensor", "pipeline", "data", "microbatch", "interleave", "context"):
         check_count(name, getattr(plan, name), unit="count")
-    if plan.tensor > cluster.gpus_per_node:
-        raise ValueError(f"tensor parallelism of {plan.tensor} spans nodes of {cluster.gpus_per_node} GPUs; "
-                         "keep it inside a node (its allreduces are on the critical path).")
-    if model.layers % (plan.pipeline * plan.interleave):
+    if plan.stage_layers:
+        if len(plan.stage_layers) != plan.pipeline or sum(plan.stage_layers) != model.layers or plan.interleave > 1:
+            raise ValueError(f"stage_layers {plan.stage_layers} must give each of the {plan.pipeline} stages its "
+                             f"layers, {model.layers} in all, with interleave=1 (got interleave={plan.interleave}).")
+    elif model.layers % (plan.pipeline * plan.interleave):
         raise ValueError(f"{model.layers} layers do not split into {plan.pipeline} stages x {plan.interleave} "
                          "chunks; pick a pipeline size that divides the layers.")
     if plan.microbatches < 1 or plan.global_batch % (plan.data * plan.microbatch):
         raise ValueError(f"global batch {plan.global_batch} does not split into {plan.data} replicas x "
                          f"microbatches of {plan.microbatch}.")
+    if plan.interleave > 1 and plan.microbatches % plan.pipeline:
+        raise ValueError(f"the interleaved schedule runs microbatches in groups of the {plan.pipeline} stages; "
+                         f"{plan.microbatches} microbatches do not divide: change the batch or set interleave=1.")
+    if model.seq % plan.context:
+        raise ValueError(f"a sequence of {model.seq} tokens does not split into {plan.context} context-parallel "
+                         "parts; pick a context size that divides it.")
 
 
-def layer_seconds(model: Transformer, plan: Plan, cluster: Cluster) -> tuple[float, float]:
-    """``(compute, tensor-parallel communication)`` of one layer's forward for one microbatch, seconds."""
-    s, h, b, t, gpu = model.seq, model.hidden, plan.microbatch, plan.tensor, cluster.gpu
-    flops = (24 * s * h**2 + 4 * s**2 * h) * b / t
-    math_s = flops / (gpu.peak_flops(plan.precision) * microbench.matmul_efficiency(plan.precision, gpu.generation))
-    stored = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))  # bytes, Korthikanti et al. 2022
-    memory_s = 2 * stored / (gpu.memory_bandwidth * microbench.constant("memory"))
-    tp_s = 2 * allreduce_seconds(2.0 * s * b * h, t, cluster, "ring") if t > 1 else 0.0
-    return math_s + memory_s, tp_s
+def _gemm_s(flops: float, depth: float, plan: Plan, cluster: Cluster) -> float:
+    """One GEMM of ``flops`` FLOPs and reduction depth ``depth`` on the cluster's GPU."""
+    gpu = cluster.gpu
+    return flops / (gpu.peak_flops(plan.precision)
+                    * microbench.gemm_efficiency(plan.precision, gpu.generation, depth))
+
+
+def layer_terms(model: Transformer, plan: Plan, cluster: Cluster) -> LayerTerms:
+    """Every term of one layer's forward for one microbatch on one GPU (module docstring)."""
+    s, h, a, b, t, c = model.seq, model.hidden, model.heads, plan.microbatch, plan.tensor, plan.context
+    tokens = s / c * b  # this GPU's queries
+    gemm = sum(_gemm_s(2 * tokens * h * width / t, depth, plan, cluster)
+               for width, depth in ((3 * h, h), (h, h / t), (4 * h, h), (4 * h, 4 * h / t)))
+    attention = (_gemm_s(2 * tokens * s * h / t, h / a, plan, cluster)    # Q Kᵀ, depth: the head dimension
+                 + _gemm_s(2 * tokens * s * h / t, s, plan, cluster))     # scores x V, depth: the keys
+    bandwidth = cluster.gpu.memory_bandwidth * microbench.constant("memory")
+    scores = 0.0 if plan.fused_attention else 2 * tokens * h * 5 * a * s / (h * t) / bandwidth
+    memory = 2 * tokens * h * (10 + 24 / t) / bandwidth + scores  # bytes, Korthikanti et al. 2022
+    tensor = 2 * allreduce_seconds(2.0 * tokens * h, t, cluster, "ring") if t > 1 else 0.0
+    ring = alpha_beta(cluster.intra) if t * c <= cluster.gpus_per_node else cluster.network_per_gpu()
+    context = (c - 1) * message_seconds(4.0 * tokens * h / t, ring) if c > 1 else 0.0
+    return LayerTerms(gemm, attention, memory, scores, tensor, context)
+
+
+def _exposed(comm_s: float, hidden_by_s: float, overlap: bool) -> float:
+    """The part of ``comm_s`` that compute of ``hidden_by_s`` does not hide (all of it without overlap)."""
+    return max(0.0, comm_s - hidden_by_s) if overlap else comm_s
+
+
+def layer_passes(terms: LayerTerms, plan: Plan) -> dict[str, float]:
+    """One layer's forward, backward and recomputation for one microbatch, each with its exposed TP and CP traffic:
+    ``{"forward", "backward", "recompute", "tensor", "context"}`` (the last two: exposed traffic of all passes)."""
+    tp_forward = _exposed(terms.tensor_s, terms.gemm_s, plan.tp_overlap)
+    tp_backward = _exposed(terms.tensor_s, 2 * terms.gemm_s, plan.tp_overlap)
+    cp_forward = max(0.0, terms.context_s - terms.attention_s)  # the ring always runs beside the attention
+    cp_backward = max(0.0, 2 * terms.context_s - 2 * terms.attention_s)
+    forward = terms.compute_s + tp_forward + cp_forward
+    backward = 2 * terms.compute_s + tp_backward + cp_backward
+    recompute = {"full": forward, "none": 0.0,
+                 "selective": terms.attention_s + terms.attention_memory_s}[plan.recompute]
+    tp_recompute = tp_forward if plan.recompute == "full" else 0.0
+    cp_recompute = cp_forward if plan.recompute == "full" else 0.0
+    return {"forward": forward, "backward": backward, "recompute": recompute,
+            "tensor": tp_forward + tp_backward + tp_recompute, "context": cp_forward + cp_backward + cp_recompute}
+
+
+def pipeline_seconds(stage_s: list[float], microbatches: int, interleave: int) -> tuple[float, float]:
+    """``(schedule, bubble)`` of 1F1B over stages taking ``stage_s`` per microbatch: ``m·t_max`` of work and a
+    bubble of ``(Σ t_i - t_max) / v`` (even stages: ``(p-1)/v`` microbatch-times)."""
+    slowest = max(stage_s)
+    bubble = (sum(stage_s) - slowest) / interleave
+    return microbatches * slowest + bubble, bubble
 
 
 def data_parallel_seconds(nbytes: float, plan: Plan, cluster: Cluster) -> float:
-    """One allreduce of ``nbytes`` among the ``d`` replicas that hold the same shard (one per node when a
-    replica fills a node or more; several per node otherwise: then two-level)."""
-    d = plan.data
+    """One allreduce of ``nbytes`` among the ``d·c`` GPUs that hold the same shard, placed as Megatron-LM places
+    them (tensor, then context, then data ranks fill a node; pipeline stages outermost): one per node when
+    ``t·c`` fills a node, otherwise two-level."""
+    d = plan.data * plan.context
     if d == 1:
         return 0.0
-    per_node = max(1, cluster.gpus_per_node // (plan.tensor * plan.pipeline))
+    per_node = min(d, max(1, cluster.gpus_per_node // plan.tensor))
     if per_node == 1:
-        between = cluster.network_per_gpu()
-        return float(cost_model.predict("ring", nbytes, d, between))
+        return float(cost_model.predict("ring", nbytes, d, cluster.network_per_gpu()))
     nodes = -(-d // per_node)
     if nodes == 1:
         return allreduce_seconds(nbytes, d, cluster, "ring")
     inside, between = alpha_beta(cluster.intra), cluster.network_per_gpu()
     return float(cost_model.predict_hierarchical(nbytes, per_node, nodes, inside, between, within="ring"))
+
+
+def sharding_seconds(model: Transformer, plan: Plan, cluster: Cluster) -> tuple[float, float]:
+    """``(gradient reduction, parameter gathers)`` of one step, before any overlap, for ``plan.sharding``.
+
+    A reduce-scatter or an all-gather moves half an allreduce's bytes in half its steps (ring): each is priced as
+    half of :func:`data_parallel_seconds`. ``ddp``: one allreduce of the 16-bit gradients, no gather. ``zero1``,
+    ``zero2``: a reduce-scatter, then one all-gather of the updated parameters. ``zero3``, ``fsdp``: a
+    reduce-scatter, and an all-gather before each microbatch's forward and another before its backward (one per
+    microbatch with ``reshard_after_forward=False``).
+    """
+    shard = 2.0 * model.params / (plan.tensor * plan.pipeline)  # 16-bit values of one replica's shard
+    half = data_parallel_seconds(shard, plan, cluster) / 2  # one reduce-scatter, or one all-gather
+    if plan.sharding == "ddp":
+        return 2 * half, 0.0
+    if plan.sharding in ("zero1", "zero2"):
+        return half, half
+    gathers = plan.microbatches * (2 if plan.reshard_after_forward else 1)
+    return half, gathers * half
 
 
 def step_time(model: Transformer, plan: Plan, cluster: Cluster) -> TransformerStep:
@@ -149,37 +282,29 @@ def step_time(model: Transformer, plan: Plan, cluster: Cluster) -> TransformerSt
         ValueError: see :func:`check_plan`.
     """
     check_plan(model, plan, cluster)
-    t, p, d, m = plan.tensor, plan.pipeline, plan.data, plan.microbatches
-    compute, tp = layer_seconds(model, plan, cluster)
-    per_stage = model.layers / p
-    logits = 2.0 * model.seq * model.hidden * model.vocab * plan.microbatch / t  # the last stage's extra work
-    logits_s = logits / (cluster.gpu.peak_flops(plan.precision)
-                         * microbench.matmul_efficiency(plan.precision, cluster.gpu.generation))
-    passes = 4 if plan.recompute else 3  # forward, backward (2x), and the recomputed forward
-    tp_passes = 3 if plan.recompute else 2  # TP allreduce pairs: forward, backward, recomputed forward
-    micro_compute = per_stage * compute * passes + logits_s * 3  # the slowest (last) stage sets the pace
-    micro_tp = per_stage * tp * tp_passes
-    p2p = 2 * message_seconds(2.0 * model.seq * plan.microbatch * model.hidden / t, cluster.network_per_gpu()) \
-        if p > 1 else 0.0
-    micro = micro_compute + micro_tp + p2p
-    bubble = (p - 1) / plan.interleave * micro
-    pipeline_s = m * micro + bubble
-    data_comm = _data_comm_exposed(model, plan, cluster, m * micro)
-    shards = d if plan.sharding != "ddp" else 1
+    t, m, v = plan.tensor, plan.microbatches, plan.interleave
+    terms = layer_terms(model, plan, cluster)
+    per_layer = layer_passes(terms, plan)
+    layer_s = per_layer["forward"] + per_layer["backward"] + per_layer["recompute"]
+    tokens = model.seq / plan.context * plan.microbatch
+    logits_s = 3 * _gemm_s(2.0 * tokens * model.hidden * model.vocab / t, model.hidden, plan, cluster)
+    p2p = (2 * v * message_seconds(2.0 * tokens * model.hidden / t, cluster.network_per_gpu())
+           if plan.pipeline > 1 else 0.0)
+    layers = plan.layers_per_stage(model.layers)
+    stage_s = [n * layer_s + p2p + (logits_s if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
+    pipeline_s, bubble = pipeline_seconds(stage_s, m, v)
+    slowest = max(range(len(layers)), key=lambda i: stage_s[i])
+    reduce_s, gather_s = sharding_seconds(model, plan, cluster)
+    last_backward = layers[slowest] * (per_layer["backward"] + per_layer["recompute"])
+    data_comm = _exposed(reduce_s, last_backward, plan.dp_overlap)
+    hidden_by = layers[slowest] * per_layer["forward"] * (1 if plan.sharding in ("zero1", "zero2") else m)
+    data_comm += _exposed(gather_s, hidden_by, plan.dp_overlap)
+    shards = plan.data * plan.context if plan.sharding != "ddp" else 1
     adam = 28.0  # bytes per parameter: FP32 master, m and v read and written, 16-bit gradient in, weight out
-    update = (model.params / (t * p) / shards * adam / (cluster.gpu.memory_bandwidth * microbench.constant("memory"))
-              + microbench.constant("framework"))
+    update = (model.params / (t * plan.pipeline) / shards * adam
+              / (cluster.gpu.memory_bandwidth * microbench.constant("memory")) + microbench.constant("framework"))
     step = pipeline_s + data_comm + update
     flops = model.megatron_flops(plan.global_batch, plan.recompute) / step / plan.gpus
-    return TransformerStep(pipeline_s, bubble, m * micro_tp, data_comm, update, step, flops)
-
-
-def _data_comm_exposed(model: Transformer, plan: Plan, cluster: Cluster, pipeline_s: float) -> float:
-    """The data-parallel collectives' time not hidden: DDP and ZeRO-1/2 after the flush (Megatron overlaps
-    none); ZeRO-3/FSDP's extra parameter all-gathers overlap the pipeline's compute (prefetched per layer)."""
-    grads = 2.0 * model.params / (plan.tensor * plan.pipeline)  # 16-bit gradients of one replica's shard
-    reduce = data_parallel_seconds(grads, plan, cluster)
-    if plan.sharding in ("zero3", "fsdp"):
-        gathers = reduce  # two all-gathers of the parameters = one allreduce's bytes
-        return reduce + max(0.0, gathers - pipeline_s)
-    return reduce
+    n = layers[slowest] * m
+    return TransformerStep(pipeline_s, bubble, n * per_layer["tensor"], data_comm, update, step, flops,
+                           n * per_layer["context"], m * p2p)

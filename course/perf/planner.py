@@ -4,14 +4,15 @@ and what step time each would take. Every number is **modelled**.
 Memory per GPU = model states (:mod:`course.memory.budget`: mixed-precision Adam, 16 bytes per parameter,
 sharded by the ZeRO stage over the data-parallel ranks; with tensor parallelism each GPU holds 1/t of every
 layer first) + activations with full recomputation: every layer's 16-bit input (``2·s·b·h`` bytes), one layer's
-working set while it is recomputed (``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes, Korthikanti et al. 2022) and the
+working set while it is recomputed (``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes, Korthikanti et al. 2022, without the
+``5·a·s/(h·t)`` of the attention scores when a fused attention kernel never stores them) and the
 logits in FP32 for the loss (``4·s·b·V/t``). Step time = :func:`course.perf.parallel.step_time`. Taught in
 ``notebooks/05c_performance_model.ipynb``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from course.memory import budget as memory_budget
 from course.perf import parallel
@@ -41,13 +42,26 @@ def _plan(strategy: str, gpus: int, cluster: Cluster, global_batch: int) -> tupl
     return parallel.Plan(t, 1, gpus // t, global_batch, 1, sharding), stage
 
 
+def interleaved(model: parallel.Transformer, plan: parallel.Plan, cluster: Cluster) -> parallel.Plan:
+    """``plan`` with the number of model chunks per GPU (``interleave``) that makes the step fastest: 1 (plain
+    1F1B) or any ``v`` that splits every stage's layers and runs the microbatches in whole groups of the stages.
+    More chunks divide the bubble by ``v`` but multiply the pipeline's sends by ``v``; the planner keeps ``v``
+    only where that pays."""
+    per_stage = model.layers // plan.pipeline
+    if plan.pipeline == 1 or plan.stage_layers or plan.microbatches % plan.pipeline:
+        return plan
+    candidates = [replace(plan, interleave=v) for v in range(1, per_stage + 1) if per_stage % v == 0]
+    return min(candidates, key=lambda p: parallel.step_time(model, p, cluster).step_s)
+
+
 def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> tuple[float, float]:
     """``(total, model states)`` bytes one GPU holds under ``plan`` (module docstring)."""
     setup = memory_budget.Setup("adam", "bf16", zero_stage, plan.data)
     states = memory_budget.model_states(model.params / plan.tensor, setup).model_states
     s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
     layer_inputs = 2 * s * b * h * model.layers / plan.pipeline
-    working = s * b * h * (10 + 24 / t + 5 * model.heads * s / (h * t))
+    scores = 0.0 if plan.fused_attention else 5 * model.heads * s / (h * t)  # a fused kernel keeps no s x s scores
+    working = s * b * h * (10 + 24 / t + scores)
     logits = 4 * s * b * model.vocab / t
     return states + layer_inputs + working + logits, states
 

@@ -94,8 +94,23 @@ def checkpoint_save(ev: Evidence, a: Assignment) -> Save | None:
     return saves[-1] if saves else None
 
 
+def checkpoint_step(ev: Evidence, a: Assignment) -> int | None:
+    """The rank-0 step whose parameters the checkpoint holds: the one the grader bound it to, else (not bound)
+    the step rank 0 had taken when it saved it; None without a checkpoint."""
+    if ev.checkpoint_step is not None:
+        return ev.checkpoint_step
+    saved = checkpoint_save(ev, a)
+    return saved.step if saved is not None else None
+
+
+def last_step(ev: Evidence) -> int | None:
+    """Rank 0's last recorded optimizer step, or None."""
+    steps = ev.steps.get(0, ())
+    return steps[-1].step if steps else None
+
+
 def report_of_checkpoint(ev: Evidence, a: Assignment) -> Report | None:
     """Rank 0's last report made with the parameters the checkpoint holds (no step between), or None."""
-    saved = checkpoint_save(ev, a)
-    reports = [r for r in ev.reports.get(0, ()) if saved is not None and r.step == saved.step]
+    step = checkpoint_step(ev, a)
+    reports = [r for r in ev.reports.get(0, ()) if step is not None and r.step == step]
     return reports[-1] if reports else None

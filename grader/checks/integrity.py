@@ -8,7 +8,7 @@ against what the grader measured itself (the checkpoint's parameters and validat
 from __future__ import annotations
 
 from grader.assignment import Assignment
-from grader.checks.common import Finding, checkpoint_save, report_of_checkpoint
+from grader.checks.common import Finding, checkpoint_save, checkpoint_step, report_of_checkpoint
 from grader.evidence import Evidence, fingerprints_equal
 
 
@@ -40,10 +40,9 @@ def integrity(ev: Evidence, a: Assignment) -> Finding:
 
 def _records_disagree_with_checkpoint(ev: Evidence, a: Assignment) -> str | None:
     """Why rank 0's records do not describe the checkpoint the grader evaluated, or None if they do."""
-    saved = checkpoint_save(ev, a)
-    if saved is None or ev.checkpoint_fingerprint is None:
+    step = checkpoint_step(ev, a)
+    if checkpoint_save(ev, a) is None or step is None or ev.checkpoint_fingerprint is None:
         return None
-    step = saved.step
     recorded = (ev.initials.get(0) or (None,))[0] if step == 0 else next(
         (s for s in ev.steps.get(0, ()) if s.step == step), None)
     if recorded is not None and not fingerprints_equal(recorded.fingerprint, ev.checkpoint_fingerprint):

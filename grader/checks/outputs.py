@@ -6,8 +6,10 @@ from grader.assignment import Assignment
 from grader.checks.common import (
     Finding,
     cannot_assess,
+    checkpoint_step,
     diverged_at,
     idle_ranks,
+    last_step,
     not_assessed,
     ranks_text,
     report_of_checkpoint,
@@ -58,36 +60,62 @@ def metrics_averaged(ev: Evidence, a: Assignment) -> Finding:
             and abs(last.val_accuracy - ev.checkpoint_val_accuracy) > a.metric_tolerance:
         return False, (f"at epoch {last.epoch:g} you reported val_accuracy {last.val_accuracy:.4f}, but the "
                        f"checkpoint you saved right after scores {ev.checkpoint_val_accuracy:.4f} on the whole "
-                       "validation set: all_reduce the correct counts (or accuracies) across ranks before reporting.")
+                       f"validation set. {SHARDED_METRICS}")
     for r in reports:
         true = r.true_val_accuracy
         if true is None or r.val_accuracy is None:
             return False, "the grader could not compute the model's true validation accuracy at report()."
         if abs(r.val_accuracy - true) > a.metric_tolerance:
             return False, (f"at epoch {r.epoch:g} you reported val_accuracy {r.val_accuracy:.4f}, but the "
-                           f"model's accuracy on the whole validation set was {true:.4f}: all_reduce the correct "
-                           "counts (or accuracies) across ranks before reporting.")
+                           f"model's accuracy on the whole validation set was {true:.4f}. {SHARDED_METRICS}")
     # the numbers are right; were they combined across ranks? (one rank training alone has nothing to reduce)
     training = [r for r in ev.ranks if ev.inits.get(r) and ev.steps.get(r)]
     unreduced = next((r for r in reports if not _reduced_before(ev, r)), None) if len(training) > 1 else None
     if unreduced is not None:
         return False, (f"at epoch {unreduced.epoch:g} rank 0 reported without combining anything across ranks "
-                       "since its last optimizer step (no all_reduce, reduce or all_gather): each rank evaluates its "
-                       "own shard of the validation set (DistributedSampler with shuffle=False), then the ranks sum "
-                       "their correct counts and sample counts with all_reduce and divide: sums and counts, not "
-                       "per-rank means (notebook 05, step 6).")
+                       "since its last optimizer step: no all_reduce, reduce or all_gather, and no messages that "
+                       f"brought every rank's numbers to rank 0. {SHARDED_METRICS}")
     return True, f"all {len(reports)} reported validation accuracies match the whole validation set."
 
 
+# how to average a metric across ranks, without the repeated samples DistributedSampler pads shards with
+SHARDED_METRICS = ("Give each rank its own part of the validation set, with no sample twice: "
+                   "dataset[rank::world_size] does this (DistributedSampler pads with repeats). "
+                   "Count the correct answers and the samples on each rank. "
+                   "Sum both counts across ranks with all_reduce, then divide (notebook 05, step 6).")
+
+
 def _reduced_before(ev: Evidence, report: Report) -> bool:
-    """Rank 0 called a reduction itself (not torch's internals: FSDP's gathers, ZeRO's broadcasts) after its last
-    optimizer step and before ``report``, and after its previous report."""
+    """Rank 0 combined the ranks' numbers after its last optimizer step and before ``report`` (and after its
+    previous report): it called a reduction itself (not torch's internals: FSDP's gathers, ZeRO's broadcasts), or
+    point-to-point messages reached it from every other rank (a ring or a tree allreduce, the course's own)."""
     earlier = [r.seq for r in ev.reports.get(0, ()) if r.seq is not None and report.seq is not None
                and r.seq < report.seq]
     after = max(earlier, default=-1)
-    return any(c.op in REDUCTIONS and not c.by_torch and c.step == report.step
-               and (c.seq is None or report.seq is None or after < c.seq < report.seq)
-               for c in ev.collectives.get(0, ()))
+
+    def in_window(record) -> bool:
+        return record.seq is None or report.seq is None or after < record.seq < report.seq
+
+    if any(c.op in REDUCTIONS and not c.by_torch and c.step == report.step and in_window(c)
+           for c in ev.collectives.get(0, ())):
+        return True
+    messages = {r: [m for m in ev.messages.get(r, ()) if m.step == report.step and (r != 0 or in_window(m))]
+                for r in ev.ranks}
+    return _every_rank_reaches(0, messages, ev.world_size)
+
+
+def _every_rank_reaches(root: int, messages: dict, world_size: int) -> bool:
+    """Whether messages, matched (sent by one rank and received from it by the other), carry something from every
+    rank to ``root``: a rank reaches it if it sent to ``root`` or to a rank that reaches it."""
+    sent = {r: {peer for m in ms for peer in m.sent_to} for r, ms in messages.items()}
+    received = {r: {peer for m in ms for peer in m.received_from} for r, ms in messages.items()}
+    edges = {(a, b) for a in sent for b in sent[a] if a in received.get(b, set())}
+    reached, grown = {root}, True
+    while grown:
+        more = {a for a, b in edges if b in reached} - reached
+        reached |= more
+        grown = bool(more)
+    return reached >= set(range(world_size))
 
 
 def _trained_epochs(ev: Evidence) -> dict[int, int]:
@@ -103,6 +131,11 @@ def target_accuracy(ev: Evidence, a: Assignment) -> Finding:
                        "is now 4x fewer steps; scale the learning rate instead of training longer).")
     if ev.test_accuracy is None:
         return not_assessed(ev, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate.")
+    held, last = checkpoint_step(ev, a), last_step(ev)
+    if held is not None and last is not None and held < last:
+        return False, (f"your checkpoint holds the parameters rank 0 had after step {held}, not after its last "
+                       f"step {last}: it is not the final model. Save model.state_dict() on rank 0 after the last "
+                       f"optimizer step. (That older model scored {ev.test_accuracy:.3f} on held-out data.)")
     if ev.test_accuracy < a.target_accuracy:
         return False, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data; the target is "
                        f"{a.target_accuracy:.2f}. {HELD_OUT}")

@@ -17,6 +17,7 @@ from grader.checks.common import (
     took,
 )
 from grader.evidence import Evidence, fingerprints_equal
+from grader.replay import Transformation, transformation
 
 
 def ran_to_the_end(ev: Evidence, a: Assignment) -> Finding:
@@ -165,17 +166,31 @@ def matches_single_process(ev: Evidence, a: Assignment) -> Finding:
         return False, f"the grader could not replay the first steps: {ev.replay_error or 'no steps recorded'}."
     precision = next((s.precision for s in ev.steps[0] if s.precision), None)
     tolerance = dict(a.low_precision_tolerance).get(precision or "", a.gradient_tolerance)
+    rounding = f", within {precision} rounding" if precision else ""
+    done = transformation(ev.comparisons, tolerance)
+    if done is not None and done.kind == "clipped":
+        worst = max(c.direction_error for c in ev.comparisons)
+        first = _clipped(ev.comparisons, tolerance)
+        return True, (f"the first {len(ev.comparisons)} steps match one process training on the union of the "
+                      f"{a.world_size} ranks' batches, with the gradient clipped to norm {done.value:.3g} on every "
+                      f"rank (clip_grad_norm_). At step {first.step} the clipping made it {first.scale:.2f}x as "
+                      f"long, pointing the same way (relative error at most {worst:.1e}{rounding}).")
     for c in ev.comparisons:
         if c.relative_error > tolerance:
-            return False, _gradient_mismatch(c, a.world_size, precision, tolerance)
+            return False, _gradient_mismatch(c, a.world_size, precision, tolerance, done)
     worst = max(c.relative_error for c in ev.comparisons)
-    rounding = f", within {precision} rounding" if precision else ""
     return True, (f"the first {len(ev.comparisons)} steps match one process training on the union of the "
                   f"{a.world_size} ranks' batches (relative error at most {worst:.1e}{rounding}; gradient scale "
                   f"{min(c.scale for c in ev.comparisons):.3f}).")
 
 
-def _gradient_mismatch(c, world_size: int, precision: str | None, tolerance: float) -> str:
+def _clipped(comparisons, tolerance: float):
+    """The first comparison the clipping shortened."""
+    return next(c for c in comparisons if c.relative_error > tolerance)
+
+
+def _gradient_mismatch(c, world_size: int, precision: str | None, tolerance: float,
+                       done: Transformation | None = None) -> str:
     """What the measured scale of rank 0's gradient against the single-process one says went wrong."""
     measured = (f"at step {c.step} rank 0's gradient was {c.scale:.2f}x the single-process gradient on the union "
                 f"batch (relative error {c.relative_error:.2g}, allowed {tolerance:g}"
@@ -185,6 +200,10 @@ def _gradient_mismatch(c, world_size: int, precision: str | None, tolerance: flo
     if abs(c.scale - 1 / world_size) < 0.1 / world_size:
         return (f"{measured}: the gradients were divided by world_size twice (DDP already averages; do not divide "
                 "the loss or the gradients again).")
+    if done is not None:  # scaled: clipping passed above
+        return (f"{measured}: it pointed the same way, {done.value:.2f}x as long at every step. The gradients were "
+                f"averaged, then multiplied by {done.value:.2f} on every rank (a factor on the loss or on the "
+                "gradients?). Remove the factor; to change the step size, change the learning rate.")
     if abs(c.scale - 1) < 0.1:
         return (f"{measured}: the right size, pointing elsewhere: the ranks' gradients were not combined (each "
                 "rank stepped on its own batch), or they were computed on other samples than the batches fetched.")

@@ -6,7 +6,9 @@ indices the rank fetched and in which epoch, the learning rate, a fingerprint of
 the first step and after every step, on rank 0 a digest of every parameter tensor before and after every
 step (the checkpoint must hold a state this chain of steps reached: :func:`grader.evidence.bind_checkpoint`)
 and the full parameters and gradients of the first steps (the grader replays them in one process on the union
-batch). They also record each collective called from Python, every ``course.report.report`` call with the
+batch). They also record each collective called from Python and, per stretch between steps and reports, the ranks
+each point-to-point message went to and came from (through :mod:`course.runtime.intercept`, the one listener on
+``torch.distributed``), every ``course.report.report`` call with the
 true validation accuracy of the model at that moment, and every checkpoint written. Records leave through
 :mod:`grader.inrank.channel`; the student's printed numbers are never used.
 
@@ -33,6 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import data, report
+from course.runtime import intercept
 from grader.inrank import probed_data, records
 from grader.inrank.channel import Writer
 from grader.inrank.fingerprints import digests, encode, fingerprint, full_tensors, has_shards, projection
@@ -67,6 +70,9 @@ class Probes:
         self._wrappers: dict[str, Any] = {}
         self._tampered: set[str] = set()
         self._val: TensorDataset | None = None
+        self._init_seen = False
+        self._sent_to: set[int] = set()  # peers of the point-to-point messages since the last ``messages`` record
+        self._received_from: set[int] = set()
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Write one record (:mod:`grader.inrank.records` declares each kind's fields); from outside this module, a
@@ -85,6 +91,8 @@ class Probes:
         optimizer = self._optimizer() if self._optimizer else None
         params = self._parameters(optimizer) if self.rank == 0 and optimizer is not None else []
         final = digests(params) if params and not has_shards(params) else None  # shards: no gather on one rank
+        self._joined()
+        self._flush_messages()
         self.emit("end", how=how, exit_code=exit_code, steps=self.steps, error=error, digests=final)
 
     # ----------------------------------------------------------------------------------------- install
@@ -95,10 +103,9 @@ class Probes:
         register_optimizer_step_pre_hook(self._guard("optimizer step", self._before_step))
         register_optimizer_step_post_hook(self._guard("optimizer step", self._after_step))
         torch.nn.modules.module.register_module_forward_pre_hook(self._guard("forward", self.batches.forward))
-        self._wrap_process_group()
-        for name in COLLECTIVES:
-            if hasattr(dist, name):
-                self._wrap_collective(name)
+        listen = self._guard("torch.distributed", self._listen)
+        intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group", *COLLECTIVES,
+                                           *intercept.METHODS))
         self._wrap(report, "report", self._report)
         self._wrap(torch, "save", self._save)
         for name in ("spawn", "start_processes"):
@@ -120,18 +127,20 @@ class Probes:
     def _guard(self, where: str, probe: Any) -> Any:
         """``probe`` made safe for the student's process: should the grader's own code fail, it is written as
         a ``probe_error`` record (the grader's error, reported as such) and on the rank's error output, that
-        probe records nothing more, and the student's script goes on as if the probe were not there."""
-        def guarded(*args: Any, **kwargs: Any) -> None:
+        probe records nothing more, and the student's script goes on as if the probe were not there. It returns
+        what ``probe`` returns (None once failed)."""
+        def guarded(*args: Any, **kwargs: Any) -> Any:
             if where in self._broken:
-                return
+                return None
             try:
-                probe(*args, **kwargs)
+                return probe(*args, **kwargs)
             except Exception as error:  # noqa: BLE001  (any failure of the grader's code is the grader's)
                 self._broken.add(where)
                 text = f"{type(error).__name__}: {error}"[:500]
                 print(f"[grader error, not the submission's] the grader's {where} probe failed: {text}",
                       file=sys.stderr, flush=True)
                 self.emit("probe_error", where=where, error=text)
+                return None
         return guarded
 
     def _wrap(self, module: Any, name: str, make: Any) -> None:
@@ -170,34 +179,59 @@ class Probes:
 
         DataLoader.__iter__ = __iter__
 
-    def _wrap_process_group(self) -> None:
-        def make_init(original):
-            def init_process_group(*args, **kwargs):
-                result = original(*args, **kwargs)
-                self.emit("init", backend=str(dist.get_backend()), world_size=dist.get_world_size(),
-                          group_rank=dist.get_rank(), pid=os.getpid(),
-                          local_rank=_int_or_none(os.environ.get("LOCAL_RANK")))
-                return result
-            return init_process_group
+    def _listen(self, call: intercept.Call) -> intercept.After | None:
+        """The probes' listener on torch.distributed (:mod:`course.runtime.intercept`): the process group joined
+        and left, every collective the script called (before it runs: a rank hung in one shows it), and every
+        point-to-point message, tallied by peer."""
+        if call.name in intercept.METHODS:
+            self._message(call)
+            return None
+        if call.nested:  # torch's own inner call (send calls isend): the outer one counts
+            return None
+        if call.name == "init_process_group":
+            return self._after_init
+        if call.name == "destroy_process_group":
+            self._joined()
+            self.emit("shutdown", steps=self.steps)
+            return None
+        self._joined()
+        by_torch = call.caller.startswith(TORCH)
+        self.emit("collective", op=call.name, step=self.steps, by_torch=by_torch)  # seq: the record number
+        return None
 
-        def make_destroy(original):
-            def destroy_process_group(*args, **kwargs):
-                self.emit("shutdown", steps=self.steps)
-                return original(*args, **kwargs)
-            return destroy_process_group
+    def _after_init(self, result: Any) -> Any:
+        self._guard("torch.distributed", self._joined)()
+        return result
 
-        self._wrap(dist, "init_process_group", make_init)
-        self._wrap(dist, "destroy_process_group", make_destroy)
+    def _joined(self) -> None:
+        """The ``init`` record, once, as soon as the probes see a process group: however it was made
+        (``dist.init_process_group``, ``init_device_mesh``, a ``new_group`` or a store of the script's own)."""
+        if self._init_seen or self.silent or not dist.is_initialized():
+            return
+        self._init_seen = True
+        self.emit("init", backend=_backend(), world_size=dist.get_world_size(),
+                  group_rank=dist.get_rank(), pid=os.getpid(),
+                  local_rank=_int_or_none(os.environ.get("LOCAL_RANK")))
 
-    def _wrap_collective(self, name: str) -> None:
-        def make(original):
-            def collective(*args, **kwargs):
-                by_torch = sys._getframe(1).f_code.co_filename.startswith(TORCH)
-                self.emit("collective", op=name, step=self.steps, by_torch=by_torch)  # seq: the record number
-                return original(*args, **kwargs)
-            return collective
+    def _message(self, call: intercept.Call) -> None:
+        """Tally one point-to-point message (``ProcessGroup.send(tensors, peer, tag)`` or ``recv``) by its peer's
+        rank in the default group; :meth:`_flush_messages` writes the tally."""
+        group, peer = (call.args[0], call.args[2]) if len(call.args) > 2 else (None, None)
+        if not isinstance(peer, int) or self.silent:
+            return
+        try:
+            peer = dist.get_global_rank(group, peer) if group is not None and group != dist.group.WORLD else peer
+        except (RuntimeError, ValueError):
+            pass  # a group the default one does not know: its own rank numbers
+        tally = self._sent_to if call.name == "ProcessGroup.send" else self._received_from
+        tally.add(peer)
 
-        self._wrap(dist, name, make)
+    def _flush_messages(self) -> None:
+        """The ``messages`` record of the messages since the last one, if any."""
+        if self._sent_to or self._received_from:
+            sent, received = sorted(self._sent_to), sorted(self._received_from)
+            self._sent_to, self._received_from = set(), set()
+            self.emit("messages", step=self.steps, sent_to=sent, received_from=received)
 
     # ----------------------------------------------------------------------------------------- steps
     def _parameters(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -214,6 +248,7 @@ class Probes:
         steps an inner one on its shard: the step is the outer one's, on every parameter). Sharded parameters
         and gradients (DTensors) are gathered whole on every rank."""
         self._depth += 1
+        self._joined()
         self._algorithm = type(optimizer).__name__  # the innermost optimizer's: the update rule (Adam, ...)
         if self._depth > 1:
             return
@@ -236,6 +271,7 @@ class Probes:
         if self._depth > 0 or self._pending_grads is None:  # an inner optimizer's step: the outer one counts
             return
         grads, self._pending_grads = self._pending_grads, None
+        self._flush_messages()  # those of this step's backward and before: tagged with the steps taken before it
         self.steps += 1
         self._optimizer = weakref.ref(optimizer)
         params = full_tensors(self._parameters(optimizer))
@@ -245,7 +281,7 @@ class Probes:
             "lr": [float(g.get("lr", float("nan"))) for g in optimizer.param_groups],
             "optimizer": self._algorithm, "fingerprint": self._fingerprint(params),
             "world_size": dist.get_world_size() if dist.is_initialized() else None,
-            "backend": str(dist.get_backend()) if dist.is_initialized() else None,
+            "backend": _backend() if dist.is_initialized() else None,
         }
         if self.rank == 0:  # what the grader will require of the checkpoint: bound to the training seen here
             fields["digests"] = digests(params)
@@ -257,15 +293,18 @@ class Probes:
         self._check_tampering()
 
     def _check_tampering(self) -> None:
-        for key, wrapper in self._wrappers.items():
-            module_name, name = key.rsplit(".", 1)
-            if key not in self._tampered and getattr(sys.modules[module_name], name, None) is not wrapper:
+        replaced = [key for key, wrapper in self._wrappers.items()
+                    if getattr(sys.modules[key.rsplit(".", 1)[0]], key.rsplit(".", 1)[1], None) is not wrapper]
+        for key in replaced + intercept.INTERCEPTOR.replaced():
+            if key not in self._tampered:
                 self._tampered.add(key)
                 self.emit("tamper", name=key, step=self.steps)
 
     # ----------------------------------------------------------------------------------------- report, files
     def _report(self, original):
         def report(epoch, train_loss, val_accuracy):
+            self._joined()
+            self._flush_messages()  # those that combined the reported numbers come before the report
             self.emit("report", epoch=_number(epoch), train_loss=_number(train_loss),
                       val_accuracy=_number(val_accuracy), true_val_accuracy=self._true_val_accuracy(),
                       step=self.steps)
@@ -310,6 +349,18 @@ class Probes:
             path = os.path.abspath(os.fsdecode(args[0]))
             if _inside(path, self.run_dir) or _inside(os.path.realpath(path), self.run_dir):
                 self.emit("write", path=path, step=self.steps)
+
+
+def _backend() -> str:
+    """The backend of the default process group for this rank's devices: ``gloo`` on CPUs, ``nccl`` on GPUs. A group
+    made without naming one (``init_device_mesh``, ``init_process_group()``) has one per device type
+    (``cpu:gloo,cuda:nccl``): the one for the GPU if there is one, else the CPU's."""
+    name = str(dist.get_backend())
+    if ":" not in name and name != "undefined":
+        return name
+    config = str(dist.get_backend_config())
+    by_device = dict(part.split(":", 1) for part in config.split(",") if ":" in part)
+    return by_device.get("cuda" if torch.cuda.is_available() else "cpu", name)
 
 
 def _file_path(f: Any) -> str | None:

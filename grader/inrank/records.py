@@ -165,6 +165,17 @@ class Collective(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Messages(Record):
+    """The point-to-point messages the rank sent and received since its previous ``messages`` record, written
+    before its next step, report or end (one record for many messages: a ring sends hundreds per step)."""
+
+    kind: ClassVar[str] = "messages"
+    step: int  # optimizer steps taken when the messages were sent
+    sent_to: tuple[int, ...]  # ranks it sent to, each once, sorted (ranks of the default group)
+    received_from: tuple[int, ...]  # ranks it received from, each once, sorted
+
+
+@dataclass(frozen=True, kw_only=True)
 class Tamper(Record):
     """A function the probes wrapped was replaced by the script."""
 
@@ -228,8 +239,8 @@ class RankExit(Record):
 
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (Init, Initial, Step, End, Report, Save, Write,
-                                                           Collective, Tamper, Shutdown, Forgery, ProbeError, Call,
-                                                           RankExit)}
+                                                           Collective, Messages, Tamper, Shutdown, Forgery, ProbeError,
+                                                           Call, RankExit)}
 
 
 def make(kind: str, **values: Any) -> Record:

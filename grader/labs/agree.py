@@ -1,7 +1,7 @@
 """What the ranks tell each other while a lab is checked, over the checker's own (unrecorded) collectives.
 
 :func:`spreads` says how far each rank's tensors are from rank 0's, :func:`total` sums a number over the
-ranks. Both use :data:`course.labs.recorder.ORIGINAL`, so a recorder
+ranks. Both use :data:`course.runtime.recorder.ORIGINAL`, so a recorder
 installed meanwhile does not count them as the student's calls.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course.labs.recorder import ORIGINAL
+from course.runtime.recorder import ORIGINAL
 
 
 def spreads(tensors: list[torch.Tensor], device: torch.device) -> list[float]:

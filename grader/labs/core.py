@@ -40,6 +40,7 @@ class Check:
     title: str  # what it verifies, in the learner's words
     points: int
     hidden: bool = False
+    shows_measure: bool = False  # its message (a modelled figure) is reported even when it passes; 0 points: INFO
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class LabResult:
         messages = {result.message for result in self.results}
         once = len(self.results) > 1 and len(messages) == 1 and "" not in messages  # e.g. the stub: say it once
         for result in self.results:
-            verdict = "PASS" if result.passed else "FAIL"
+            verdict = ("INFO" if not result.check.points else "PASS") if result.passed else "FAIL"
             lines.append(f"  {verdict}  {result.check.title}  [{result.score}/{result.check.points}]")
             if result.message and not once:
                 lines.append(f"        {result.message}")
@@ -277,6 +278,7 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
         message = NOT_ATTEMPTED.format(entry=lab.entry, path=path)
         return LabResult(lab, path, tuple(CheckResult(check, False, message) for check in checks), 0.0, hidden, 0)
     first_failure: dict[str, str] = {}
+    measures: dict[str, str] = {}  # the first passing message of each check that shows_measure
     seen: set[str] = set()
     start, runs = time.monotonic(), 0
     for config in lab.runs + (lab.hidden_runs if hidden else ()):
@@ -290,10 +292,13 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
             for check_id in ids:
                 if not finding.passed and check_id not in first_failure:
                     first_failure[check_id] = finding.message if stop else f"{_label(config)}: {finding.message}"
+                elif finding.passed and finding.message and any(c.id == check_id and c.shows_measure for c in checks):
+                    measures.setdefault(check_id, f"{_label(config)}: {finding.message}")
         if stop:
             break
     results = tuple(
         CheckResult(check, check.id in seen and check.id not in first_failure,
-                    first_failure.get(check.id, "" if check.id in seen else "not checked: no run reported on it"))
+                    first_failure.get(check.id, measures.get(check.id, "" if check.id in seen else
+                                                             "not checked: no run reported on it")))
         for check in checks)
     return LabResult(lab, path, results, time.monotonic() - start, hidden, runs)

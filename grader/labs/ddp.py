@@ -5,7 +5,7 @@ The student's ``MyDDP(module, bucket_cap_bytes)`` (stub: ``course/labs/stubs/ddp
 ``register_post_accumulate_grad_hook`` per parameter, fills buckets of at most ``bucket_cap_bytes`` in the order
 gradients become ready, launches each bucket's allreduce (``async_op=True``) from the hook that fills it, and
 in ``finish_gradient_synchronization()`` waits for them all and averages. :func:`check_on_rank` runs on every
-rank and measures, with :mod:`course.labs.recorder` installed:
+rank and measures, with :mod:`course.runtime.recorder` installed:
 
 * ``broadcast``: ranks seeded differently hold rank 0's parameters once ``MyDDP`` is built;
 * ``matches_ddp``: after each of ``steps`` SGD steps on the same data, the parameters equal those of torch's
@@ -16,7 +16,9 @@ rank and measures, with :mod:`course.labs.recorder` installed:
 * ``overlap``: some allreduce was launched before backward's last gradient was ready, and was still not waited
   for when backward produced a later gradient: timestamps of our own hooks (registered first, so they fire
   before the student's) against the launch and ``wait()`` times of every call;
-* ``no_torch_ddp``: ``torch.nn.parallel.DistributedDataParallel`` was never constructed.
+* ``no_torch_ddp``: ``torch.nn.parallel.DistributedDataParallel`` was never constructed;
+* ``modelled_speed``: the last step's schedule timed by the performance model on real clusters beside torch DDP's
+  defaults (:mod:`course.perf.schedule`); informational unless :data:`SPEED` gives it points.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course import world
 from course.ddp import buckets
-from course.labs.recorder import ORIGINAL, Call, Recorder, recording
 from course.models import MLP
+from course.perf import schedule as modelled
+from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, load_entry
 
@@ -47,6 +50,12 @@ CHECKS = (
     Check("overlap", "an allreduce runs while backward is still computing gradients", 3),
     Check("no_torch_ddp", "torch's DistributedDataParallel is not used", 1),
 )
+
+#: The modelled speed of the student's bucket schedule (course.perf.schedule): reported, never scored, unless an
+#: instructor sets points here, e.g. SpeedGrading(points=2, within=1.5) for a modelled step within 1.5x DDP's.
+SPEED = modelled.SpeedGrading()
+CHECKS += (Check("modelled_speed", f"modelled step time on {SPEED.cluster} within {SPEED.within:g}x torch DDP's"
+                 + ("" if SPEED.points else " (informational)"), SPEED.points, shows_measure=True),)
 
 LAB = Lab(
     name="ddp", title="DDP by hand: broadcast, hooks, buckets, overlapped allreduce",
@@ -244,6 +253,20 @@ def judge_overlap(records: list[StepRecord]) -> Finding:
                    "later gradients")
 
 
+def judge_speed(record: StepRecord) -> Finding:
+    """Finding for ``modelled_speed``: the step's schedule timed by the performance model on each named cluster,
+    beside torch DDP's defaults on the same gradients (:func:`course.perf.schedule.compare`)."""
+    calls = [call for call in record.calls if call.name == "all_reduce"]
+    if not calls:
+        return Finding("modelled_speed", not SPEED.points, "no allreduce was recorded: no schedule to time")
+    plan = modelled.from_record(record.sizes, record.ready, [c.launched for c in calls], [c.waited for c in calls],
+                                [c.nbytes for c in calls], record.backward_end)
+    comparisons = {cluster: modelled.compare(plan, cluster, BATCH_SIZE) for cluster in modelled.CLUSTERS}
+    passed = SPEED.judge(comparisons[SPEED.cluster]) or not SPEED.points
+    return Finding("modelled_speed", passed, "MODELLED step time, your bucket schedule beside torch DDP's defaults: "
+                   + "; ".join(str(c) for c in comparisons.values()))
+
+
 def judge_no_torch_ddp(constructed: list[str]) -> Finding:
     if "DistributedDataParallel" in constructed:
         return Finding("no_torch_ddp", False, "you built torch's DistributedDataParallel: this lab asks you to write "
@@ -267,4 +290,4 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     return [judge_broadcast(spread, moved, me.rank),
             judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size),
             judge_buckets(records, config["bucket_cap_bytes"]), judge_overlap(records),
-            judge_no_torch_ddp(recorder.constructed)]
+            judge_no_torch_ddp(recorder.constructed), judge_speed(records[-1])]

@@ -1,6 +1,6 @@
 """Lab (notebook 04): the student writes ``ring_allreduce(tensor, op)`` from point-to-point messages only.
 
-On every rank :func:`check_on_rank` loads the student's file under a :class:`~course.labs.comm_log.CommLog`,
+On every rank :func:`check_on_rank` loads the student's file under a :class:`~course.runtime.comm_log.CommLog`,
 calls ``ring_allreduce`` on each case of the run (a length, a dtype, an op) and records, per case: the result
 (returned to the driver), ``dist.all_reduce``'s result (torch's own function), the collectives called, the
 bytes and messages sent. Outside the ranks :func:`cross_check` regenerates every rank's input from the run's
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course.labs.comm_log import SENDS, CommLog, collectives, sends
+from course.runtime.comm_log import SENDS, CommLog, collectives, sends
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 from grader.labs.ring_diagnosis import close, expected, first_wrong
 

@@ -2,7 +2,7 @@
 
 On every rank :func:`check_on_rank` builds the run's seeded ``fc1``, ``fc2``, input ``x`` and upstream gradient,
 computes the unsplit MLP's output and gradients itself (torch, one process), then loads the student's file under a
-:class:`~course.labs.comm_log.CommLog`, builds ``ParallelMLP(fc1, fc2)``, runs forward and backward and records the
+:class:`~course.runtime.comm_log.CommLog`, builds ``ParallelMLP(fc1, fc2)``, runs forward and backward and records the
 calls of each. :func:`cross_check` recomputes the unsplit output outside the ranks and compares every rank's.
 
 Checks: the output equals the unsplit MLP's on every rank; the input's gradient too (*f*'s backward); this rank's
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
-from course.labs.comm_log import COLLECTIVES, CommLog
+from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 
 CHECKS = (

@@ -4,7 +4,7 @@ The student's ``MyZeRO1Adam(params, lr, betas, eps)`` (stub: ``course/labs/stubs
 ``notebooks/07_memory.ipynb``) is called as ``optimizer.step()`` after a plain local backward (no DDP): it
 reduce-scatters the gradients so each rank holds the average of its shard, steps Adam on that shard only (the
 moments exist for the shard alone), and all-gathers the updated parameters. :func:`check_on_rank` measures, with
-:mod:`course.labs.recorder` installed:
+:mod:`course.runtime.recorder` installed:
 
 * ``matches_adam``: after each of ``steps`` steps the parameters equal those of torch's
   ``DistributedDataParallel`` + ``torch.optim.Adam`` on the same data (trained first, before the recorder) within
@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from course import world
-from course.labs.recorder import Recorder, recording
+from course.runtime.recorder import Recorder, recording
 from grader.labs.agree import spreads, total
 from grader.labs.core import Check, Finding, Lab, load_entry
 

@@ -11,13 +11,13 @@ from grader.checks import CHECKS
 from grader.checks.outputs import HELD_OUT
 from grader.evidence import Evidence, collect, fingerprints_equal
 from grader.inrank import records
-from grader.replay import Comparison
+from grader.replay import Comparison, compare
 
 pytestmark = pytest.mark.unit6
 N, W, B, STEPS_PER_EPOCH, EPOCHS = 1197, 4, 32, 10, 2
 KINDS = {"steps": "step", "inits": "init", "ends": "end", "reports": "report", "saves": "save", "writes": "write",
          "collectives": "collective", "tampers": "tamper", "shutdowns": "shutdown", "initials": "initial",
-         "forgeries": "forgery", "probe_errors": "probe_error", "calls": "call"}
+         "forgeries": "forgery", "probe_errors": "probe_error", "calls": "call", "messages": "messages"}
 
 
 class Run(SimpleNamespace):
@@ -28,7 +28,7 @@ class Run(SimpleNamespace):
         super().__init__(world_size=world_size, expected_backend=expected_backend, train_size=train_size,
                          status=status, exits={}, misattributed=0, test_accuracy=None, checkpoint_val_accuracy=None,
                          checkpoint_fingerprint=None, checkpoint_error=None, comparisons=[],
-                         checkpoint_foreign=False,
+                         checkpoint_foreign=False, checkpoint_step=None,
                          **{name: {} for name in KINDS})
 
     @property
@@ -165,7 +165,26 @@ def defect(name):
         ev.checkpoint_error = "checkpoint.pt does not hold the parameters rank 0's optimizer produced."
     elif name == "diverged_at_start":
         ev.initials[1][0]["fingerprint"] = [9.0] * 5
+    elif name == "scaled":  # the loss halved on every rank: the averaged gradient, half as long at every step
+        ev.comparisons = [compare(s, 0.5 * g, g) for s, g in enumerate(GRADIENTS, 1)]
+    elif name == "one_way_messages":  # rank 0 sent its number to the others and received nothing
+        ev.collectives[0] = []
+        ring_messages(ev, lambda r: ([1, 2, 3], []) if r == 0 else ([], [0]))
+    elif name == "stale_checkpoint":  # a copy of the parameters 3 steps before the last, saved at the end
+        ev.checkpoint_step, ev.checkpoint_fingerprint, ev.checkpoint_val_accuracy = 17, [17.0] * 5, 0.7
     return ev
+
+
+# rank 0's gradients at two steps, and a clipping norm shorter than both
+GRADIENTS = [torch.randn(500, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+
+
+def ring_messages(ev: Run, peers) -> None:
+    """Instead of an all_reduce before each report, messages: ``peers(rank) -> (sent_to, received_from)``."""
+    for r in ev.ranks:
+        sent, received = peers(r)
+        ev.messages[r] = [{"step": report["step"], "sent_to": sent, "received_from": received,
+                           "seq": report["seq"] - 1 if r == 0 else None} for report in ev.reports[0]]
 
 
 @pytest.mark.parametrize("name, failed, phrase", [
@@ -193,6 +212,9 @@ def defect(name):
     ("short_batch_unaveraged", {"equal_parameters"}, "step 10 was the short last batch of an epoch: 12 samples"),
     ("divided_twice", {"matches_single_process"}, "divided by world_size twice"),
     ("foreign_checkpoint", {"target_accuracy", "integrity"}, "does not hold the parameters"),
+    ("scaled", {"matches_single_process"}, "then multiplied by 0.50 on every rank"),
+    ("one_way_messages", {"metrics_averaged"}, "no messages that brought every rank's numbers to rank 0"),
+    ("stale_checkpoint", {"target_accuracy"}, "parameters rank 0 had after step 17, not after its last step 20"),
 ])
 def test_each_defect_fails_exactly_its_check_and_says_why(name, failed, phrase):
     ev = defect(name)
@@ -370,3 +392,49 @@ def test_the_target_check_explains_why_the_self_check_and_class_grade_accuracies
         ev = defect(name) if name else perfect_run()
         assert outcome(ev, "target_accuracy")[1].endswith(HELD_OUT), name
     assert HELD_OUT not in outcome(defect("no_checkpoint"), "target_accuracy")[1]
+
+
+def test_gradients_clipped_the_same_way_on_every_rank_pass_and_the_clipping_is_named():
+    """clip_grad_norm_ after the averaging shortens rank 0's gradient to one norm; the direction is the union
+    batch's. A step whose gradient was already shorter is left alone."""
+    ev = perfect_run()
+    norm = 0.5 * min(float(g.norm()) for g in GRADIENTS)
+    ev.comparisons = [compare(s, g * norm / float(g.norm()), g) for s, g in enumerate(GRADIENTS, 1)]
+    passed, message = outcome(ev, "matches_single_process")
+    assert passed and f"clipped to norm {norm:.3g} on every rank (clip_grad_norm_)" in message
+    assert "not averaged" not in message
+    long = max(GRADIENTS, key=lambda g: float(g.norm()))
+    ev.comparisons = [compare(1, long * norm / float(long.norm()), long), compare(2, 0.01 * long / 2, 0.01 * long / 2)]
+    assert outcome(ev, "matches_single_process")[0]
+    other = GRADIENTS[0] + 0.5 * GRADIENTS[1]  # shortened, but pointing elsewhere: not clipping
+    ev.comparisons = [compare(1, other * norm / float(other.norm()), GRADIENTS[0])]
+    passed, message = outcome(ev, "matches_single_process")
+    assert not passed and "clip" not in message
+
+
+@pytest.mark.parametrize("peers", [
+    lambda r: ([(r + 1) % W], [(r - 1) % W]),  # a ring: rank 0 hears from rank 3, which heard from 2, ...
+    lambda r: ([0], []) if r else ([], [1, 2, 3]),  # every rank sends to rank 0
+])
+def test_metrics_combined_by_point_to_point_messages_count_as_reduced(peers):
+    ev = perfect_run()
+    ev.collectives[0] = []
+    ring_messages(ev, peers)
+    assert failures(ev) == set()
+    unmatched = perfect_run()  # rank 3 says it sent to rank 0, but rank 0 received from no one
+    unmatched.collectives[0] = []
+    ring_messages(unmatched, lambda r: ([0], []) if r else ([], []))
+    assert failures(unmatched) == {"metrics_averaged"}
+
+
+def test_a_stale_checkpoint_is_a_mistake_not_tampering_and_the_metrics_are_not_blamed():
+    ev = defect("stale_checkpoint")
+    assert outcome(ev, "integrity")[0] and outcome(ev, "metrics_averaged")[0]
+    message = outcome(ev, "target_accuracy")[1]
+    assert "not the final model" in message and "averag" not in message
+
+
+def test_the_metrics_advice_shards_without_repeated_samples():
+    message = outcome(defect("not_averaged"), "metrics_averaged")[1]
+    assert "dataset[rank::world_size]" in message and "shuffle=False" not in message
+    assert "Sum both counts across ranks" in message

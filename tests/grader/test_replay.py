@@ -47,3 +47,18 @@ def test_encode_decode_round_trip():
     tensors = [torch.randn(3, 4), torch.randn(5)]
     torch.testing.assert_close(fingerprints.decode(fingerprints.encode(tensors)),
                                torch.cat([t.reshape(-1) for t in tensors]))
+
+
+def test_a_transformation_the_same_on_every_step_is_named_by_what_it_keeps():
+    """Clipping keeps one norm, a constant factor keeps one scale; both keep the direction, which nothing else does."""
+    g1, g2 = torch.randn(1000, generator=torch.Generator().manual_seed(1)), torch.randn(1000)
+    shortened = replay.compare(1, g1 / g1.norm(), g1)
+    assert shortened.direction_error < 1e-6 and shortened.norm == pytest.approx(1.0)  # float32 rounding
+    clipped = [replay.compare(1, g1 / g1.norm(), g1), replay.compare(2, g2 / g2.norm(), g2)]
+    assert replay.transformation(clipped, 1e-3) == replay.Transformation("clipped", pytest.approx(1.0))
+    halved = [replay.compare(1, 0.5 * g1, g1), replay.compare(2, 0.5 * g2, g2)]
+    assert replay.transformation(halved, 1e-3) == replay.Transformation("scaled", pytest.approx(0.5))
+    elsewhere = [replay.compare(1, g1 + g2, g1)]
+    assert replay.transformation(elsewhere, 1e-3) is None
+    exact = [replay.compare(1, g1, g1)]  # nothing off: nothing to name
+    assert replay.transformation(exact, 1e-3) is None

@@ -43,3 +43,20 @@ def test_the_choice_is_the_fastest_split_that_fits():
         assert best is not None and best.fits
         assert all(best.step.step_s <= other.step.step_s for other in plan.splits(model, 64, CLUSTER) if other.fits)
     assert plan.choose(LARGE, 8, CLUSTER) is None  # 175B parameters do not fit in one node
+
+
+def test_tensor_parallelism_does_not_cross_a_node_where_that_does_not_pay():
+    # issue 33 item 17: splits with t = 16 or 32 span nodes and are priced on InfiniBand; none is picked
+    found = plan.splits(LARGE, 64, CLUSTER)
+    across = [split for split in found if split.plan.tensor > CLUSTER.gpus_per_node]
+    assert {split.plan.tensor for split in across} == {16, 32}
+    best = plan.choose(LARGE, 64, CLUSTER)
+    assert best.plan.tensor <= CLUSTER.gpus_per_node
+    assert all(split.step.step_s > best.step.step_s for split in across)
+
+
+def test_the_plan_interleaves_the_pipeline_where_that_pays():
+    best = plan.choose(LARGE, 64, CLUSTER)
+    plain = parallel.step_time(LARGE, parallel.Plan(best.plan.tensor, best.plan.pipeline, best.plan.data, 512, 1,
+                                                    best.plan.sharding), CLUSTER)
+    assert best.plan.interleave > 1 and best.step.step_s < plain.step_s

@@ -34,6 +34,10 @@ def test_peak_flops_falls_back_to_fp32_where_there_is_no_faster_unit():
     assert hardware.gpu("K40").peak_flops("fp16") == hardware.gpu("K40").fp32_flops
     assert hardware.gpu("A100 SXM4").peak_flops("fp16") == 312e12
     assert hardware.gpu("V100 SXM2").peak_flops("tf32") == 15.7e12
+    # issue 33 item 5: BF16 has tensor cores from Ampere on; a V100 or P100 runs it at its FP32 rate
+    for gpu in (hardware.gpu("V100 SXM2"), hardware.gpu("P100 SXM2")):
+        assert gpu.peak_flops("bf16") == gpu.fp32_flops < gpu.peak_flops("fp16")
+    assert hardware.gpu("A100 SXM4").peak_flops("bf16") == hardware.gpu("A100 SXM4").peak_flops("fp16") == 312e12
     with pytest.raises(ValueError, match="precision"):
         hardware.gpu("A100 SXM4").peak_flops("int8")
 

@@ -82,3 +82,12 @@ def test_an_allreduce_needs_a_known_algorithm():
     with pytest.raises(ValueError, match="algorithm"):
         allreduce_seconds(1e6, 8, DGX_A100, "butterfly")
     assert allreduce_seconds(1e6, 1, DGX_A100) == 0.0
+
+
+def test_the_tree_across_nodes_pays_for_the_chain_inside_each_node():
+    # NCCL's tree spans the nodes and chains each node's GPUs: 2·log2(nodes) + 2·(g-1) steps of latency
+    cluster = Cluster(catalog.gpu("H100 SXM5"), catalog.link("NVSwitch (H100, NVLink 4)"), 8,
+                      catalog.link("InfiniBand NDR"), 8)
+    alpha = max(alpha_beta(cluster.intra).alpha_s, cluster.network_per_gpu().alpha_s)
+    assert allreduce_seconds(0.0, 32, cluster, "pipelined_tree") == pytest.approx((2 * 2 + 2 * 7) * alpha)
+    assert allreduce_seconds(0.0, 32, cluster, "pipelined_tree") > allreduce_seconds(0.0, 8, cluster, "pipelined_tree")

@@ -1,5 +1,7 @@
 """course.perf.planner: memory per GPU from course.memory.budget, and the fastest strategy that fits."""
 
+from dataclasses import replace
+
 import pytest
 
 from course.memory import budget as memory_budget
@@ -31,3 +33,22 @@ def test_more_sharding_never_needs_more_memory_and_the_best_option_fits():
 def test_a_partial_node_is_refused():
     with pytest.raises(ValueError, match="whole number"):
         planner.options(GPT30, NODE, 12, 256)
+
+
+def test_interleaving_is_chosen_where_it_pays_and_only_there():
+    gpt = parallel.Transformer("GPT 39B", 48, 8192, 64)
+    deep = parallel.Plan(8, 8, 1, 64)
+    chosen = planner.interleaved(gpt, deep, NODE)
+    steps = {v: parallel.step_time(gpt, parallel.Plan(8, 8, 1, 64, interleave=v), NODE).step_s for v in (1, 2, 3, 6)}
+    assert chosen.interleave == min(steps, key=steps.get) > 1
+    assert planner.interleaved(gpt, parallel.Plan(8, 1, 1, 64), NODE).interleave == 1  # no pipeline, no bubble
+    odd = parallel.Plan(8, 8, 1, 12)  # 12 microbatches do not come in groups of 8 stages
+    assert planner.interleaved(gpt, odd, NODE).interleave == 1
+
+
+def test_a_fused_attention_kernel_holds_no_attention_scores():
+    plan = parallel.Plan(1, 1, 8, 256, sharding="fsdp", fused_attention=False)
+    unfused, _ = planner.memory_per_gpu(GPT30, plan, 3)
+    fused, _ = planner.memory_per_gpu(GPT30, replace(plan, fused_attention=True), 3)
+    s, h, a = GPT30.seq, GPT30.hidden, GPT30.heads
+    assert unfused - fused == pytest.approx(s * h * 5 * a * s / h)  # Korthikanti et al.'s 5·a·s² bytes, b = t = 1

@@ -274,3 +274,66 @@ def test_a_probe_that_fails_is_the_graders_error_and_the_script_goes_on(capsys):
     assert errors == [records.ProbeError(rank=3, where="optimizer step",
                                          error="RuntimeError: Cannot flatten unevenly sharded tensor")]
     assert "grader error, not the submission's" in capsys.readouterr().err
+
+
+def join_by(route: str) -> list[dict]:
+    """On a launched rank: leave launch's process group, join a new one by ``route`` with the probes listening, send
+    one message round a ring (through dist.isend and through the group itself) and report; the records written."""
+    import datetime
+    import os
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from course.runtime import intercept
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    port = [None]
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = [s.getsockname()[1]]
+    dist.broadcast_object_list(port, src=0)
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(port[0])
+    writer = Recorder()
+    probe = probes.Probes(writer, rank=rank, seed=1)
+    listen = probe._guard("torch.distributed", probe._listen)
+    intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group", *probes.COLLECTIVES,
+                                       *intercept.METHODS))
+    try:
+        if route == "init_device_mesh":
+            init_device_mesh("cpu", (world_size,))
+        elif route == "init_method":
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port[0]}", rank=rank,
+                                    world_size=world_size)
+        else:  # a store of the script's own
+            store = dist.TCPStore("127.0.0.1", port[0], world_size, rank == 0, datetime.timedelta(seconds=60))
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+        right, left = (rank + 1) % world_size, (rank - 1) % world_size
+        request = dist.isend(torch.ones(2), right)
+        dist.recv(torch.empty(2), left)
+        request.wait()
+        group = dist.new_group(list(range(world_size)))
+        work = group.send([torch.ones(1)], dist.get_group_rank(group, right), 0)  # the course's Comm does this
+        group.recv([torch.empty(1)], dist.get_group_rank(group, left), 0).wait()
+        work.wait()
+        probe._flush_messages()
+        dist.destroy_process_group()
+    finally:
+        intercept.INTERCEPTOR.remove(listen)
+    return writer.records
+
+
+@pytest.mark.parametrize("route", ["init_device_mesh", "init_method", "store"])
+def test_every_route_to_a_process_group_is_recorded_and_so_is_every_message(route):
+    from course.runtime.launch import launch
+
+    for rank, written in enumerate(launch(join_by, 3, route, timeout_s=120)):
+        typed = [records.parse(r) for r in written]  # each record fits the format
+        inits = [r for r in typed if isinstance(r, records.Init)]
+        assert [(i.world_size, i.backend, i.group_rank) for i in inits] == [(3, "gloo", rank)], route
+        messages = [r for r in typed if isinstance(r, records.Messages)]
+        assert [(m.sent_to, m.received_from) for m in messages] == [(((rank + 1) % 3,), ((rank - 1) % 3,))]
+        assert isinstance(typed[-1], records.Shutdown)

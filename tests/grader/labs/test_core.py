@@ -3,7 +3,7 @@
 import pytest
 import toy_lab
 
-from grader.labs.core import run_lab
+from grader.labs.core import Check, CheckResult, LabResult, run_lab
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,3 +74,12 @@ def test_a_hang_is_a_timeout_naming_the_waiting_ranks(tmp_path):
             break
     assert "your double did not finish" in message and f"rank(s) 0 did not finish within {timeout_s} s" in message
     assert "rank 1 was waiting for it in barrier" in message and message.endswith("(toy hint)")
+
+
+def test_a_check_that_shows_a_measure_prints_it_and_a_zero_point_one_reads_info():
+    speed = Check("speed", "modelled speed (informational)", 0, shows_measure=True)
+    result = LabResult(toy_lab.LAB, "toy.py", (CheckResult(speed, True, "MODELLED: 1.03x DDP's"),), 0.1)
+    lines = result.report().splitlines()
+    assert "  INFO  modelled speed (informational)  [0/0]" in lines and "        MODELLED: 1.03x DDP's" in lines
+    scored = CheckResult(Check("speed", "modelled speed", 2, shows_measure=True), True, "1.03x")
+    assert "  PASS  modelled speed  [2/2]" in LabResult(toy_lab.LAB, "toy.py", (scored,), 0.1).report()

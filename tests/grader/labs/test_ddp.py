@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from course.labs.recorder import Call
+from course.runtime.recorder import Call
 from grader.labs import ddp
 from grader.labs.core import run_lab
 
@@ -37,6 +37,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(ddp.LAB, SOLUTION, hidden=True)  # 4 ranks, then 2 and 3 with seeds drawn now
     assert result.passed, result.report()
     assert result.runs == len(ddp.LAB.runs) + len(ddp.LAB.hidden_runs)
+    speed = next(r for r in result.results if r.check.id == "modelled_speed")  # a passing check's measure is kept
+    assert speed.message.startswith("world_size=4, ") and "MODELLED step time" in speed.message
 
 
 @pytest.mark.timeout(600)
@@ -55,7 +57,8 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
     first = next(r.message for r in result.results if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
     if attempt == "uses_torch_ddp":
-        assert "you built torch's DistributedDataParallel" in result.results[-1].message
+        built = next(r.message for r in result.results if r.check.id == "no_torch_ddp")
+        assert "you built torch's DistributedDataParallel" in built
 
 
 
@@ -127,3 +130,18 @@ def test_broadcast_verdicts():
     assert ddp.judge_broadcast(0.0, 0.0, 1).passed
     assert "rank 3's parameters differ from rank 0's by 0.3" in ddp.judge_broadcast(0.3, 0.0, 3).message
     assert "not an average" in ddp.judge_broadcast(0.0, 0.2, 1).message
+
+
+def test_the_modelled_speed_times_the_recorded_schedule_beside_ddps(monkeypatch):
+    overlapped = _record(_allreduce(2.1, 5.0), _allreduce(4.1, 5.0))  # 40, 1280 | 128, 4096: launched as ready
+    late = _record(_allreduce(4.6, 5.0), _allreduce(4.7, 5.0))      # the same buckets, after backward
+    found = {name: ddp.judge_speed(record) for name, record in (("overlapped", overlapped), ("late", late))}
+    assert all(f.passed for f in found.values())  # informational: reported, never failed
+    for cluster in ("8 H100s over NVLink", "4 nodes over InfiniBand"):
+        assert f"{cluster}: yours " in found["overlapped"].message
+    ratio = {name: float(re.search(r"\(([\d.]+)x;", f.message).group(1)) for name, f in found.items()}
+    assert ratio["overlapped"] < ratio["late"]
+    # an instructor's points: a schedule within the factor passes, one beyond it fails
+    monkeypatch.setattr(ddp, "SPEED", ddp.modelled.SpeedGrading(points=2, within=ratio["late"] - 0.005))
+    assert ddp.judge_speed(overlapped).passed and not ddp.judge_speed(late).passed
+    assert not ddp.judge_speed(_record()).passed

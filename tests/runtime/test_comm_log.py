@@ -1,10 +1,10 @@
-"""course.labs.comm_log records every torch.distributed call with the bytes sent, and puts torch back after."""
+"""course.runtime.comm_log records every torch.distributed call with the bytes sent, and puts torch back after."""
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from course.labs.comm_log import CommLog, bytes_sent, collectives, sends
+from course.runtime.comm_log import CommLog, bytes_sent, collectives, sends
 from course.runtime.launch import launch
 
 pytestmark = pytest.mark.timeout(300)

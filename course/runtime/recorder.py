@@ -1,25 +1,23 @@
 """What a student's code asked of ``torch.distributed``, recorded inside the rank by trusted code.
 
-:class:`Recorder` replaces the collectives of ``torch.distributed`` (in both the package and
-``torch.distributed.distributed_c10d``, so ``from torch.distributed import all_reduce`` is caught if the student's
-file is loaded while it is installed) with wrappers that note every call: its name, when it was launched, when it
+:class:`Recorder` listens to the collectives of ``torch.distributed`` through :mod:`course.runtime.intercept`
+(whose wrappers ``from torch.distributed import all_reduce`` finds if the student's file is loaded while it
+listens) and notes every call: its name, when it was launched, when it
 returned, when the student waited for it (an ``async_op=True`` call returns a work handle whose ``wait()`` is
 timed), its tensor bytes and the bytes a bandwidth-optimal (ring) algorithm sends from each rank for it. It also
 notes every construction of a forbidden class (torch's ``DistributedDataParallel`` in the DDP lab). The labs'
-checks (``course.labs.ddp``, ``course.labs.zero``) read the record; the checker's own collectives use the
+checks (``grader.labs.ddp``, ``grader.labs.zero``) read the record; the checker's own collectives use the
 originals, kept in :data:`ORIGINAL`, and are never recorded.
 
-Beside :class:`course.labs.comm_log.CommLog` (the ring lab's: which calls, and the bytes of point-to-point sends),
+Beside :class:`course.runtime.comm_log.CommLog` (the ring lab's: which calls, and the bytes of point-to-point sends),
 this one adds what DDP and ZeRO need: the ``wait()`` time of each async call (overlap), each collective's
 bytes sent as a ring algorithm sends them (communication volume), one record for a deprecated alias that calls
-its new name (``reduce_scatter_tensor`` -> ``reduce_scatter_single``), and forbidden constructions. The two
-could become one.
+its new name (``reduce_scatter_tensor`` -> ``reduce_scatter_single``), and forbidden constructions.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +26,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
+
+from course.runtime import intercept
 
 #: name -> function giving the bytes one rank sends for the call in a bandwidth-optimal (ring) algorithm,
 #: from (arguments, world_size). ``t`` is the call's main tensor's bytes.
@@ -58,7 +57,7 @@ _rule(("broadcast", "reduce", "send", "isend", "all_to_all_single", "all_to_all"
 _rule(("recv", "irecv", "barrier", "all_gather_object", "broadcast_object_list"), lambda a, n: 0.0)
 
 #: The functions of torch.distributed as they were before any Recorder was installed.
-ORIGINAL: dict[str, Callable[..., Any]] = {name: getattr(dist, name) for name in _SENT if hasattr(dist, name)}
+ORIGINAL: dict[str, Callable[..., Any]] = {name: intercept.original(name) for name in _SENT if hasattr(dist, name)}
 
 
 @dataclass
@@ -127,7 +126,6 @@ class Recorder:
     world_size: int
     calls: list[Call] = field(default_factory=list)
     constructed: list[str] = field(default_factory=list)  # forbidden classes the student built
-    _depth: threading.local = field(default_factory=threading.local)
 
     def clear(self) -> None:
         self.calls.clear()
@@ -138,27 +136,24 @@ class Recorder:
     def sent_bytes(self) -> float:
         return sum(call.sent_bytes for call in self.calls)
 
-    def wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            if getattr(self._depth, "value", 0):  # a deprecated alias calling the new name: count once
-                return original(*args, **kwargs)
-            call = Call(name, time.perf_counter(), nbytes=_nbytes(args[:2]))
-            call.sent_bytes = _SENT[name](args, self.world_size) if args else 0.0
-            self.calls.append(call)
-            self._depth.value = 1
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                self._depth.value = 0
-                call.returned = time.perf_counter()
-            call.async_op = hasattr(result, "wait")  # a work handle: async_op=True, however it was passed
-            if not call.async_op:
-                call.waited = call.returned
+    def listen(self, call: intercept.Call) -> intercept.After | None:
+        """The listener of :func:`recording`: note ``call`` (the outermost only: a deprecated alias calling its new
+        name counts once) and time it; an async call's work handle comes back with a timed ``wait()``."""
+        if call.nested or call.name not in _SENT:
+            return None
+        noted = Call(call.name, time.perf_counter(), nbytes=_nbytes(call.args[:2]))
+        noted.sent_bytes = _SENT[call.name](call.args, self.world_size) if call.args else 0.0
+        self.calls.append(noted)
+
+        def returned(result: Any) -> Any:
+            noted.returned = time.perf_counter()
+            noted.async_op = hasattr(result, "wait")  # a work handle: async_op=True, however it was passed
+            if not noted.async_op:
+                noted.waited = noted.returned
                 return result
             _KEPT.append(result)
-            return _Work(result, call)
-        return recorded
+            return _Work(result, noted)
+        return returned
 
 
 @contextmanager
@@ -170,17 +165,12 @@ def recording(world_size: int, forbidden: tuple[type, ...] = ()) -> Iterator[Rec
     """
     recorder = Recorder(world_size)
     saved: list[tuple[Any, str, Any]] = []
-    for name, original in ORIGINAL.items():
-        wrapper = recorder.wrap(name, original)
-        for namespace in (dist, c10d):
-            if hasattr(namespace, name):
-                saved.append((namespace, name, getattr(namespace, name)))
-                setattr(namespace, name, wrapper)
     for cls in forbidden:
         saved.append((cls, "__init__", cls.__init__))
         cls.__init__ = _noting(cls.__init__, cls.__name__, recorder)
     try:
-        yield recorder
+        with intercept.listening(recorder.listen, ORIGINAL):
+            yield recorder
     finally:
         for owner, name, value in reversed(saved):
             setattr(owner, name, value)

@@ -1,26 +1,25 @@
 """Watch what a student's code asks of ``torch.distributed``: every collective and point-to-point call, with its bytes.
 
-``with CommLog() as log:`` replaces the functions of ``torch.distributed`` (and of ``distributed_c10d``, where
-``from torch.distributed import send`` finds them) by wrappers that record a :class:`Call` (name, bytes sent,
-peer, start and end time) and then do what the original does; on exit the originals come back. Only the
+``with CommLog() as log:`` listens to the functions of ``torch.distributed`` through
+:mod:`course.runtime.intercept` (whose wrappers ``from torch.distributed import send`` finds) and records a
+:class:`Call` for each (name, bytes sent, peer, start and end time); on exit the originals come back. Only the
 outermost call is recorded (torch's ``send`` calls ``isend``), and a ``batch_isend_irecv`` as its messages. Load the
 student's file inside the ``with`` so that names it imports are the wrappers too. ``log.original("all_reduce")``
-is torch's own function, for the checker's reference. Used by the labs (:mod:`course.labs.ring` and others) to
+is torch's own function, for the checker's reference. Used by the labs (:mod:`grader.labs.ring` and others) to
 fail a forbidden collective, count the bytes and messages each rank sent, and time when calls started.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from course.runtime import intercept
 
 #: Collectives: every rank of the group takes part.
 COLLECTIVES = (
@@ -62,43 +61,28 @@ class CommLog:
     def __init__(self, names: tuple[str, ...] = COLLECTIVES + POINT_TO_POINT) -> None:
         self.names = tuple(name for name in names if hasattr(c10d, name))
         self.calls: list[Call] = []
-        self._originals: dict[str, Callable[..., Any]] = {}
-        self._inside = threading.local()  # set while a recorded call runs in this thread
 
     def original(self, name: str) -> Callable[..., Any]:
         """torch's own function ``name`` (not recorded), e.g. for the checker's reference ``all_reduce``."""
-        return self._originals.get(name) or getattr(c10d, name)
+        return intercept.original(name)
 
     def __enter__(self) -> CommLog:
-        for name in self.names:
-            self._originals[name] = getattr(c10d, name)
-            wrapper = self._wrap(name, self._originals[name])
-            setattr(c10d, name, wrapper)
-            if getattr(dist, name, None) is self._originals[name]:
-                setattr(dist, name, wrapper)
+        intercept.INTERCEPTOR.add(self._listen, self.names)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for name, function in self._originals.items():
-            if getattr(dist, name, None) is getattr(c10d, name):
-                setattr(dist, name, function)
-            setattr(c10d, name, function)
-        self._originals.clear()
+        intercept.INTERCEPTOR.remove(self._listen)
 
-    def _wrap(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(function)
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            if getattr(self._inside, "depth", 0):  # torch's own inner call (send calls isend): the outer one counts
-                return function(*args, **kwargs)
-            start = time.perf_counter()
-            self._inside.depth = 1
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self._inside.depth = 0
-                self.calls += self._calls(name, args, kwargs, start, time.perf_counter())
+    def _listen(self, call: intercept.Call) -> intercept.After | None:
+        if call.nested:  # torch's own inner call (send calls isend): the outer one counts
+            return None
+        start = time.perf_counter()
 
-        return recorded
+        def returned(result: Any) -> Any:
+            self.calls += self._calls(call.name, call.args, call.kwargs, start, time.perf_counter())
+            return result
+
+        return returned
 
     @staticmethod
     def _calls(name: str, args: tuple, kwargs: dict, start: float, end: float) -> list[Call]:
