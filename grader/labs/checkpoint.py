@@ -12,21 +12,25 @@ seen every time, not by luck. Checks:
 
 * ``training_state``: after loading, every rank's parameters, optimizer state (momentum) and scheduler equal
   what they were when saved;
-* ``rng_and_position``: every rank's torch random number generator is its own state at the save, and the
-  returned ``(epoch, step)`` is where the run stopped;
+* ``rng_and_position``: every rank's random number generators (torch's, Python's ``random``, numpy's) are its
+  own states at the save, and the returned ``(epoch, step)`` is where the run stopped;
 * ``one_writer``: only rank 0 calls ``torch.save``, and the file is complete when ``save_checkpoint`` returns on
   every rank (a barrier);
+* ``atomic``: rank 0 writes another file and renames it to ``path`` (``os.replace``), so a crash in the middle of
+  the write leaves the previous checkpoint whole;
 * ``bit_for_bit``: the resumed run's final parameters equal the uninterrupted run's exactly.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import tempfile
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
@@ -49,6 +53,7 @@ CHECKS = (
     Check("training_state", "after loading, model, optimizer and scheduler are as they were saved", 3),
     Check("rng_and_position", "after loading, each rank's random numbers and the data position are restored", 3),
     Check("one_writer", "rank 0 alone writes the file, complete when save returns on every rank", 2),
+    Check("atomic", "the file is written elsewhere, then renamed into place (a crash mid-write loses nothing)", 1),
     Check("bit_for_bit", "a run stopped and resumed ends with the uninterrupted run's parameters, bit for bit", 2),
 )
 
@@ -82,11 +87,12 @@ class _WatchedSave:
 
     def __init__(self, signal: str, rank: int) -> None:
         self.original, self.signal, self.rank = torch.save, signal, rank
-        self.calls, self.watching = 0, False
+        self.calls, self.watching, self.targets = 0, False, []
 
     def __call__(self, obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
         if self.watching and isinstance(f, (str, os.PathLike)):  # all_gather_object saves to memory: not counted
             self.calls += 1
+            self.targets.append(os.path.abspath(os.fspath(f)))
             if self.rank == 0:
                 deadline = time.monotonic() + WRITE_DELAY_S
                 while not os.path.exists(self.signal) and time.monotonic() < deadline:
@@ -128,7 +134,8 @@ def _stop_and_resume(config: dict, me: world.Rank, training: tuple, save: Any, l
     """Save, then build everything anew as a restarted job would, load, and measure what came back."""
     model, optimizer, scheduler = training
     saved = {"params": _flat(model.parameters()), "momentum": _momentum(optimizer),
-             "scheduler": dict(scheduler.state_dict()), "rng": torch.get_rng_state(), "position": position}
+             "scheduler": dict(scheduler.state_dict()), "rng": torch.get_rng_state(), "python_rng": random.getstate(),
+             "numpy_rng": np.random.get_state(), "position": position}
     watch.watching = True
     save(path, model, optimizer, scheduler, *position)
     watch.watching = False
@@ -138,12 +145,16 @@ def _stop_and_resume(config: dict, me: world.Rank, training: tuple, save: Any, l
     dist.barrier()  # the checker's: every rank's save is over before anything is loaded
     fresh = _build(config["seed"] + 1000, me)
     torch.manual_seed(12345 + me.rank)  # a restarted process starts from other random numbers
+    random.seed(12345 + me.rank)
+    np.random.seed(12345 + me.rank)
     loaded = load(path, *fresh)
     loaded_position = tuple(int(x) for x in loaded) if isinstance(loaded, (tuple, list)) and len(loaded) == 2 \
         else None
-    return {"saved": saved, "calls": watch.calls, "exists_on_return": exists_on_return,
+    return {"saved": saved, "calls": watch.calls, "exists_on_return": exists_on_return, "path": path,
+            "targets": list(watch.targets),
             "after": {"params": _flat(fresh[0].parameters()), "momentum": _momentum(fresh[1]),
-                      "scheduler": dict(fresh[2].state_dict()), "rng": torch.get_rng_state()},
+                      "scheduler": dict(fresh[2].state_dict()), "rng": torch.get_rng_state(),
+                      "python_rng": random.getstate(), "numpy_rng": np.random.get_state()},
             "loaded_position": loaded_position or position, "returned": loaded, "resumed": fresh}
 
 
@@ -178,11 +189,42 @@ def judge_rng(measured: dict, rank: int, rank0_rng: torch.Tensor) -> Finding:
                    "from it, so a resumed run without it draws other masks")
         return Finding("rng_and_position", False, f"rank {rank}'s random number generator after loading is not "
                        f"what it was when saved: {why}")
+    for key, name in (("python_rng", "Python's random"), ("numpy_rng", "numpy's")):
+        if not _same_state(saved[key], after[key]):
+            return Finding("rng_and_position", False, f"rank {rank}'s {name} generator after loading is not what it "
+                           "was when saved: a data pipeline may draw from it too; save random.getstate() and "
+                           "np.random.get_state() beside torch's, and set them back on load")
     if measured["returned"] is None or tuple(measured["loaded_position"]) != tuple(saved["position"]) \
             or not isinstance(measured["returned"], (tuple, list)):
         return Finding("rng_and_position", False, f"load_checkpoint returned {measured['returned']!r}, the run "
                        f"stopped at (epoch, step) = {saved['position']}: save epoch and step and return them")
     return Finding("rng_and_position", True)
+
+
+def _same_state(a: object, b: object) -> bool:
+    """Equal generator states (numpy's holds an array)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    return a == b
+
+
+def judge_atomic(measured: dict, rank: int) -> Finding:
+    """Finding for ``atomic``, on rank 0: torch.save wrote another file, and ``path`` exists after the save."""
+    if rank != 0:
+        return Finding("atomic", True)
+    target = os.path.abspath(measured["path"])
+    if not measured["targets"]:
+        return Finding("atomic", False, "rank 0 never called torch.save on a file in save_checkpoint")
+    if target in measured["targets"]:
+        return Finding("atomic", False, "rank 0's torch.save wrote the checkpoint in place: a crash in the middle "
+                       "of the write would leave half a file and no checkpoint. Write to another file (path + "
+                       "\".partial\") and os.replace() it onto path: a rename is atomic")
+    if not measured["exists_on_return"]:
+        return Finding("atomic", False, "rank 0 wrote another file but path did not exist when save_checkpoint "
+                       "returned: os.replace() the file you wrote onto path")
+    return Finding("atomic", True)
 
 
 def judge_writer(measured: dict, rank: int) -> Finding:
@@ -225,6 +267,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     same = torch.equal(final, expected)
     return RankReport([
         judge_state(measured, me.rank), judge_rng(measured, me.rank, rank0_rng), judge_writer(measured, me.rank),
+        judge_atomic(measured, me.rank),
         Finding("bit_for_bit", same, "" if same else f"rank {me.rank}'s final parameters differ from the "
                 f"uninterrupted run's by up to {gap:.3g}: whatever a step depends on must be in the checkpoint "
                 "(see the checks above)"),

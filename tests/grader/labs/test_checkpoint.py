@@ -2,7 +2,9 @@
 mistake fails its own check (and, where it changes the resumed run, bit_for_bit) with a message naming it."""
 
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,6 +36,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("forgets_rng", ["rng_and_position", "bit_for_bit"], "random number generator after loading is not what it"),
     ("every_rank_writes", ["one_writer"], "rank 1 called torch.save too: every rank wrote the same file"),
     ("no_barrier", ["one_writer"], "the file did not exist yet when save_checkpoint returned on rank 1"),
+    ("writes_in_place", ["atomic"], "rank 0's torch.save wrote the checkpoint in place"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(checkpoint.LAB, os.path.join(ATTEMPTS, f"checkpoint_{attempt}.py"))
@@ -44,9 +47,10 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
 
 def _measured(**after):
     saved = {"params": torch.ones(3), "momentum": torch.ones(2), "scheduler": {"last_epoch": 6},
-             "rng": torch.get_rng_state(), "position": (1, 2)}
+             "rng": torch.get_rng_state(), "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
+             "position": (1, 2)}
     return {"saved": saved, "after": {**saved, **after}, "returned": (1, 2), "loaded_position": (1, 2),
-            "calls": 1, "exists_on_return": True}
+            "calls": 1, "exists_on_return": True, "path": "/tmp/c.pt", "targets": ["/tmp/c.pt.partial"]}
 
 
 def test_the_verdicts_name_what_was_not_restored():
@@ -61,3 +65,9 @@ def test_the_verdicts_name_what_was_not_restored():
     assert "load_checkpoint returned (0, 0), the run stopped at (epoch, step) = (1, 2)" in checkpoint.judge_rng(
         wrong_position, 0, rank0).message
     assert "rank 0 never called torch.save" in checkpoint.judge_writer({**_measured(), "calls": 0}, 0).message
+    assert checkpoint.judge_rng(_measured(), 0, rank0).passed
+    other_numpy = np.random.RandomState(3).get_state()
+    assert "numpy's generator after loading" in checkpoint.judge_rng(_measured(numpy_rng=other_numpy), 0, rank0).message
+    assert checkpoint.judge_atomic(_measured(), 0).passed
+    in_place = {**_measured(), "targets": ["/tmp/c.pt"]}
+    assert "wrote the checkpoint in place" in checkpoint.judge_atomic(in_place, 0).message
