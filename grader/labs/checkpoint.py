@@ -77,6 +77,11 @@ def _flat(tensors: Any) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).cpu().double() for t in tensors]) if tensors else torch.zeros(0)
 
 
+def _cuda_rng(me: world.Rank) -> torch.Tensor | None:
+    """This rank's CUDA generator (dropout on a GPU draws from it), None on the CPU."""
+    return torch.cuda.get_rng_state(me.device) if me.device.type == "cuda" else None
+
+
 def _momentum(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     return _flat(state.get("momentum_buffer") for state in optimizer.state.values())
 
@@ -135,7 +140,7 @@ def _stop_and_resume(config: dict, me: world.Rank, training: tuple, save: Any, l
     model, optimizer, scheduler = training
     saved = {"params": _flat(model.parameters()), "momentum": _momentum(optimizer),
              "scheduler": dict(scheduler.state_dict()), "rng": torch.get_rng_state(), "python_rng": random.getstate(),
-             "numpy_rng": np.random.get_state(), "position": position}
+             "numpy_rng": np.random.get_state(), "cuda_rng": _cuda_rng(me), "position": position}
     watch.watching = True
     save(path, model, optimizer, scheduler, *position)
     watch.watching = False
@@ -154,7 +159,7 @@ def _stop_and_resume(config: dict, me: world.Rank, training: tuple, save: Any, l
             "targets": list(watch.targets),
             "after": {"params": _flat(fresh[0].parameters()), "momentum": _momentum(fresh[1]),
                       "scheduler": dict(fresh[2].state_dict()), "rng": torch.get_rng_state(),
-                      "python_rng": random.getstate(), "numpy_rng": np.random.get_state()},
+                      "python_rng": random.getstate(), "numpy_rng": np.random.get_state(), "cuda_rng": _cuda_rng(me)},
             "loaded_position": loaded_position or position, "returned": loaded, "resumed": fresh}
 
 
@@ -189,11 +194,13 @@ def judge_rng(measured: dict, rank: int, rank0_rng: torch.Tensor) -> Finding:
                    "from it, so a resumed run without it draws other masks")
         return Finding("rng_and_position", False, f"rank {rank}'s random number generator after loading is not "
                        f"what it was when saved: {why}")
-    for key, name in (("python_rng", "Python's random"), ("numpy_rng", "numpy's")):
-        if not _same_state(saved[key], after[key]):
+    for key, name, why in (
+            ("cuda_rng", "CUDA", "dropout on a GPU draws from it; save torch.cuda.get_rng_state() too"),
+            ("python_rng", "Python's random", "a data pipeline may draw from it; save random.getstate() too"),
+            ("numpy_rng", "numpy's", "a data pipeline may draw from it; save np.random.get_state() too")):
+        if not _same_state(saved.get(key), after.get(key)):
             return Finding("rng_and_position", False, f"rank {rank}'s {name} generator after loading is not what it "
-                           "was when saved: a data pipeline may draw from it too; save random.getstate() and "
-                           "np.random.get_state() beside torch's, and set them back on load")
+                           f"was when saved: {why}, and set it back on load")
     if measured["returned"] is None or tuple(measured["loaded_position"]) != tuple(saved["position"]) \
             or not isinstance(measured["returned"], (tuple, list)):
         return Finding("rng_and_position", False, f"load_checkpoint returned {measured['returned']!r}, the run "
@@ -205,6 +212,8 @@ def _same_state(a: object, b: object) -> bool:
     """Equal generator states (numpy's holds an array)."""
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return bool(np.array_equal(a, b))
     return a == b

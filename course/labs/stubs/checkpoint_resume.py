@@ -21,7 +21,8 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Op
     """Called on every rank. model is wrapped in DistributedDataParallel: its weights are in model.module.
 
     Gather every rank's random number generator states (torch.get_rng_state(), random.getstate(),
-    np.random.get_state()) with dist.all_gather_object, so the file holds them all. Rank 0 alone writes the file
+    np.random.get_state(), and torch.cuda.get_rng_state() on a GPU) with dist.all_gather_object, so the file
+    holds them all. Rank 0 alone writes the file
     with torch.save (the others would write the same file at the same time). It writes path + ".partial" and
     then os.replace()s it onto path: a crash in the middle of the write then leaves the previous checkpoint
     whole. When this returns on any rank, the file must be complete: end with dist.barrier().

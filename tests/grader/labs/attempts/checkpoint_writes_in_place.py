@@ -21,12 +21,14 @@ def save_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Op
     """Called on every rank. model is wrapped in DistributedDataParallel: its weights are in model.module.
 
     Gather every rank's random number generator states (torch.get_rng_state(), random.getstate(),
-    np.random.get_state()) with dist.all_gather_object, so the file holds them all. Rank 0 alone writes the file
+    np.random.get_state(), and torch.cuda.get_rng_state() on a GPU) with dist.all_gather_object, so the file
+    holds them all. Rank 0 alone writes the file
     with torch.save (the others would write the same file at the same time). It writes path + ".partial" and
     then os.replace()s it onto path: a crash in the middle of the write then leaves the previous checkpoint
     whole. When this returns on any rank, the file must be complete: end with dist.barrier().
     """
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}  # dropout on a GPU
     rng_states = [None] * dist.get_world_size()
     dist.all_gather_object(rng_states, rng)
     if dist.get_rank() == 0:
@@ -48,4 +50,6 @@ def load_checkpoint(path: str, model: torch.nn.Module, optimizer: torch.optim.Op
     torch.set_rng_state(mine["torch"])
     random.setstate(mine["python"])
     np.random.set_state(mine["numpy"])
+    if mine["cuda"] is not None:
+        torch.cuda.set_rng_state(mine["cuda"])
     return checkpoint["epoch"], checkpoint["step"]
