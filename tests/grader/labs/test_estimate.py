@@ -51,6 +51,17 @@ def test_a_file_without_a_student_id_is_told_to_set_it(tmp_path):
     assert result.failed() == ALL and "set STUDENT_ID at the top of" in result.results[0].message
 
 
+@pytest.mark.timeout(300)
+def test_one_function_written_is_judged_and_the_other_is_named_not_attempted(tmp_path):
+    path = tmp_path / "estimate_plan.py"
+    solution = open(SOLUTION).read()
+    body = solution[solution.index("    n = tensor_parallel"):solution.index("\n\n\nif __name__")]
+    path.write_text(solution.replace(body, '    raise NotImplementedError("two ring all-reduces")'))
+    result = run_lab(estimate.LAB, str(path))
+    assert result.failed() == ["tp_allreduce"], result.report()
+    assert "your tp_allreduce_seconds still raises NotImplementedError" in result.results[1].message
+
+
 def test_a_variant_is_the_same_for_the_same_id_and_differs_between_ids():
     assert estimate.problem("ada") == estimate.problem(" Ada ")
     assert len({estimate.problem(f"student{i}") for i in range(20)}) >= 15
