@@ -9,7 +9,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: setup lab test lint bench clean
+.PHONY: setup lab test lint bench clean gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test: lint
 
 bench: setup
 	status=0; for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || status=1; done; exit $$status
+
+# On a GPU machine, from the tree with the machine's own Python (torch with CUDA already installed): every notebook,
+# lab and the grader on the GPUs present, and measured vs modelled timings, into one file under benchmarks/results/.
+# WHEELS=folder installs nbval, ipykernel and ipywidgets from wheels there first (no network needed).
+gpu-check:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) benchmarks/gpu_course_check.py $(if $(WHEELS),--wheels $(WHEELS))
 
 clean:
 	rm -rf $(VENV) *.egg-info

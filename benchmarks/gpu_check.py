@@ -44,29 +44,68 @@ def cluster_for(gpus: int, link_name: str | None) -> pm.Cluster | None:
     return pm.Cluster(gpu, catalog.link(name), max(gpus, 1))
 
 
-def check_steps(gpus: int, cluster: pm.Cluster | None, emulated: bool) -> None:
+def check_steps(gpus: int, cluster: pm.Cluster | None, emulated: bool) -> list[dict]:
+    """Measure (and model) a DDP step of each course model; print a line each and return them as rows:
+    ``{"what", "measured", "modelled" (None without a catalog GPU), "unit"}``."""
+    rows = []
     for name, (workload, batch, autocast) in MODELS.items():
         if emulated and name == "ResNet-50":
             continue  # minutes on two CPU cores
         measured = launch(ddp_step_seconds, gpus, name, batch, 5, autocast, timeout_s=600)[0]
-        line = f"DDP step, {name}, {batch} per rank on {gpus} rank(s): measured {measured * 1e3:8.2f} ms"
+        row = {"what": f"DDP step, {name}, {batch} per rank on {gpus} rank(s)", "measured": measured * 1e3,
+               "modelled": None, "unit": "ms"}
         if cluster is not None:
             a = pm.Assumptions(precision="amp" if autocast else "fp32")
-            predicted = pm.step_time(workload(), batch, gpus, cluster, "ring", a).step_s
-            line += f", modelled {predicted * 1e3:8.2f} ms (measured / modelled {measured / predicted:.2f})"
-        print(line)
+            row["modelled"] = pm.step_time(workload(), batch, gpus, cluster, "ring", a).step_s * 1e3
+        rows.append(row)
+        print(_line(row))
+    return rows
 
 
-def check_bus_bandwidth(gpus: int, cluster: pm.Cluster | None) -> None:
-    sizes = [MB, 8 * MB, 64 * MB, 256 * MB]
-    measured = launch(allreduce_seconds, gpus, sizes, 10, timeout_s=600)[0]
+def check_bus_bandwidth(gpus: int, cluster: pm.Cluster | None, sizes: tuple[int, ...] = (MB, 8 * MB, 64 * MB, 256 * MB)
+                        ) -> list[dict]:
+    """Measure (and model) the allreduce bus bandwidth at each size; print and return rows as :func:`check_steps`."""
+    rows = []
+    measured = launch(allreduce_seconds, gpus, list(sizes), 10, timeout_s=600)[0]
     for nbytes, seconds in measured.items():
-        busbw = cost_model.busbw(nbytes, seconds, gpus) / 1e9
-        line = f"allreduce {nbytes // MB:>4} MB on {gpus}: busbw measured {busbw:7.2f} GB/s"
+        row = {"what": f"allreduce busbw, {nbytes / MB:g} MB on {gpus}", "unit": "GB/s",
+               "measured": cost_model.busbw(nbytes, seconds, gpus) / 1e9, "modelled": None}
         if cluster is not None:
-            modelled = pm.allreduce_seconds(nbytes, gpus, cluster, "ring")
-            line += f", modelled {cost_model.busbw(nbytes, modelled, gpus) / 1e9:7.2f} GB/s"
-        print(line)
+            row["modelled"] = cost_model.busbw(nbytes, pm.allreduce_seconds(nbytes, gpus, cluster, "ring"), gpus) / 1e9
+        rows.append(row)
+        print(_line(row))
+    return rows
+
+
+def _line(row: dict) -> str:
+    line = f"{row['what']}: measured {row['measured']:9.3f} {row['unit']}"
+    if row["modelled"] is not None:
+        line += f", modelled {row['modelled']:9.3f} {row['unit']} (measured / modelled {ratio(row):.2f})"
+    return line
+
+
+def ratio(row: dict) -> float | None:
+    """measured / modelled of a row, or None when it has no model."""
+    return row["measured"] / row["modelled"] if row["modelled"] else None
+
+
+def run(link: str | None = None, emulate: bool = False, sizes: tuple[int, ...] | None = None) -> list[dict]:
+    """Every measurement of this script (see the module doc) as rows; ``[]`` without CUDA unless ``emulate``."""
+    if not torch.cuda.is_available() and not emulate:
+        print("No CUDA device here: nothing to measure. Run this on a machine with NVIDIA GPUs to compare the "
+              "performance model (course.perf) with measurements; --emulate checks the code paths on CPU.")
+        return []
+    emulated = not torch.cuda.is_available()
+    gpus = 2 if emulated else torch.cuda.device_count()
+    cluster = None if emulated else cluster_for(gpus, link)
+    if emulated:
+        print("EMULATED ranks on CPU (gloo): these times are not GPU measurements and get no prediction.")
+    rows = check_steps(gpus, cluster, emulated)
+    if gpus > 1:
+        rows += check_bus_bandwidth(gpus, cluster, *([sizes] if sizes else []))
+    else:
+        print("1 GPU: no allreduce to measure.")
+    return rows
 
 
 def main() -> int:
@@ -74,20 +113,7 @@ def main() -> int:
     parser.add_argument("--link", help="intra-node link, a course.perf.catalog name (default: from the GPU)")
     parser.add_argument("--emulate", action="store_true", help="run the code paths on 2 CPU ranks (no GPU)")
     args = parser.parse_args()
-    if not torch.cuda.is_available() and not args.emulate:
-        print("No CUDA device here: nothing to measure. Run this on a machine with NVIDIA GPUs to compare the "
-              "performance model (course.perf) with measurements; --emulate checks the code paths on CPU.")
-        return 0
-    emulated = not torch.cuda.is_available()
-    gpus = 2 if emulated else torch.cuda.device_count()
-    cluster = None if emulated else cluster_for(gpus, args.link)
-    if emulated:
-        print("EMULATED ranks on CPU (gloo): these times are not GPU measurements and get no prediction.")
-    check_steps(gpus, cluster, emulated)
-    if gpus > 1:
-        check_bus_bandwidth(gpus, cluster)
-    else:
-        print("1 GPU: no allreduce to measure.")
+    run(args.link, args.emulate)
     return 0
 
 

@@ -1,6 +1,6 @@
 """``course``: the students' command line.
 
-    course info                   what hardware was found, what will be emulated, library versions
+    course info                   what hardware was found, what will be emulated, GPU links, library versions
     course hello --world-size 4   the 4-rank hello world of notebook 00, from a terminal
     course lab                    JupyterLab on the course's notebooks/
 """
@@ -14,6 +14,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from course import world
 
@@ -33,9 +34,10 @@ def notebooks_dir() -> Path:
     )
 
 
-def info_lines(world_size: int = 4, hardware: world.Hardware | None = None) -> list[str]:
+def info_lines(world_size: int = 4, hardware: world.Hardware | None = None, nvml: Any = None) -> list[str]:
     """The lines ``course info`` prints: the hardware found (default: detected now), what ``world_size`` ranks
-    will run on, and the library versions."""
+    will run on, the links between the GPUs when there are some (read from NVML; tests pass a fake ``nvml``),
+    and the library versions."""
     hardware = hardware or world.detect_hardware()
     if hardware.emulated:
         found = "no GPU found" if os.environ.get(world.EMULATE_ENV) != "1" else f"GPUs hidden by {world.EMULATE_ENV}=1"
@@ -43,9 +45,14 @@ def info_lines(world_size: int = 4, hardware: world.Hardware | None = None) -> l
         found = f"{hardware.gpu_count} GPU(s): {', '.join(hardware.gpu_names)}"
     lines = [
         f"hardware    : {found}; {hardware.cpu_count} CPU core(s)",
-        f"backend     : {hardware.backend}",
+        f"backend     : {hardware.backend_for(world_size)}",
         f"with {world_size} ranks: {plan(world_size, hardware)}",
     ]
+    if not hardware.emulated:
+        from course.monitor import interconnect
+
+        links = interconnect.describe(nvml)
+        lines += [f"{'interconnect' if i == 0 else '':<12}: {link}" for i, link in enumerate(links)]
     lines += [f"{name:<12}: {version}" for name, version in world.versions().items()]
     return lines
 

@@ -42,10 +42,13 @@ class Hardware:
     Attributes:
         gpu_names: one name per visible CUDA device (empty when there are none or emulation is forced).
         cpu_count: logical CPU cores.
+        device_type: the GPUs' device type, ``cuda``. The device check of the tests (``tests/device``) declares
+            ``meta`` instead, so that a tensor left on the CPU is caught on a machine with no GPU.
     """
 
     gpu_names: tuple[str, ...]
     cpu_count: int
+    device_type: str = "cuda"
 
     @property
     def gpu_count(self) -> int:
@@ -53,21 +56,33 @@ class Hardware:
 
     @property
     def emulated(self) -> bool:
-        """True when ranks run as CPU processes rather than on real GPUs."""
+        """True when there is no GPU: every launch runs its ranks as CPU processes."""
         return self.gpu_count == 0
+
+    def on_gpus(self, world_size: int) -> bool:
+        """True when ``world_size`` ranks (on one machine) each get a GPU of their own; False when they are emulated
+        by CPU processes: no GPU, or fewer GPUs than ranks (nccl needs one GPU per rank)."""
+        return 0 < world_size <= self.gpu_count
 
     @property
     def backend(self) -> str:
-        """``nccl`` for real GPUs, ``gloo`` for emulated ones."""
+        """``nccl`` when there are GPUs (one rank per GPU), ``gloo`` for emulated ones."""
         return "gloo" if self.emulated else "nccl"
 
+    def backend_for(self, world_size: int) -> str:
+        """The backend ``world_size`` ranks on this machine use: ``nccl`` on their own GPUs, else ``gloo``."""
+        return "nccl" if self.on_gpus(world_size) else "gloo"
+
     def describe(self, world_size: int) -> str:
-        """One sentence saying what running on ``world_size`` ranks means on this machine."""
+        """One sentence saying what running on ``world_size`` ranks means on this machine, and what timings mean."""
+        emulated = (f"{world_size} emulated GPUs: {world_size} CPU processes on the gloo backend, "
+                    f"sharing {self.cpu_count} CPU core(s).")
         if self.emulated:
-            return (
-                f"{world_size} emulated GPUs: {world_size} CPU processes on the gloo backend, "
-                f"sharing {self.cpu_count} CPU core(s). Timings here are CPU timings, not GPU timings."
-            )
+            return f"{emulated} Timings here are CPU timings, not GPU timings."
+        if not self.on_gpus(world_size):
+            return (f"{emulated} This machine's {self.gpu_count} GPU(s) are not used: nccl needs one GPU per rank, "
+                    f"so {world_size} ranks run emulated. Results are the same; timings are CPU timings, not GPU "
+                    f"timings. Use world_size <= {self.gpu_count} to run on the GPU(s).")
         return f"{world_size} real GPUs on the nccl backend ({', '.join(self.gpu_names[:world_size])})."
 
 
@@ -84,6 +99,11 @@ def detect_hardware() -> Hardware:
     return Hardware(gpu_names=names, cpu_count=cpu_count)
 
 
+def gpus_present() -> bool:
+    """True when this machine has CUDA GPUs, even where ``COURSE_EMULATE=1`` keeps the ranks off them."""
+    return torch.cuda.is_available()
+
+
 def check_world_size(world_size: object, hardware: Hardware | None = None) -> int:
     """Validate a requested number of ranks against this machine.
 
@@ -94,17 +114,12 @@ def check_world_size(world_size: object, hardware: Hardware | None = None) -> in
         ``world_size`` as a plain ``int``.
 
     Raises:
-        ValueError: ``world_size`` is not a positive integer, exceeds the GPUs present, or is more
-            processes than emulation can sensibly run.
+        ValueError: ``world_size`` is not a positive integer, or is more processes than emulation can sensibly
+            run. More ranks than GPUs is not refused: the ranks are emulated (see :meth:`Hardware.describe`).
     """
     hardware = hardware or detect_hardware()
     world_size = check_count("world_size", world_size, unit="number of ranks")
-    if not hardware.emulated and world_size > hardware.gpu_count:
-        raise ValueError(
-            f"world_size={world_size} but this machine has {hardware.gpu_count} GPU(s). Use "
-            f"world_size <= {hardware.gpu_count}, or set {EMULATE_ENV}=1 to emulate GPUs with CPU processes."
-        )
-    if hardware.emulated and world_size > MAX_EMULATED_WORLD_SIZE:
+    if not hardware.on_gpus(world_size) and world_size > MAX_EMULATED_WORLD_SIZE:
         raise ValueError(
             f"world_size={world_size} emulated GPUs would start {world_size} processes on "
             f"{hardware.cpu_count} core(s); use at most {MAX_EMULATED_WORLD_SIZE}."
@@ -136,10 +151,18 @@ class Rank:
         return self.rank == 0
 
 
-def device_for(local_rank: int, hardware: Hardware | None = None) -> torch.device:
-    """The device a rank should use: ``cuda:<local_rank>`` with GPUs, else ``cpu``."""
+def device_for(local_rank: int, hardware: Hardware | None = None, local_world_size: int | None = None
+               ) -> torch.device:
+    """The device a rank should use: ``cuda:<local_rank>`` when each of the ``local_world_size`` ranks on this
+    machine (default: ``LOCAL_WORLD_SIZE``, else one rank per GPU) has a GPU of its own, else ``cpu``."""
     hardware = hardware or detect_hardware()
-    return torch.device("cpu") if hardware.emulated else torch.device("cuda", local_rank)
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", max(1, hardware.gpu_count)))
+    if not hardware.on_gpus(local_world_size):
+        return torch.device("cpu")
+    if hardware.device_type != "cuda":
+        return torch.device(hardware.device_type)
+    return torch.device("cuda", local_rank)
 
 
 def _env_int(name: str) -> int:
@@ -154,7 +177,8 @@ def init_from_env(timeout_s: float = 300.0) -> Rank:
     """Join the process group that torchrun (or :func:`course.runtime.launch.launch`) set up.
 
     Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; picks the backend
-    and device; on emulated GPUs splits the CPU cores between the ranks so they do not oversubscribe.
+    and device (a GPU per rank when there are enough, else emulated); on emulated GPUs splits the CPU cores
+    between the ranks so they do not oversubscribe.
 
     Args:
         timeout_s: how long a collective may wait for the other ranks before failing.
@@ -164,7 +188,8 @@ def init_from_env(timeout_s: float = 300.0) -> Rank:
 
     Raises:
         RuntimeError: the torchrun variables are missing (the script was run with plain ``python``).
-        ValueError: ``LOCAL_RANK`` names a GPU this machine does not have (more ranks per node than GPUs).
+
+    More ranks per node than GPUs run emulated, as CPU processes on gloo (see :meth:`Hardware.describe`).
     """
     missing = [name for name in TORCHRUN_ENV if name not in os.environ]
     if missing:
@@ -175,24 +200,15 @@ def init_from_env(timeout_s: float = 300.0) -> Rank:
     hardware = detect_hardware()
     local_rank = _env_int("LOCAL_RANK")
     world_size = _env_int("WORLD_SIZE")
-    if not hardware.emulated and local_rank >= hardware.gpu_count:
-        # CUDA itself would only say "invalid device ordinal".
-        local_world = os.environ.get("LOCAL_WORLD_SIZE", "more")
-        raise ValueError(
-            f"LOCAL_RANK={local_rank} needs GPU cuda:{local_rank}, but this machine has {hardware.gpu_count} GPU(s): "
-            f"{local_world} ranks were started on this node. Start at most {hardware.gpu_count} per node "
-            f"(torchrun --nproc_per_node={hardware.gpu_count}), or set {EMULATE_ENV}=1 to emulate GPUs with CPU "
-            "processes."
-        )
-    device = device_for(local_rank, hardware)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    device = device_for(local_rank, hardware, local_world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    elif device.type == "cpu":
         torch.set_num_threads(max(1, hardware.cpu_count // max(1, local_world)))
     if not dist.is_initialized():
         dist.init_process_group(
-            backend=hardware.backend, timeout=datetime.timedelta(seconds=timeout_s)
+            backend=hardware.backend_for(local_world), timeout=datetime.timedelta(seconds=timeout_s)
         )
     return current()
 
@@ -201,10 +217,12 @@ def current() -> Rank:
     """This process's :class:`Rank`; rank 0 of 1 on the default device if no process group exists."""
     hardware = detect_hardware()
     if not dist.is_initialized():
-        return Rank(0, 0, 1, device_for(0, hardware), hardware.backend)
+        return Rank(0, 0, 1, device_for(0, hardware, 1), hardware.backend_for(1))
     rank = dist.get_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    return Rank(rank, local_rank, dist.get_world_size(), device_for(local_rank, hardware), dist.get_backend())
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    return Rank(rank, local_rank, dist.get_world_size(), device_for(local_rank, hardware, local_world),
+                dist.get_backend())
 
 
 def print0(*args: object, **kwargs: object) -> None:

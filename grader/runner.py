@@ -91,7 +91,8 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
                 return not_run(name, status, detail, config, start, output=extra)
             replay = helper.submit(replay_first_steps, records)
             checkpoint = _checkpoint(run_dir, evaluation, records, config)
-            evidence = Evidence.of(records, expected_backend=world.detect_hardware().backend, status=status,
+            backend = world.detect_hardware().backend_for(config.assignment.world_size)  # gloo when ranks > GPUs
+            evidence = Evidence.of(records, expected_backend=backend, status=status,
                                    train_size=len(_splits().train), checkpoint=checkpoint, replay=replay.result())
         finally:
             evaluation.cancel()  # without a checkpoint, the waiting evaluation process just exits

@@ -19,7 +19,7 @@ def test_info_reports_the_detected_hardware_what_will_run_and_the_versions():
     hardware = world.detect_hardware()
     lines = cli.info_lines(4)
     assert lines[0].endswith(f"; {hardware.cpu_count} CPU core(s)")
-    assert lines[1] == f"backend     : {hardware.backend}"
+    assert lines[1] == f"backend     : {hardware.backend_for(4)}"
     assert lines[2] == f"with 4 ranks: {cli.plan(4, hardware)}"
     assert lines[3:] == [f"{name:<12}: {version}" for name, version in world.versions().items()]
 
@@ -32,13 +32,19 @@ def test_info_on_emulated_hardware_says_cpu_processes_on_gloo(monkeypatch):
                          "Timings here are CPU timings, not GPU timings."]
 
 
-def test_info_with_fewer_gpus_than_ranks_says_they_will_be_refused():
+def test_info_with_fewer_gpus_than_ranks_says_they_run_emulated():
+    from monitor.test_interconnect import FakeTopology
+
     two_gpus = world.Hardware(gpu_names=("A100", "A100"), cpu_count=32)
-    assert cli.info_lines(4, two_gpus)[:3] == [
-        "hardware    : 2 GPU(s): A100, A100; 32 CPU core(s)", "backend     : nccl",
-        "with 4 ranks: will be refused: world_size=4 but this machine has 2 GPU(s). Use world_size <= 2, or set "
-        "COURSE_EMULATE=1 to emulate GPUs with CPU processes."]
-    assert cli.info_lines(2, two_gpus)[2] == "with 2 ranks: 2 real GPUs on the nccl backend (A100, A100)."
+    lines = cli.info_lines(4, two_gpus, nvml=FakeTopology.nvlinked(2))
+    assert lines[:3] == [
+        "hardware    : 2 GPU(s): A100, A100; 32 CPU core(s)", "backend     : gloo",
+        "with 4 ranks: 4 emulated GPUs: 4 CPU processes on the gloo backend, sharing 32 CPU core(s). This machine's 2 "
+        "GPU(s) are not used: nccl needs one GPU per rank, so 4 ranks run emulated. Results are the same; timings "
+        "are CPU timings, not GPU timings. Use world_size <= 2 to run on the GPU(s)."]
+    assert lines[3] == "interconnect: GPU 0 <-> GPU 1: NVLink x4"
+    assert cli.info_lines(2, two_gpus, nvml=FakeTopology.nvlinked(2))[1:3] == [
+        "backend     : nccl", "with 2 ranks: 2 real GPUs on the nccl backend (A100, A100)."]
 
 
 def test_info_runs_as_a_console_command():

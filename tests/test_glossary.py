@@ -21,7 +21,7 @@ ORDER = [path.name.split("_")[0] for path in NOTEBOOKS]  # "00", "01", ..., "04b
 pytestmark = pytest.mark.unit0
 
 #: Terms whose early use lies in notebooks still being rewritten (issue 33). Remove an entry once it passes.
-PENDING = ["TP", "FSDP", "ZeRO", "1F1B"]
+PENDING: list[str] = []
 
 _ENTRY = re.compile(r"^- \*\*(?P<term>[^*]+)\*\*(?: \(also: (?P<aliases>[^)]*)\))?: (?P<definition>.+?) "
                     r"Taught in (?P<notebook>\w+)\.$")

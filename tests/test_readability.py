@@ -20,14 +20,7 @@ _spec.loader.exec_module(readability)
 pytestmark = pytest.mark.unit0
 
 #: Notebooks whose prose is still being rewritten (issue 33). Remove an entry once its notebook passes.
-PENDING = [
-    "05c_performance_model.ipynb",
-    "06_assignment.ipynb",
-    "07_memory.ipynb",
-    "08_tensor_pipeline.ipynb",
-    "09_real_gpu_practice.ipynb",
-    "09b_profiling_and_pitfalls.ipynb",
-]
+PENDING: list[str] = []
 
 
 def _param(path: Path):

@@ -22,7 +22,7 @@ def test_emulated_hardware_uses_gloo_and_cpu():
 
 def test_real_gpus_use_nccl_and_the_local_rank_device():
     assert not TWO_GPUS.emulated and TWO_GPUS.backend == "nccl"
-    assert world.device_for(1, TWO_GPUS) == torch.device("cuda", 1)
+    assert world.device_for(1, TWO_GPUS) == torch.device("cuda", 1)  # outside a launch: one rank per GPU
     assert "2 real GPUs on the nccl backend" in TWO_GPUS.describe(2)
 
 
@@ -50,10 +50,22 @@ def test_numpy_non_integers_and_zero_are_refused(bad):
         world.check_world_size(bad, EMULATED)
 
 
-def test_more_ranks_than_gpus_suggests_the_fix():
-    with pytest.raises(ValueError, match="world_size=4 but this machine has 2 GPU.*COURSE_EMULATE=1"):
-        world.check_world_size(4, TWO_GPUS)
-    assert world.check_world_size(2, TWO_GPUS) == 2
+ONE_GPU = world.Hardware(gpu_names=("H100",), cpu_count=16)
+
+
+@pytest.mark.parametrize("hardware", [ONE_GPU, TWO_GPUS], ids=["1 GPU", "2 GPUs"])
+def test_more_ranks_than_gpus_run_emulated_and_say_so(hardware):
+    assert world.check_world_size(4, hardware) == 4
+    assert not hardware.on_gpus(4) and hardware.backend_for(4) == "gloo"
+    assert world.device_for(3, hardware, local_world_size=4) == torch.device("cpu")
+    said = hardware.describe(4)
+    assert "4 emulated GPUs" in said and f"{hardware.gpu_count} GPU(s) are not used" in said
+    assert "timings are CPU timings" in said
+
+
+def test_one_gpu_per_rank_is_nccl_on_the_rank_gpu():
+    assert world.check_world_size(2, TWO_GPUS) == 2 and TWO_GPUS.backend_for(2) == "nccl"
+    assert world.device_for(1, TWO_GPUS, local_world_size=2) == torch.device("cuda", 1)
 
 
 def test_too_many_emulated_ranks_are_refused():
@@ -76,14 +88,16 @@ def _torchrun_env(monkeypatch, local_rank: int, local_world_size: int) -> None:
         monkeypatch.setenv(name, value)
 
 
-def test_more_ranks_per_node_than_gpus_are_refused_before_cuda_is_touched(monkeypatch):
+def test_more_ranks_per_node_than_gpus_run_emulated_without_touching_cuda(monkeypatch):
     # torchrun --nproc_per_node=4 on a 2-GPU node: rank 3 would get CUDA's bare "invalid device ordinal".
     monkeypatch.setattr(world, "detect_hardware", lambda: TWO_GPUS)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail(f"set_device({device}) was called"))
+    calls = []
+    monkeypatch.setattr(world.dist, "init_process_group", lambda backend, timeout: calls.append(backend))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(("threads", n)))
     _torchrun_env(monkeypatch, local_rank=3, local_world_size=4)
-    with pytest.raises(ValueError, match=r"LOCAL_RANK=3 needs GPU cuda:3, but this machine has 2 GPU\(s\): 4 ranks "
-                                         r"were started on this node.*--nproc_per_node=2.*COURSE_EMULATE=1"):
-        world.init_from_env()
+    world.init_from_env()
+    assert calls == [("threads", 8), "gloo"]
 
 
 def test_a_local_rank_with_a_gpu_gets_that_gpu_and_nccl(monkeypatch):
@@ -174,3 +188,18 @@ def test_shutdown_frees_the_groups_a_module_cached(monkeypatch):
         assert shm_allreduce.shm_allreduce(torch.ones(5)).tolist() == [1.0] * 5
         assert shm_group._groups, "the shared-memory allreduce keeps its group's mapping between calls"
     assert not shm_group._groups
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_four_ranks_on_fewer_gpus_launch_emulated_and_say_so(monkeypatch, capsys, gpus):
+    from course.hello import hello
+    from course.runtime.launch import launch
+
+    simulated = world.Hardware(gpu_names=("Simulated H100",) * gpus, cpu_count=2)
+    monkeypatch.setattr(world, "detect_hardware", lambda: simulated)
+    reports = launch(hello, 4, timeout_s=180)
+    assert [(r["rank"], r["backend"], r["device"]) for r in reports] == [(rank, "gloo", "cpu") for rank in range(4)]
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("launch: 4 emulated GPUs") and f"This machine's {gpus} GPU(s) are not used" in first

@@ -143,7 +143,7 @@ def hierarchical_allreduce(tensor: torch.Tensor, op: Op = "sum", group: dist.Pro
     except ValueError:
         if nodes.leaders is not None:  # tell the other leaders with a call that cannot match theirs, then raise
             with contextlib.suppress(ValueError):
-                inter(torch.empty(0, dtype=tensor.dtype), "sum", nodes.leaders, check=True)
+                inter(torch.empty(0, dtype=tensor.dtype, device=tensor.device), "sum", nodes.leaders, check=True)
         raise
     failure = None
     if nodes.leaders is not None:

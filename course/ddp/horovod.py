@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.arguments import check_choice
 from course.collectives import allreduce
 from course.ddp.distributed_optimizer import OPS, DistributedOptimizer
@@ -77,7 +78,9 @@ def allreduce_metric(value: float | torch.Tensor, op: str = "avg", algorithm: st
         A float for a number, a new float64 tensor for a tensor; the input is not modified.
     """
     check_choice("op", op, OPS)
-    tensor = torch.as_tensor(value, dtype=torch.float64).clone()
+    # a number goes on the rank's device: nccl reduces GPU tensors only
+    device = value.device if isinstance(value, torch.Tensor) else world.current().device
+    tensor = torch.as_tensor(value, dtype=torch.float64, device=device).clone()
     if dist.is_initialized():
         allreduce.ALGORITHMS[check_choice("algorithm", algorithm, allreduce.ALGORITHMS)](tensor, op=op, group=group)
     return tensor if isinstance(value, torch.Tensor) else tensor.item()
@@ -98,7 +101,7 @@ def recipe(steps: int = 5, batch_size: int = 16, seed: int = 0) -> dict[str, obj
     """
     rank = init()
     torch.manual_seed(seed + rank.rank)  # a different start on every rank ...
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Linear(4, 1).to(rank.device)
     inner = torch.optim.SGD(model.parameters(), lr=0.05 * (rank.rank + 1), momentum=0.9)
     weight_before, lr_before = model.weight[0, 0].item(), inner.param_groups[0]["lr"]
     broadcast_parameters(model.state_dict(), root_rank=0)  # ... until rank 0's wins
@@ -108,6 +111,7 @@ def recipe(steps: int = 5, batch_size: int = 16, seed: int = 0) -> dict[str, obj
     x = torch.randn(steps * batch_size * rank.world_size, 4, generator=generator)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(len(x), 1, generator=generator)
     x, y = x[rank.rank::rank.world_size], y[rank.rank::rank.world_size]  # (steps * batch_size, 4), (.., 1)
+    x, y = x.to(rank.device), y.to(rank.device)
     try:
         for step in range(steps):
             rows = slice(step * batch_size, (step + 1) * batch_size)

@@ -6,8 +6,9 @@ method side by side for ``steps`` steps on the same per-rank batches, and return
 ended and the bytes this rank holds, measured (``numel x element_size`` of the local tensors) beside the
 estimate of :func:`course.memory.budget.model_states`. ZeRO-1 is ``torch.distributed.optim.ZeroRedundancyOptimizer``
 (whole parameters are assigned to ranks, so shards are only roughly Ψ/N); FSDP is FSDP2's ``fully_shard``
-(every parameter split into N row chunks, so shards are Ψ/N up to rounding); ZeRO-2 is the same with
-``reshard_after_forward=False`` (parameters stay whole from forward through backward). Rajbhandari et al. 2020,
+(every parameter split into N row chunks, so shards are Ψ/N up to rounding). ZeRO-2 is approached by the same
+with ``reshard_after_forward=False``: parameters stay whole from forward through backward, as in ZeRO-2, but go
+back to the shard between steps, where ZeRO-2 keeps them whole; torch has no ZeRO-2 of its own. Rajbhandari et al. 2020,
 https://arxiv.org/abs/1910.02054. Taught in ``notebooks/07_memory.ipynb``.
 """
 
@@ -38,7 +39,7 @@ def _batch(step: int, batch_size: int, me: world.Rank) -> tuple[torch.Tensor, to
     images = torch.randn(me.world_size * batch_size, 1, 8, 8, generator=generator)
     labels = torch.randint(0, 10, (me.world_size * batch_size,), generator=generator)
     rows = slice(me.rank * batch_size, (me.rank + 1) * batch_size)
-    return images[rows], labels[rows]
+    return images[rows].to(me.device), labels[rows].to(me.device)
 
 
 def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, batch_size: int, me: world.Rank) -> None:
@@ -50,7 +51,7 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, batch
 
 
 def _ddp_reference(seed: int, optimizer: str, steps: int, batch_size: int, me: world.Rank) -> nn.Module:
-    model = DistributedDataParallel(_model(seed))
+    model = DistributedDataParallel(_model(seed).to(me.device))
     _train(model, train.make_optimizer(optimizer, model.parameters(), LR), steps, batch_size, me)
     return model.module
 
@@ -77,7 +78,7 @@ def zero1_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, s
     """
     me = world.current()
     reference = _ddp_reference(seed, optimizer, steps, batch_size, me)
-    model = DistributedDataParallel(_model(seed))
+    model = DistributedDataParallel(_model(seed).to(me.device))
     optimizer_class = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "momentum": torch.optim.SGD}[optimizer]
     extra = {"momentum": 0.9} if optimizer == "momentum" else {}
     zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class, lr=LR, **extra)
@@ -106,7 +107,9 @@ def fsdp_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, se
 
 
 def zero2_vs_ddp(optimizer: str = "adam", steps: int = 3, batch_size: int = 8, seed: int = 0) -> dict[str, float]:
-    """Rank function: ZeRO-2 as FSDP2 runs it, ``fully_shard(..., reshard_after_forward=False)``, against DDP.
+    """Rank function: FSDP2 without resharding, ``fully_shard(..., reshard_after_forward=False)``, against DDP.
+
+    It is ZeRO-2 during a step and less than ZeRO-2 between steps (only the parameter shard is kept).
 
     Gradients are reduce-scattered and the optimizer state is sharded, as in ZeRO-2; the parameters, gathered
     before forward, stay whole until backward is done (no second gather in backward, ZeRO-2's communication),
@@ -124,7 +127,7 @@ def _fully_sharded_vs_ddp(optimizer: str, steps: int, batch_size: int, seed: int
 
     me = world.current()
     reference = _ddp_reference(seed, optimizer, steps, batch_size, me)
-    model = _model(seed)
+    model = _model(seed).to(me.device)
     chunks = sum(_chunk_numel(p.shape, me.world_size, me.rank) for p in model.parameters())
     ideal = _estimate(optimizer, 3 if reshard_after_forward else 2, me, model)
     mesh = init_device_mesh(me.device.type, (me.world_size,))

@@ -100,11 +100,12 @@ def format_sharding(results: list[dict[str, dict[str, float]]]) -> str:
 
 
 def format_zero2(results: list[dict[str, dict[str, float]]]) -> str:
-    """Per rank: ZeRO-2 (FSDP2 without resharding after forward) measured beside the stage-2 estimate: parameters
-    held between forward and backward (whole), gradients and optimizer state (sharded); ZeRO-3's parameters
-    at the same moment for contrast, and max |Δ| vs DDP."""
+    """Per rank: FSDP2 without resharding after forward (ZeRO-2's sharding and communication during a step)
+    measured beside the stage-2 estimate: parameters held between forward and backward (whole), gradients and
+    optimizer state (sharded); ZeRO-3's parameters at the same moment for contrast, and max |Δ| vs DDP. Between
+    steps it holds only the parameter shard, less than ZeRO-2."""
     return _rank_table(results, [
-        ("ZeRO-2 params after fwd", 24, "zero2", "parameters_after_forward", ",.0f"),
+        ("no-reshard params after fwd", 28, "zero2", "parameters_after_forward", ",.0f"),
         ("est.", 8, "zero2", "ideal_parameters", ",.0f"), ("grads", 8, "zero2", "gradients", ",.0f"),
         ("Ψ/N est.", 10, "zero2", "ideal_gradients", ",.0f"), ("opt. state", 12, "zero2", "optimizer_state", ",.0f"),
         ("Ψ/N est.", 10, "zero2", "ideal_optimizer_state", ",.0f"), ("|Δ| vs DDP", 12, "zero2", "max_diff", ".1e"),

@@ -3,7 +3,8 @@
 A pipeline of ``p`` stages (``course.model_parallel.two_stage``) runs ``m`` micro-batches forward, then backward. Each
 stage
 waits for the one before it, so with equal stages it is idle ``(p-1)/(m+p-1)`` of the time
-(:func:`bubble_fraction`). :func:`modelled_timeline` builds the ideal schedule as :class:`Event` s,
+(:func:`bubble_fraction`); measured against the busy time instead of the step, the same idle time is
+``(p-1)/m`` (:func:`bubble_ratio`). :func:`modelled_timeline` builds the ideal schedule as :class:`Event` s,
 :func:`measured_bubble` counts the idle fraction of any timeline (modelled, or recorded by
 ``model_parallel.pipeline_step``) and :func:`plot_timeline` draws it as a Gantt chart.
 Taught in ``notebooks/03_naive_multi_gpu.ipynb``.
@@ -42,6 +43,20 @@ def bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
     num_stages = check_count("num_stages", num_stages, unit="number of stages (p)")
     num_micro_batches = check_count("num_micro_batches", num_micro_batches, unit="number of micro-batches (m)")
     return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+
+
+def bubble_ratio(num_stages: int, num_micro_batches: int) -> float:
+    """The same idle time measured against the work instead of the step: ``(p-1)/m``.
+
+    Two conventions name one bubble. Each stage is busy for ``m`` micro-batch-times and idle for ``p-1``; over
+    the whole step (``m+p-1``) the idle share is :func:`bubble_fraction`, over the work alone it is ``(p-1)/m``
+    (Narayanan et al. 2021 write it this way). ``fraction = ratio / (1 + ratio)``.
+
+    Raises:
+        ValueError: fewer than one stage or micro-batch.
+    """
+    bubble_fraction(num_stages, num_micro_batches)  # validates
+    return (num_stages - 1) / num_micro_batches
 
 
 def modelled_timeline(num_stages: int, num_micro_batches: int, forward_s: float, backward_s: float) -> list[Event]:

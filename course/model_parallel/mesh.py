@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.model_parallel.tensor_parallel import compare_gradients, parallelize
 from course.model_parallel.transformer import Config as TransformerConfig
 from course.model_parallel.transformer import build, loss, sample_batch
@@ -85,8 +86,9 @@ def step_on_rank(config: TransformerConfig, tp_size: int = 2, batch_size: int = 
         calls in forward and backward, "data parallel": calls averaging the gradients}}``.
     """
     mesh = build_mesh(tp_size)
-    full = build(config, seed)
-    inputs, targets = sample_batch(config, batch_size, seed)
+    device = world.current().device
+    full = build(config, seed, device)
+    inputs, targets = sample_batch(config, batch_size, seed, device)
     parallel = parallelize(full, mesh.tp_group)
     mine = slice(mesh.dp_rank * batch_size // mesh.dp_size, (mesh.dp_rank + 1) * batch_size // mesh.dp_size)
     with CommLog() as tensor_calls:

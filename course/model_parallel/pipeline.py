@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course import world
 from course.arguments import check_choice
 from course.memory.activations import _SavedBytes
 from course.model_parallel.bubble import Event
@@ -95,7 +96,7 @@ def run(stage: Stage, ops: Sequence[Op], inputs: torch.Tensor, targets: torch.Te
     check_ops(ops, num_micro_batches)
     if len(inputs) % num_micro_batches:
         raise ValueError(f"{len(inputs)} sequences do not split into {num_micro_batches} equal micro-batches.")
-    rank = dist.get_rank()
+    rank, device = dist.get_rank(), next(stage.parameters()).device
     micro_inputs, micro_targets = inputs.chunk(num_micro_batches), targets.chunk(num_micro_batches)
     shape = (len(micro_inputs[0]), inputs.shape[1], stage.config.d_model)  # (b, S, d) activations
     record, held, sends = Record(), {}, []
@@ -104,7 +105,7 @@ def run(stage: Stage, ops: Sequence[Op], inputs: torch.Tensor, targets: torch.Te
     for op in ops:
         i = op.micro_batch
         if op.kind == "F":
-            x = micro_inputs[i] if stage.first else _receive(shape, rank - 1)
+            x = micro_inputs[i] if stage.first else _receive(shape, rank - 1, device)
             start, saved = time.perf_counter(), _SavedBytes(stage)
             with saved.hooks:
                 out = stage(x)
@@ -117,7 +118,7 @@ def run(stage: Stage, ops: Sequence[Op], inputs: torch.Tensor, targets: torch.Te
                 sends.append(dist.isend(out.detach().contiguous(), rank + 1))
         else:
             x, out, _ = held[i]
-            grad = None if stage.last else _receive(out.shape, rank + 1)
+            grad = None if stage.last else _receive(out.shape, rank + 1, device)
             start = time.perf_counter()
             out.backward(grad)
             del held[i]
@@ -132,8 +133,8 @@ def run(stage: Stage, ops: Sequence[Op], inputs: torch.Tensor, targets: torch.Te
     return record
 
 
-def _receive(shape: Sequence[int], source: int) -> torch.Tensor:
-    x = torch.empty(shape)
+def _receive(shape: Sequence[int], source: int, device: torch.device) -> torch.Tensor:
+    x = torch.empty(shape, device=device)  # nccl receives into the rank's GPU only
     dist.recv(x, source)
     return x.requires_grad_()
 
@@ -147,14 +148,14 @@ def step_on_rank(config: TransformerConfig, schedule: str = "1f1b", num_micro_ba
         ``{"record": Record, "grad_error": {name: largest |difference| from the unsplit model}, "ops": planned}``.
     """
     schedule = check_choice("schedule", schedule, RUNNABLE)
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    inputs, targets = sample_batch(config, batch_size, seed)
-    stage = split(build(config, seed), world_size)[rank]
+    rank, world_size, device = dist.get_rank(), dist.get_world_size(), world.current().device
+    inputs, targets = sample_batch(config, batch_size, seed, device)
+    stage = split(build(config, seed, device), world_size)[rank]
     ops = SCHEDULES[schedule](world_size, num_micro_batches, rank)
     run(stage, ops, inputs, targets, num_micro_batches)  # warm-up: the first backward pays one-off costs
     stage.zero_grad(set_to_none=True)
     record = run(stage, ops, inputs, targets, num_micro_batches)
-    full = build(config, seed)
+    full = build(config, seed, device)
     loss(full(inputs), targets).backward()
     reference = dict(full.named_parameters())
     return {"record": record, "ops": [str(op) for op in ops],

@@ -88,15 +88,38 @@ def choose(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batc
 
 
 def table(models: list[parallel.Transformer], gpus: int, cluster: Cluster, global_batch: int = 512) -> list[dict]:
-    """One row per model: its size, the bytes pure data parallelism needs per GPU, and the split it picks."""
+    """One row per model: its size, the bytes data parallelism needs per GPU, and the split the planner picks.
+
+    Two data-parallel columns, because they answer different questions: ``ddp_gb`` replicates every model
+    state (plain DDP), ``zero1_gb`` shards Adam's state over all ``gpus`` ranks (DP + ZeRO-1). A model can fit
+    under the second and not the first: then data parallelism alone works only thanks to ZeRO-1.
+    """
     rows = []
     for model in models:
-        pure = evaluate(model, 1, 1, gpus, cluster, global_batch)
+        everywhere = parallel.Plan(1, 1, gpus, max(global_batch, gpus), 1)
         best = choose(model, gpus, cluster, global_batch)
-        rows.append({"model": model.name, "parameters (B)": round(model.params / 1e9, 1),
-                     "pure DP GB/GPU": round(pure.memory_bytes / 1e9, 1),
-                     "pick t x p x d": best.name if best else "none fits",
-                     "GB/GPU": round(best.memory_bytes / 1e9, 1) if best else None,
-                     "step s": round(best.step.step_s, 2) if best else None,
-                     "bubble %": round(100 * best.step.bubble_s / best.step.step_s, 1) if best else None})
+        rows.append({"model": model.name, "parameters_b": round(model.params / 1e9, 1),
+                     "ddp_gb": round(memory_per_gpu(model, everywhere, 0) / 1e9, 1),
+                     "zero1_gb": round(memory_per_gpu(model, everywhere, 1) / 1e9, 1),
+                     "pick": best.name if best else "none fits",
+                     "gb": round(best.memory_bytes / 1e9, 1) if best else None,
+                     "step_s": round(best.step.step_s, 2) if best else None,
+                     "bubble_percent": round(100 * best.step.bubble_s / best.step.step_s, 1) if best else None})
     return rows
+
+
+#: What each column of :func:`table` means, in the order printed by :func:`format_table`.
+COLUMNS = {"model": "model", "parameters_b": "parameters (billions)",
+           "ddp_gb": "GB per GPU, plain DDP (every state replicated)",
+           "zero1_gb": "GB per GPU, DP + ZeRO-1 (Adam's state sharded)",
+           "pick": "the fastest split that fits, tensor x pipeline x data",
+           "gb": "its GB per GPU", "step_s": "its step (s)", "bubble_percent": "its bubble (% of the step)"}
+
+
+def format_table(rows: list[dict]) -> str:
+    """:func:`table`'s rows as text: a legend of numbered columns, then one line per model."""
+    legend = [f"({i}) {label}" for i, label in enumerate(COLUMNS.values(), start=1)]
+    header = f"{'(1)':<10}" + "".join(f"{f'({i})':>12}" for i in range(2, len(COLUMNS) + 1))
+    lines = [f"{str(row['model']):<10}" + "".join(f"{str(row[key]):>12}" for key in list(COLUMNS)[1:])
+             for row in rows]
+    return "\n".join(legend + ["", header, *lines])

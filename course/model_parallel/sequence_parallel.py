@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from course import world
 from course.memory.activations import measure_bytes
 from course.model_parallel.tensor_parallel import (
     ColumnParallelLinear,
@@ -173,8 +174,9 @@ def step_on_rank(config: TransformerConfig, batch_size: int = 8, seed: int = 0) 
         ``{"logits_error", "grad_error": {name: largest |difference|}, "calls": {"forward", "backward"}: [Call],
         "saved_bytes": {"unsplit", "tensor parallel", "sequence parallel"}}`` on this rank.
     """
-    full = build(config, seed)
-    inputs, targets = sample_batch(config, batch_size, seed)
+    device = world.current().device
+    full = build(config, seed, device)
+    inputs, targets = sample_batch(config, batch_size, seed, device)
     parallel = SequenceParallelTransformer(full)
     with CommLog() as forward_calls:
         logits = parallel(inputs)

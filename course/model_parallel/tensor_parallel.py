@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from course import world
 from course.model_parallel.transformer import MLP, Attention, Transformer, attend, build, loss, sample_batch
 from course.model_parallel.transformer import Config as TransformerConfig
 from course.runtime.comm_log import CommLog
@@ -220,8 +221,9 @@ def step_on_rank(config: TransformerConfig, batch_size: int = 8, seed: int = 0) 
         ``{"logits_error": largest |difference| of the logits, "grad_error": {name: largest |difference|},
         "calls": {"forward": [Call], "backward": [Call]}}`` for this rank.
     """
-    full = build(config, seed)
-    inputs, targets = sample_batch(config, batch_size, seed)
+    device = world.current().device
+    full = build(config, seed, device)
+    inputs, targets = sample_batch(config, batch_size, seed, device)
     parallel = parallelize(full)
     with CommLog() as forward_calls:
         logits = parallel(inputs)

@@ -126,10 +126,11 @@ def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def build(config: Config = Config(), seed: int = 0) -> Transformer:
-    """The transformer with seeded weights: the same on every rank for the same seed."""
+def build(config: Config = Config(), seed: int = 0, device: torch.device | str = "cpu") -> Transformer:
+    """The transformer with seeded weights on ``device`` (a rank passes ``world.current().device``): the same on
+    every rank and every device for the same seed, since they are drawn on the CPU first."""
     torch.manual_seed(seed)
-    return Transformer(config)
+    return Transformer(config).to(device)
 
 
 @dataclass(frozen=True)
@@ -164,11 +165,13 @@ def train(config: Config = Config(), train_config: TrainConfig = TrainConfig()) 
     return model, losses
 
 
-def sample_batch(config: Config = Config(), batch_size: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """One ``(inputs, targets)`` batch of the corpus, ``(batch_size, config.seq_len)`` each: the batch the parallel
-    versions are compared on."""
+def sample_batch(config: Config = Config(), batch_size: int = 8, seed: int = 0, device: torch.device | str = "cpu"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One ``(inputs, targets)`` batch of the corpus, ``(batch_size, config.seq_len)`` each, on ``device``: the batch
+    the parallel versions are compared on (drawn on the CPU, so the same on every device)."""
     tokens = corpus_tokens(config, 200, seed)
-    return corpus.batch(tokens, batch_size, config.seq_len, torch.Generator().manual_seed(seed))
+    inputs, targets = corpus.batch(tokens, batch_size, config.seq_len, torch.Generator().manual_seed(seed))
+    return inputs.to(device), targets.to(device)
 
 
 def corpus_tokens(config: Config, sentences: int, seed: int) -> torch.Tensor:

@@ -255,9 +255,9 @@ def run_pipeline(config: Config = Config(), batch: tuple[torch.Tensor, torch.Ten
         result["grads"][m] = torch.cat([p.grad.flatten() for p in stage.parameters()]).cpu()
         result["loss"][m] = loss
         # A step lasts until its slowest stage ends; every rank keeps the same (median) step's timeline.
-        steps = torch.tensor([t[0] for t in timings], dtype=torch.float64)
+        steps = torch.tensor([t[0] for t in timings], dtype=torch.float64, device=world.current().device)
         dist.all_reduce(steps, op=dist.ReduceOp.MAX)
-        median = int(torch.argsort(steps)[(len(timings) - 1) // 2])
+        median = int(torch.argsort(steps.cpu())[(len(timings) - 1) // 2])
         result["events"][m] = timings[median][1]
         result["step_s"][m] = steps.tolist()
     return result

@@ -53,7 +53,10 @@ def watch(target: subprocess.Popen | int | None = None, interval_s: float = 0.5,
         ValueError: ``target`` is not running, or ``interval_s`` is not positive.
     """
     pid = os.getpid() if target is None else target if isinstance(target, int) else target.pid
-    source, note = utilization_sources.source_for(pid, world.detect_hardware().emulated, nvml)
+    source, note = utilization_sources.source_for(pid, not world.gpus_present(), nvml)
+    if source.kind == "nvml" and world.detect_hardware().emulated:
+        note = (f"{note} The GPUs are shown, but {world.EMULATE_ENV}=1 runs the ranks on the CPU: "
+                "this run leaves them idle.").strip()
     sampler = utilization.Sampler(source, interval_s)
     view = None
     if display:

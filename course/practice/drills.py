@@ -14,8 +14,10 @@
   ``find_unused_parameters=False``: the next step raises DDP's "Expected to have finished reduction" error; with
   ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` it names the parameters that got no gradient.
 
-:func:`run_drill` runs one and returns what the tools printed, so a notebook can show it. Run one from a terminal
-too: ``TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 course/practice/drills.py shapes``.
+:func:`run_drill` runs one and returns what the tools printed, so a notebook can show it; :func:`hang_report`
+runs a hang drill with a short limit, and once more with a longer one if the load kept a rank from its wait.
+Run one from a terminal too:
+``TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc_per_node=2 course/practice/drills.py shapes``.
 Taught in ``notebooks/09_real_gpu_practice.ipynb`` (skip, shapes) and ``09b_profiling_and_pitfalls.ipynb``
 (loading, with the flight recorder, and unused).
 """
@@ -184,6 +186,38 @@ def run_drill(name: str, debug: str | None = None, world_size: int = 2, timeout_
         except (TimeoutError, RuntimeError) as error:
             return f"{type(error).__name__}: {error}"
     return f"finished without an error: results {results}"
+
+
+#: What a hang report says when the healthy rank had reached its wait (see :func:`hang_report`).
+WAITING_MARK = "was waiting for it"
+
+
+def hang_report(name: str, first_limit_s: float = 8.0, world_size: int = 2, **kwargs: object) -> str:
+    """Run hang drill ``name`` ("skip" or "loading") with a short time limit; return the hang report.
+
+    A hang costs its whole time limit, so the first try is short. Under heavy load the ranks may start so late
+    that the limit ends before the drill has shown what it teaches: the healthy rank has not reached its
+    collective (the report cannot say who it waited for), or, with ``record_dir``, a rank has not dumped its
+    flight record yet. Then the drill runs once more with four times the limit (the pattern of the course's own
+    hang tests). ``kwargs`` go to :func:`run_drill` (``record_dir``, ``debug``).
+
+    Raises:
+        ValueError: ``name`` is not a hang drill.
+    """
+    if name not in ("skip", "loading"):
+        raise ValueError(f"hang_report runs the hang drills 'skip' and 'loading', got {name!r}")
+    record_dir = kwargs.get("record_dir")
+    report = ""
+    for limit_s in (first_limit_s, 4 * first_limit_s):
+        if record_dir is not None:
+            for old in Path(str(record_dir)).glob("rank*.json"):
+                old.unlink()
+        report = run_drill(name, world_size=world_size, timeout_s=limit_s, **kwargs)
+        recorded = record_dir is None or all((Path(str(record_dir)) / f"rank{rank}.json").exists()
+                                             for rank in range(world_size))
+        if WAITING_MARK in report and recorded:
+            break
+    return report
 
 
 def main() -> None:

@@ -53,7 +53,9 @@ def evaluate(train_steps: int = 20, num_samples: int = 299, seed: int = 0) -> Ac
     inputs, targets = data.load("digits").val.tensors
     mine = shard(num_samples, rank.rank, rank.world_size)
     local = counts(model, inputs[mine], targets[mine])
-    totals, accuracies = local.clone(), torch.tensor([local[0] / local[1]], dtype=torch.float64)
+    # nccl reduces only tensors on the rank's GPU
+    totals = local.to(rank.device, copy=True)  # a copy: local stays this rank's own counts
+    accuracies = torch.tensor([local[0] / local[1]], dtype=torch.float64, device=rank.device)
     dist.all_reduce(totals)
     dist.all_reduce(accuracies)
     return Accuracies(float(local[0] / local[1]), float(accuracies) / rank.world_size, float(totals[0] / totals[1]),

@@ -24,6 +24,27 @@ import torch
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 
+#: What a job on NCCL sets so that the flight recorder is useful when a collective times out (PyTorch's
+#: flight recorder tutorial and its ProcessGroupNCCL environment variables). Older torch releases read
+#: ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for the buffer and ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` for the file prefix.
+NCCL_SETTINGS: dict[str, str] = {
+    "TORCH_FR_BUFFER_SIZE": "2000",  # keep the last 2000 collectives per rank (0: no record)
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # the watchdog writes every rank's record when a collective times out
+    "TORCH_FR_DUMP_TEMP_FILE": "/tmp/flight_record_rank_",  # where: this prefix, then the rank
+    "TORCH_NCCL_ENABLE_TIMING": "1",  # also record each collective's start, hence its duration
+}
+#: The older names of two of them, still read by torch 2.13.
+NCCL_OLDER_NAMES: dict[str, str] = {"TORCH_FR_BUFFER_SIZE": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                                    "TORCH_FR_DUMP_TEMP_FILE": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}
+
+
+def nccl_settings(prefix: str = NCCL_SETTINGS["TORCH_FR_DUMP_TEMP_FILE"], buffer_size: int = 2000) -> str:
+    """The environment, as a shell prefix for ``torchrun``, that makes NCCL ranks record and dump on timeout."""
+    if buffer_size <= 0:
+        raise ValueError(f"buffer_size should be > 0 entries (0 turns the record off), got {buffer_size}")
+    settings = NCCL_SETTINGS | {"TORCH_FR_BUFFER_SIZE": str(buffer_size), "TORCH_FR_DUMP_TEMP_FILE": prefix}
+    return " ".join(f"{name}={value}" for name, value in settings.items())
+
 
 @contextlib.contextmanager
 def recording(buffer_size: int = 200) -> Iterator[None]:

@@ -43,7 +43,7 @@ def augmentation_seeds(steps: int = 20, seed: int = 0) -> dict[str, float]:
     rank = world.current()
     shares = {}
     for name, own_seed in (("same seed", seed), ("seed + rank", seed + rank.rank)):
-        crops = torch.tensor(_crops(torch.Generator().manual_seed(own_seed), steps))  # (steps, 2)
+        crops = torch.tensor(_crops(torch.Generator().manual_seed(own_seed), steps), device=rank.device)  # (steps, 2)
         gathered = [torch.zeros_like(crops) for _ in range(rank.world_size)]
         dist.all_gather(gathered, crops)
         same = [(gathered[0] == other).all(dim=1) for other in gathered[1:]]
@@ -88,7 +88,7 @@ def clipping(seed: int = 0) -> dict[str, float]:
 def _uneven_steps(model: nn.Module, batches: int, lr: float = 0.1) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     for step in range(batches):
-        model(torch.full((4, 4), float(step + 1))).pow(2).mean().backward()
+        model(torch.full((4, 4), float(step + 1), device=next(model.parameters()).device)).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
 

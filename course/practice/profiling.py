@@ -5,11 +5,18 @@ then profiles one step with ``torch.profiler`` and exports a Chrome/Perfetto tra
 in ``chrome://tracing`` or https://ui.perfetto.dev, both work offline on a local file). :func:`read_trace`
 reads the timeline back *from that file's events*: the ``forward``/``backward``/``optimizer`` ranges the step
 labels with ``record_function``, the end of the last gradient (the last ``AccumulateGrad``), and every
-``gloo:all_reduce`` (``nccl:all_reduce`` on GPUs) the backend's own threads ran: one per bucket.
+``gloo:all_reduce`` the backend's own threads ran: one per bucket.
 
-:func:`overlap_fraction` is the share of allreduce time spent while gradients were still being computed;
-:func:`modelled_overlap` reads the same share off :func:`course.perf.model.step_time`'s timeline. :func:`mfu`
-divides the step's model FLOPs by its time and a peak. Taught in ``notebooks/09b_profiling_and_pitfalls.ipynb``.
+On a GPU the profiler also records CUDA activity, and the step ends with ``torch.cuda.synchronize`` (otherwise
+the ranges would time how fast Python issued kernels). There, the allreduces are NCCL's communication kernels
+(``ncclDevKernel_AllReduce...``), not the CPU's ``nccl:all_reduce`` ranges (a kernel launch), and the other
+kernels are the compute stream's.
+
+:func:`overlap_fraction` is the share of allreduce time spent while gradients were still being computed (on a
+GPU: while a compute kernel ran); :func:`modelled_overlap` reads the same share off
+:func:`course.perf.model.step_time`'s timeline. :func:`mfu` divides the step's model FLOPs by its time and the
+GPU's datasheet peak (:func:`datasheet_peak_flops`); :func:`matmul_fraction` divides by a measured matmul rate
+instead, the only peak there is on a CPU. Taught in ``notebooks/09b_profiling_and_pitfalls.ipynb``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from course.perf.model import Assumptions, StepTime, step_time
 PHASES = ("forward", "backward", "optimizer")  # the record_function labels of one step
 ALLREDUCE_EVENTS = ("gloo:all_reduce", "nccl:all_reduce")  # what the backends' threads record per bucket
 LAST_GRADIENT = "torch::autograd::AccumulateGrad"
+COMMUNICATION_KERNELS = "nccl"  # NCCL's kernels' names start so: ncclDevKernel_AllReduce_Sum_f32_RING_LL, ...
 
 
 @dataclass(frozen=True)
@@ -67,15 +75,22 @@ class Timeline:
     rank: int
     phases: dict[str, Interval]
     gradients_done_s: float         # end of the last AccumulateGrad: backward's compute is over
-    allreduces: list[Interval] = field(default_factory=list)
+    allreduces: list[Interval] = field(default_factory=list)  # on a GPU: NCCL's kernels
+    compute: list[Interval] = field(default_factory=list)     # on a GPU: the other kernels; empty on a CPU
 
     @property
     def step_s(self) -> float:
-        return self.phases["optimizer"].end_s
+        """From the start of forward to the end of the optimizer range (which, on a GPU, waits for its kernels)."""
+        return max([self.phases["optimizer"].end_s] + [k.end_s for k in self.compute + self.allreduces])
 
 
 def _model(setup: Setup) -> nn.Module:
     return nn.Sequential(*[nn.Linear(setup.width, setup.width) for _ in range(setup.depth)])
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # a GPU runs kernels after Python issued them: wait before reading a clock
 
 
 def _step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor) -> None:
@@ -86,25 +101,45 @@ def _step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tens
     with torch.profiler.record_function("optimizer"):
         optimizer.step()
         optimizer.zero_grad()
+        _synchronize(inputs.device)  # the step is over when the GPU is done, not when its kernels were issued
 
 
-def measured_peak_flops(n: int = 384, repeats: int = 5) -> float:
-    """This process's best matmul rate (FLOP/s) on ``n x n`` float32 matrices: the 'peak' an MFU divides by here."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def activities(device: torch.device) -> list[torch.profiler.ProfilerActivity]:
+    """What the profiler records on ``device``: the CPU's activity, and CUDA's kernels on a GPU."""
+    cuda = [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []
+    return [torch.profiler.ProfilerActivity.CPU, *cuda]
+
+
+def measured_peak_flops(n: int | None = None, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """The best matmul rate (FLOP/s) on ``n x n`` float32 matrices on ``device`` (default ``n``: 384 on a CPU,
+    4096 on a GPU, which a small matmul leaves mostly idle). Not a datasheet peak: see :func:`matmul_fraction`."""
+    device = torch.device(device)
+    n = n or (4096 if device.type == "cuda" else 384)
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     best = float("inf")
     for _ in range(repeats):
+        _synchronize(device)
         start = time.perf_counter()
         a @ b
+        _synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
+
+
+def datasheet_peak_flops(device_name: str | None, precision: str = "fp32") -> tuple[str, float] | None:
+    """``(catalog name, peak FLOP/s)`` of the GPU CUDA calls ``device_name`` (:func:`course.perf.catalog.match_gpu`),
+    or None for a CPU (``device_name`` None) or a GPU the catalog does not list. FP32 by default: PyTorch's float32
+    matmuls do not use TF32 unless ``torch.backends.cuda.matmul.allow_tf32`` is set."""
+    gpu = catalog.match_gpu(device_name) if device_name else None
+    return (gpu.name, gpu.peak_flops(precision)) if gpu else None
 
 
 def profile_ddp_step(trace_dir: str, setup: Setup = Setup()) -> dict:
     """Rank function: warm up, profile one DDP step, export ``<trace_dir>/rank<r>.json``.
 
     Returns:
-        ``{"trace": path, "buckets": buckets DDP reduced per step, "peak_flops": this rank's measured matmul
-        rate}``.
+        ``{"trace": path, "buckets": buckets DDP reduced per step, "device", "gpu": CUDA's name for it (None on a
+        CPU), "matmul_flops": this rank's measured matmul rate, "datasheet": (GPU, peak FLOP/s) or None}``.
     """
     rank = world.current()
     torch.manual_seed(0)
@@ -113,12 +148,14 @@ def profile_ddp_step(trace_dir: str, setup: Setup = Setup()) -> dict:
     inputs = torch.randn(setup.batch_size, setup.width, device=rank.device)
     for _ in range(setup.warmup_steps):
         _step(model, optimizer, inputs)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+    with torch.profiler.profile(activities=activities(rank.device)) as profiler:
         _step(model, optimizer, inputs)
     path = Path(trace_dir) / f"rank{rank.rank}.json"
     profiler.export_chrome_trace(str(path))
     buckets = int(model._get_ddp_logging_data()["num_buckets_reduced"])
-    return {"trace": str(path), "buckets": buckets, "peak_flops": measured_peak_flops()}
+    name = torch.cuda.get_device_name(rank.device) if rank.device.type == "cuda" else None
+    return {"trace": str(path), "buckets": buckets, "device": str(rank.device), "gpu": name,
+            "matmul_flops": measured_peak_flops(device=rank.device), "datasheet": datasheet_peak_flops(name)}
 
 
 def read_trace(path: str | Path, rank: int = 0) -> Timeline:
@@ -139,9 +176,16 @@ def read_trace(path: str | Path, rank: int = 0) -> Timeline:
         return Interval(e["name"], (e["ts"] - t0) / 1e6, (e["ts"] + e["dur"] - t0) / 1e6)
 
     grads = [e["ts"] + e["dur"] for e in events if e["name"] == LAST_GRADIENT]
-    allreduces = sorted((interval(e) for e in events if e["name"] in ALLREDUCE_EVENTS and t0 <= e["ts"] <= end),
-                        key=lambda i: i.start_s)
-    return Timeline(rank, {name: interval(e) for name, e in ranges.items()}, (max(grads) - t0) / 1e6, allreduces)
+    kernels = [e for e in events if e.get("cat") == "kernel" and t0 <= e["ts"] <= end]
+    communication = [e for e in kernels if e["name"].startswith(COMMUNICATION_KERNELS)]
+    if kernels:  # a GPU's: its allreduces are NCCL's kernels, and the rest the compute stream's
+        allreduces = [interval(e) for e in communication]
+        compute = [interval(e) for e in kernels if not e["name"].startswith(COMMUNICATION_KERNELS)]
+    else:
+        allreduces = [interval(e) for e in events if e["name"] in ALLREDUCE_EVENTS and t0 <= e["ts"] <= end]
+        compute = []
+    return Timeline(rank, {name: interval(e) for name, e in ranges.items()}, (max(grads) - t0) / 1e6,
+                    sorted(allreduces, key=lambda i: i.start_s), sorted(compute, key=lambda i: i.start_s))
 
 
 def _inside(intervals: list[Interval], start_s: float, end_s: float) -> float:
@@ -151,8 +195,24 @@ def _inside(intervals: list[Interval], start_s: float, end_s: float) -> float:
     return inside / total if total > 0 else 0.0
 
 
+def _covered(intervals: list[Interval], cover: list[Interval]) -> float:
+    """Fraction of the intervals' total length during which some interval of ``cover`` runs too."""
+    total = sum(i.end_s - i.start_s for i in intervals)
+    merged: list[list[float]] = []
+    for c in sorted(cover, key=lambda c: c.start_s):
+        if merged and c.start_s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], c.end_s)
+        else:
+            merged.append([c.start_s, c.end_s])
+    inside = sum(max(0.0, min(i.end_s, end) - max(i.start_s, start)) for i in intervals for start, end in merged)
+    return inside / total if total > 0 else 0.0
+
+
 def overlap_fraction(timeline: Timeline) -> float:
-    """Share of the allreduce time that ran while backward was still computing gradients (0 to 1)."""
+    """Share of the allreduce time that ran while gradients were still being computed (0 to 1): on a GPU, while
+    a compute kernel ran beside the communication kernel; on a CPU, inside backward before its last gradient."""
+    if timeline.compute:
+        return _covered(timeline.allreduces, timeline.compute)
     return _inside(timeline.allreduces, timeline.phases["backward"].start_s, timeline.gradients_done_s)
 
 
@@ -171,7 +231,8 @@ def modelled_overlap(step: StepTime) -> float:
 
 
 def mfu(flops: float, seconds: float, peak_flops: float) -> float:
-    """Model FLOPs utilization: ``flops / seconds / peak_flops``.
+    """Model FLOPs utilization: ``flops / seconds / peak_flops``, with the hardware's datasheet peak
+    (:func:`datasheet_peak_flops`).
 
     Raises:
         ValueError: a time or peak that is not positive.
@@ -179,6 +240,16 @@ def mfu(flops: float, seconds: float, peak_flops: float) -> float:
     if seconds <= 0 or peak_flops <= 0:
         raise ValueError(f"seconds and peak_flops should be positive, got {seconds} and {peak_flops}")
     return flops / seconds / peak_flops
+
+
+def matmul_fraction(flops: float, seconds: float, matmul_flops: float) -> float:
+    """The step's FLOP rate as a share of a measured matmul's (:func:`measured_peak_flops`): not an MFU, which
+    divides by the datasheet peak, but the only comparison a CPU offers.
+
+    Raises:
+        ValueError: a time or rate that is not positive.
+    """
+    return mfu(flops, seconds, matmul_flops)
 
 
 def draw(timelines: list[Timeline]):  # -> matplotlib Figure

@@ -67,9 +67,22 @@ def _maybe_crash(rank: int, global_step: int, crash_at: int | None, marker: Path
         os._exit(1)  # no cleanup, no exception: what a segfault or an OOM kill looks like to torchrun
 
 
-def train(directory: Path, config: Config, crash_at: int | None = None) -> None:
-    """The training loop every rank runs; rank 0 writes the final parameters to ``directory/final.pt``."""
+def train(directory: Path, config: Config, crash_at: int | None = None, reference: Path | None = None) -> None:
+    """What every rank runs: join the group, train in ``directory``, leave; rank 0 writes ``final.pt`` there.
+
+    ``reference``: first train an uninterrupted run there (no crash), in the same processes, unless a previous
+    attempt already finished it. One torchrun job then gives both runs, so a notebook pays for one start.
+    """
     rank = world.init_from_env(timeout_s=60)
+    if reference is not None and not (reference / "final.pt").exists():
+        _train_once(reference, config, None, rank, announce=False)
+    _train_once(directory, config, crash_at, rank, announce=True)
+    world.shutdown()
+
+
+def _train_once(directory: Path, config: Config, crash_at: int | None, rank: world.Rank, announce: bool) -> None:
+    """One training run from ``directory``'s checkpoint (or from scratch); rank 0 saves ``final.pt``."""
+    directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     model = tiny_model().to(rank.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=0.9)
@@ -78,7 +91,8 @@ def train(directory: Path, config: Config, crash_at: int | None = None) -> None:
     path = directory / "checkpoint.pt"
     first_epoch, start_step = checkpoint.load(path, model, optimizer, scheduler) if path.exists() else (0, 0)
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    world.print0(f"restart {restarts}: starting at epoch {first_epoch}, step {start_step}", flush=True)
+    if announce:
+        world.print0(f"restart {restarts}: starting at epoch {first_epoch}, step {start_step}", flush=True)
     model = DDP(model)
     inputs, targets = data.load("digits").train.tensors
     steps_per_epoch = config.num_samples // (config.batch_size * rank.world_size)
@@ -97,7 +111,17 @@ def train(directory: Path, config: Config, crash_at: int | None = None) -> None:
     if rank.is_main:
         torch.save([p.detach().cpu() for p in model.module.parameters()], directory / "final.pt")
     world.settle()
-    world.shutdown()
+
+
+def resume_point(config: Config, crash_at: int, world_size: int = 2) -> tuple[int, int]:
+    """``(epoch, step)`` where the restarted job starts when a rank dies before global step ``crash_at``.
+
+    Steps count from 0, in the epoch and globally. A checkpoint after step ``s`` (0-based) records ``s + 1``, the
+    next step to run; one is saved every ``checkpoint_every`` steps and at each epoch's end.
+    """
+    steps_per_epoch = config.num_samples // (config.batch_size * world_size)
+    epoch, step = divmod(crash_at, steps_per_epoch)
+    return epoch, step - step % config.checkpoint_every
 
 
 @dataclass(frozen=True)
@@ -107,11 +131,15 @@ class Outcome:
     parameters: list[torch.Tensor]
     output: str
     crashed: bool  # the marker file exists: rank 1 was killed and the job restarted
+    reference: list[torch.Tensor] | None = None  # the uninterrupted run's final parameters, when asked for
 
 
 def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int = 2,
-        timeout_s: float = 180.0) -> Outcome:
+        timeout_s: float = 180.0, reference: str | Path | None = None) -> Outcome:
     """Run this script under ``torchrun --max-restarts=1`` in ``directory`` (must be new or empty).
+
+    ``reference``: a second new folder; the same job first trains an uninterrupted run there (see :func:`train`),
+    returned as ``Outcome.reference``.
 
     Raises:
         ValueError: ``directory`` already holds a checkpoint (the run would resume, not start).
@@ -122,6 +150,11 @@ def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int 
         raise ValueError(f"{directory} already holds a checkpoint; pass a new directory to start from scratch")
     directory.mkdir(parents=True, exist_ok=True)
     args = ["--dir", str(directory)] + ([] if crash_at is None else ["--crash-at", str(crash_at)])
+    if reference is not None:
+        reference = Path(reference)
+        if (reference / "final.pt").exists():
+            raise ValueError(f"{reference} already holds a finished run; pass a new folder for the reference")
+        args += ["--reference", str(reference)]
     command = torchrun_command(Path(__file__), nproc_per_node, tuple(args))
     command.insert(command.index("--standalone") + 1, "--max-restarts=1")
     env = torchrun_environment(nproc_per_node) | {FRESH_STORE_ENV: "1"}
@@ -130,15 +163,17 @@ def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int 
     if outcome.status == "timeout" or outcome.returncode != 0:
         raise RuntimeError(f"torchrun resume.py {'timed out' if outcome.status == 'timeout' else 'failed'}; "
                            f"its output:\n{output[-3000:]}")
-    return Outcome(torch.load(directory / "final.pt"), output, (directory / "crashed.marker").exists())
+    return Outcome(torch.load(directory / "final.pt"), output, (directory / "crashed.marker").exists(),
+                   None if reference is None else torch.load(reference / "final.pt"))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dir", required=True, type=Path, help="where the checkpoint and final.pt go")
     parser.add_argument("--crash-at", type=int, default=None, help="global step at which rank 1 dies, once")
+    parser.add_argument("--reference", type=Path, default=None, help="first train an uninterrupted run here")
     args = parser.parse_args(argv)
-    train(args.dir, Config(), args.crash_at)
+    train(args.dir, Config(), args.crash_at, args.reference)
 
 
 if __name__ == "__main__":

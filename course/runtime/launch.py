@@ -223,7 +223,10 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         RankTimeout: ranks still running after ``timeout_s``; all were stopped. ``ranks`` names those not
             waiting in a collective (the ones the others waited for).
     """
-    world_size = world.check_world_size(world_size)
+    hardware = world.detect_hardware()
+    world_size = world.check_world_size(world_size, hardware)
+    if not hardware.emulated:  # GPUs: say whether the ranks get one each, and what the timings then mean
+        print(f"launch: {hardware.describe(world_size)}", flush=True)
     if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
         raise ValueError(
             f"launch() needs an importable function, but {getattr(fn, '__qualname__', fn)!r} is defined in a "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.model_parallel import pipeline, schedules, transformer
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 
@@ -44,7 +45,8 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     """On every rank: get this stage's schedule from the student, run it in the pipeline, compare."""
     rank, p, m = dist.get_rank(), dist.get_world_size(), config["micro_batches"]
     ops, problem = _ops(load_entry(path, "one_f_one_b")(p, m, rank), m)
-    everyone = torch.tensor([0 if problem else 1])
+    device = world.current().device
+    everyone = torch.tensor([0 if problem else 1], device=device)
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
     evidence = {"ops": [str(op) for op in ops]}
     if problem:
@@ -54,10 +56,10 @@ def check_on_rank(path: str, config: dict) -> RankReport:
         return RankReport([Finding("well_formed", True)] + [Finding(c, False, NOT_RUN) for c in ("gradients",
                                                                                               "in_flight")], evidence)
     model_config = transformer.Config(d_model=16, num_heads=2, d_ff=32, seq_len=8, num_layers=p)
-    inputs, targets = transformer.sample_batch(model_config, m, config["seed"])
-    stage = pipeline.split(transformer.build(model_config, config["seed"]), p)[rank]
+    inputs, targets = transformer.sample_batch(model_config, m, config["seed"], device)
+    stage = pipeline.split(transformer.build(model_config, config["seed"], device), p)[rank]
     record = pipeline.run(stage, ops, inputs, targets, m)
-    full = transformer.build(model_config, config["seed"])
+    full = transformer.build(model_config, config["seed"], device)
     transformer.loss(full(inputs), targets).backward()
     reference = dict(full.named_parameters())
     worst = max(float((q.grad - reference[name].grad).abs().max()) for name, q in stage.named_parameters())

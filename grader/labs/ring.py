@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.runtime.comm_log import SENDS, CommLog, collectives, sends
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 from grader.labs.ring_diagnosis import close, expected, first_wrong
@@ -44,14 +45,14 @@ def describe(case: list) -> str:
 
 def check_on_rank(path: str, config: dict) -> RankReport:
     """On every rank: run the student's ring on each case of ``config`` and record what it did."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size, device = dist.get_rank(), dist.get_world_size(), world.current().device
     with CommLog() as log:
         ring_allreduce = load_entry(path, "ring_allreduce")
         found: list[Finding] = []
         outputs = []
         for case in config["cases"]:
             numel, dtype, op = case
-            tensor = inputs(config["seed"], world_size, numel, dtype)[rank].to(DTYPES[dtype])
+            tensor = inputs(config["seed"], world_size, numel, dtype)[rank].to(device, DTYPES[dtype])
             reference = tensor.clone()
             log.original("all_reduce")(reference)
             if op == "avg":
@@ -61,7 +62,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
             returned = ring_allreduce(mine, op=op)
             calls = log.since(mark)
             found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
-            outputs.append(mine)
+            outputs.append(mine.cpu())  # cross-checked outside the ranks, on the CPU
     return RankReport(found, {"outputs": outputs})
 
 

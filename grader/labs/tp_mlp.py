@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from course import world
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
 
@@ -32,17 +33,20 @@ CHECKS = (
 TOLERANCE = 1e-5
 
 
-def problem(config: dict) -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
-    """The run's unsplit ``fc1``, ``fc2``, input ``x`` (B, S, d) and upstream gradient (B, S, d), from its seed."""
+def problem(config: dict, device: torch.device | str = "cpu"
+            ) -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
+    """The run's unsplit ``fc1``, ``fc2``, input ``x`` (B, S, d) and upstream gradient (B, S, d), from its seed, on
+    ``device`` (drawn on the CPU, so the same on every device)."""
     torch.manual_seed(config["seed"])
     d, d_ff, batch_size, seq_len = config["d_model"], config["d_ff"], config["batch_size"], config["seq_len"]
     fc1, fc2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
-    return fc1, fc2, torch.randn(batch_size, seq_len, d), torch.randn(batch_size, seq_len, d)
+    x, upstream = torch.randn(batch_size, seq_len, d), torch.randn(batch_size, seq_len, d)
+    return fc1.to(device), fc2.to(device), x.to(device), upstream.to(device)
 
 
-def reference(config: dict) -> dict[str, torch.Tensor]:
-    """The unsplit MLP's output and gradients (input, fc1/fc2 weights and biases), in one process."""
-    fc1, fc2, x, upstream = problem(config)
+def reference(config: dict, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The unsplit MLP's output and gradients (input, fc1/fc2 weights and biases), in one process, on ``device``."""
+    fc1, fc2, x, upstream = problem(config, device)
     x.requires_grad_()
     y = fc2(F.gelu(fc1(x)))
     y.backward(upstream)
@@ -59,9 +63,9 @@ def _local(full: dict[str, torch.Tensor], rank: int, world_size: int) -> dict[st
 
 def check_on_rank(path: str, config: dict) -> RankReport:
     """On every rank: run the student's ParallelMLP forward and backward and compare with the unsplit MLP."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    truth = reference(config)
-    fc1, fc2, x, upstream = problem(config)
+    rank, world_size, device = dist.get_rank(), dist.get_world_size(), world.current().device
+    truth = reference(config, device)
+    fc1, fc2, x, upstream = problem(config, device)
     with CommLog() as log:
         parallel_mlp = load_entry(path, "ParallelMLP")(copy.deepcopy(fc1), copy.deepcopy(fc2))
         x.requires_grad_()
@@ -75,7 +79,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
              _close("input_grad", f"rank {rank}'s gradient of x", x.grad, truth["x"], _input_hint(x.grad, truth))]
     found.append(_weight_grads(parallel_mlp, _local(truth, rank, world_size), rank))
     found.append(_collectives(rank, forward, backward))
-    return RankReport(found, {"y": y.detach()})
+    return RankReport(found, {"y": y.detach().cpu()})  # compared outside the ranks, on the CPU
 
 
 def _close(check: str, what: str, got: torch.Tensor | None, expected: torch.Tensor, hint: str = "") -> Finding:

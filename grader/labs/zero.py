@@ -245,14 +245,14 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     An exception from the student's code propagates: the driver (``grader.labs.core``) explains it.
     """
     me, seed = world.current(), config["seed"]
-    reference = reference_trajectory(_model(seed), config, me)
-    uneven_reference = reference_trajectory(_uneven_model(seed), config, me)
-    model = _model(seed)
+    reference = reference_trajectory(_model(seed).to(me.device), config, me)
+    uneven_reference = reference_trajectory(_uneven_model(seed).to(me.device), config, me)
+    model = _model(seed).to(me.device)
     with recording(me.world_size) as recorder:
         my_adam = load_entry(path, ENTRY)
         trajectory, sent, optimizer = _train_student(my_adam, model, config, recorder, me)
         held = state_bytes(optimizer, model)
-        uneven = _uneven_model(seed)
+        uneven = _uneven_model(seed).to(me.device)
         uneven_trajectory, _, _ = _train_student(my_adam, uneven, config, recorder, me)
     params = list(model.parameters())
     numel = sum(p.numel() for p in params)

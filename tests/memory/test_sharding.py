@@ -59,6 +59,8 @@ def test_zero2_shards_gradients_and_state_and_keeps_parameters_whole_through_bac
         expected = mb.STATE_TENSORS[optimizer] * rank["gradients"] + mb.STEP_COUNTER_BYTES[optimizer] * TENSORS
         assert rank["optimizer_state"] == expected
         assert rank["gradients"] == pytest.approx(rank["ideal_gradients"], rel=0.05)  # rounding to whole rows
+        # between steps FSDP2 goes back to the shard: less than ZeRO-2, which keeps whole parameters (issue 33, 16)
+        assert rank["parameters"] == rank["chunk_parameters"] < rank["ideal_parameters"]
     assert sum(rank["gradients"] for rank in zero2) == pytest.approx(WORLD_SIZE * zero2[0]["ideal_gradients"])
     # ZeRO-3 at the same moment (between forward and backward) holds only its shards
     assert all(rank[optimizer]["fsdp"]["parameters_after_forward"] == rank[optimizer]["fsdp"]["chunk_parameters"]

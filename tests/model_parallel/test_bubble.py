@@ -46,3 +46,15 @@ def test_plot_timeline_draws_one_bar_per_event_and_a_row_per_stage():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["stage 0", "stage 1", "stage 2"]
     assert ax.get_title() == f"bubble {pb.bubble_fraction(3, 2):.0%}"
     plt.close(ax.figure)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (4, 8), (8, 32), (3, 5)])
+def test_the_two_bubble_conventions_measure_one_idle_time(p, m):
+    """Issue 33, item 15: idle / step is (p-1)/(m+p-1), idle / work is (p-1)/m, on the same timeline."""
+    events = pb.modelled_timeline(p, m, 1.0, 2.0)
+    span = max(e.end for e in events) - min(e.start for e in events)
+    busy = sum(e.end - e.start for e in events) / p
+    assert (span - busy) / busy == pytest.approx(pb.bubble_ratio(p, m))
+    assert (span - busy) / span == pytest.approx(pb.bubble_fraction(p, m))
+    ratio = pb.bubble_ratio(p, m)
+    assert pb.bubble_fraction(p, m) == pytest.approx(ratio / (1 + ratio))

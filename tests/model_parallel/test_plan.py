@@ -37,12 +37,37 @@ def test_splitting_the_weights_shrinks_the_memory_per_gpu():
 
 def test_the_choice_is_the_fastest_split_that_fits():
     rows = {row["model"]: row for row in plan.table(plan.GPT, 64, CLUSTER)}
-    assert rows["GPT 175B"]["pure DP GB/GPU"] > CLUSTER.gpu.memory_bytes / 1e9
+    assert rows["GPT 175B"]["zero1_gb"] > CLUSTER.gpu.memory_bytes / 1e9
     for model in plan.GPT:
         best = plan.choose(model, 64, CLUSTER)
         assert best is not None and best.fits
         assert all(best.step.step_s <= other.step.step_s for other in plan.splits(model, 64, CLUSTER) if other.fits)
     assert plan.choose(LARGE, 8, CLUSTER) is None  # 175B parameters do not fit in one node
+
+
+def test_the_data_parallel_pick_for_13b_fits_only_because_zero1_shards_adams_state():
+    """Issue 33, item 1: the 13B row's data parallelism is DP + ZeRO-1, not plain DDP."""
+    row = {row["model"]: row for row in plan.table(plan.GPT, 64, CLUSTER)}["GPT 13B"]
+    gpu_gb = CLUSTER.gpu.memory_bytes / 1e9
+    assert row["pick"] == "1 x 1 x 64"
+    assert row["zero1_gb"] <= gpu_gb < row["ddp_gb"]
+    replicated = budget.model_states(MEDIUM.params, budget.Setup("adam", "bf16")).model_states / 1e9
+    assert row["ddp_gb"] >= round(replicated, 1)  # every model state on every GPU, activations on top
+
+
+def test_past_the_critical_batch_a_model_that_fits_one_gpu_still_gets_tensor_parallelism():
+    """Issue 33, item 2: at a fixed global batch, data parallelism runs out of samples before GPUs run out."""
+    row = plan.table([SMALL], 1024, CLUSTER, global_batch=512)[0]
+    assert row["ddp_gb"] < CLUSTER.gpu.memory_bytes / 1e9  # the whole training state fits on one GPU
+    assert "1 x 1 x 1024" not in {split.name for split in plan.splits(SMALL, 1024, CLUSTER, 512)}
+    best = plan.choose(SMALL, 1024, CLUSTER, 512)
+    assert best.plan.data <= 512 and best.plan.tensor * best.plan.pipeline > 1
+
+
+def test_the_formatted_table_names_its_columns_in_words_and_has_a_line_per_model():
+    text = plan.format_table(plan.table(plan.GPT, 64, CLUSTER))
+    assert "plain DDP" in text and "ZeRO-1" in text and "zero1_gb" not in text
+    assert sum(line.startswith("GPT") for line in text.splitlines()) == len(plan.GPT)
 
 
 def test_tensor_parallelism_does_not_cross_a_node_where_that_does_not_pay():

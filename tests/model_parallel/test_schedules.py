@@ -83,3 +83,14 @@ def test_interleaving_v_chunks_shrinks_the_bubble_to_p_minus_1_over_v_m_plus_p_m
 def test_interleaved_needs_whole_groups_of_p_micro_batches():
     with pytest.raises(ValueError, match="multiple of 4, not 6"):
         schedules.interleaved(4, 6, 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 5), st.integers(2, 3), st.integers(2, 4))  # m >= 2p: the warm-up is not cut short
+def test_interleaving_makes_the_first_stage_hold_more_activations_than_1f1b(p, groups, v):
+    """Issue 33, item 11: stage 0 holds p + (p-1)/v whole-stage micro-batches (Narayanan et al. 2021's
+    p·(1 + (p-1)/(p·v))), more than 1F1B's p; the cost of the smaller bubble lands on the first stages."""
+    m = groups * p
+    chunks = schedules.in_flight(schedules.interleaved(p, m, 0, chunks=v))
+    assert chunks / v == pytest.approx(p + (p - 1) / v)
+    assert chunks / v > schedules.in_flight(schedules.one_f_one_b(p, m, 0)) == p

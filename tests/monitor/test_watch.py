@@ -171,3 +171,27 @@ def test_ranks_forked_by_the_fork_server_are_found_in_start_order(tmp_path):
     launch(rf.identity, 1, "x", timeout_s=120)  # the fork server is up: these ranks are its children
     history = launch_watched_until_seen(3, tmp_path)
     assert history.devices() == [0, 1, 2]
+
+
+def test_real_gpus_are_shown_even_when_the_ranks_are_emulated(monkeypatch, capsys):
+    from test_sources import FakeNvml
+
+    from course import world
+
+    monkeypatch.setattr(world, "gpus_present", lambda: True)
+    monkeypatch.setenv(world.EMULATE_ENV, "1")  # the ranks run on the CPU; the GPUs are still there
+    with monitor.watch(None, interval_s=0.05, display=True, nvml=FakeNvml()) as history:
+        time.sleep(0.2)
+    assert history.kind == "nvml" and history.devices() == [0, 1]
+    assert "COURSE_EMULATE=1 runs the ranks on the CPU" in capsys.readouterr().out
+
+
+def test_without_gpus_the_rank_processes_are_shown(monkeypatch):
+    from test_sources import FakeNvml
+
+    from course import world
+
+    monkeypatch.setattr(world, "gpus_present", lambda: False)
+    with monitor.watch(None, interval_s=0.05, display=False, nvml=FakeNvml()) as history:
+        time.sleep(0.1)
+    assert history.kind == "process"

@@ -45,3 +45,25 @@ def test_unused_branch_fails_without_find_unused_and_info_names_the_branch():
 def test_unused_branch_trains_with_find_unused_parameters():
     report = drills.run_drill("unused", timeout_s=120, find_unused_parameters=True)
     assert report.startswith("finished without an error")
+
+
+@pytest.mark.timeout(300)
+def test_hang_report_with_a_short_limit_still_names_the_rank_and_its_wait():
+    report = drills.hang_report("skip")
+    assert report.startswith("RankTimeout: rank(s) 1 did not finish")
+    assert drills.WAITING_MARK in report
+
+
+def test_hang_report_refuses_a_drill_that_does_not_hang():
+    with pytest.raises(ValueError, match="hang drills"):
+        drills.hang_report("shapes")
+
+
+@pytest.mark.timeout(300)
+def test_hang_report_of_the_stuck_loader_waits_for_both_flight_records(tmp_path):
+    from course.practice import flight_recorder
+
+    with flight_recorder.recording():
+        report = drills.hang_report("loading", first_limit_s=10, record_dir=str(tmp_path))
+    assert drills.WAITING_MARK in report
+    assert all((tmp_path / f"rank{rank}.json").exists() for rank in range(2))

@@ -3,7 +3,9 @@
 import json
 
 import pytest
+import torch
 
+from course.perf import catalog
 from course.perf.model import Segment, StepTime
 from course.practice import profiling
 from course.runtime.launch import launch
@@ -62,3 +64,54 @@ def test_mfu_is_flops_over_time_over_peak():
     assert profiling.mfu(1e9, 0.5, 4e9) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="positive"):
         profiling.mfu(1.0, 0.0, 1.0)
+
+
+def _gpu_trace(tmp_path):
+    """A synthetic GPU trace, in µs: CPU ranges for the phases (forward 0-100, backward 100-300, optimizer
+    300-400), the CPU's nccl:all_reduce launch range, and the kernels: compute 50-250 and 260-380, NCCL 200-300."""
+    cpu = [{"ph": "X", "cat": "user_annotation", "name": name, "ts": start, "dur": dur}
+           for name, start, dur in (("forward", 1000, 100), ("backward", 1100, 200), ("optimizer", 1300, 100))]
+    cpu += [{"ph": "X", "cat": "cpu_op", "name": profiling.LAST_GRADIENT, "ts": 1250, "dur": 10},
+            {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 1150, "dur": 5}]
+    kernels = [{"ph": "X", "cat": "kernel", "name": name, "ts": 1000 + start, "dur": dur}
+               for name, start, dur in (("ampere_sgemm_128x64_nn", 50, 200), ("ampere_sgemm_64x64_tn", 260, 120),
+                                         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 200, 100))]
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"traceEvents": cpu + kernels}))
+    return path
+
+
+def test_a_gpu_trace_reads_the_allreduces_from_nccl_kernels(tmp_path):
+    timeline = profiling.read_trace(_gpu_trace(tmp_path))
+    assert [a.name for a in timeline.allreduces] == ["ncclDevKernel_AllReduce_Sum_f32_RING_LL"]  # not the launch
+    assert [(c.start_s, c.end_s) for c in timeline.compute] == [(50e-6, 250e-6), (260e-6, 380e-6)]
+    assert timeline.step_s == pytest.approx(400e-6)
+
+
+def test_gpu_overlap_is_the_communication_kernels_time_beside_compute_kernels(tmp_path):
+    timeline = profiling.read_trace(_gpu_trace(tmp_path))
+    assert profiling.overlap_fraction(timeline) == pytest.approx((50 + 40) / 100)  # 200-250 and 260-300 of 200-300
+
+
+def test_a_cpu_trace_has_no_compute_kernels():
+    timeline = profiling.Timeline(0, {p: profiling.Interval(p, i, i + 1) for i, p in enumerate(profiling.PHASES)},
+                                  1.5, [profiling.Interval("a", 1.0, 2.0)])
+    assert timeline.compute == [] and timeline.step_s == 3
+
+
+def test_gpus_are_profiled_with_cuda_activity():
+    cpu, cuda = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA
+    assert profiling.activities(torch.device("cpu")) == [cpu]
+    assert profiling.activities(torch.device("cuda", 1)) == [cpu, cuda]
+
+
+def test_the_datasheet_peak_is_the_catalog_entry_of_the_detected_gpu():
+    h100 = catalog.match_gpu("NVIDIA H100 80GB HBM3")
+    assert profiling.datasheet_peak_flops("NVIDIA H100 80GB HBM3") == (h100.name, h100.peak_flops("fp32"))
+    assert profiling.datasheet_peak_flops(None) is None  # a CPU
+    assert profiling.datasheet_peak_flops("Some Future GPU") is None
+
+
+def test_the_matmul_fraction_divides_by_the_measured_rate():
+    assert profiling.matmul_fraction(1e9, 0.5, 8e9) == pytest.approx(0.25)
+    assert profiling.measured_peak_flops(n=32, repeats=2) > 0

@@ -50,11 +50,11 @@ if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/ddp_by_hand.py
 
     me = world.init_from_env()
     torch.manual_seed(me.rank)  # different on every rank: MyDDP must broadcast rank 0's parameters
-    model = MyDDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), bucket_cap_bytes=256)
+    model = MyDDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(me.device), bucket_cap_bytes=256)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _step in range(3):
         optimizer.zero_grad()
-        model(torch.randn(4, 8)).pow(2).mean().backward()
+        model(torch.randn(4, 8, device=me.device)).pow(2).mean().backward()
         model.finish_gradient_synchronization()
         optimizer.step()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -53,8 +53,8 @@ if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/tp_mlp.py
 
     me = world.init_from_env()
     torch.manual_seed(0)
-    fc1, fc2 = nn.Linear(16, 64), nn.Linear(64, 16)
-    x = torch.randn(2, 4, 16)
+    fc1, fc2 = nn.Linear(16, 64).to(me.device), nn.Linear(64, 16).to(me.device)
+    x = torch.randn(2, 4, 16, device=me.device)
     error = (ParallelMLP(fc1, fc2)(x) - fc2(F.gelu(fc1(x)))).abs().max().item()
     world.print0(f"ParallelMLP on {me.world_size} ranks differs from the unsplit MLP by {error:.2e}")
     world.shutdown()

@@ -38,7 +38,7 @@ if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/ring_allreduce.py
     from course import world
 
     me = world.init_from_env()
-    mine = torch.arange(10, dtype=torch.float32) * (me.rank + 1)
+    mine = torch.arange(10, dtype=torch.float32, device=me.device) * (me.rank + 1)
     ring_allreduce(mine)
     world.print0(f"ring_allreduce on {me.world_size} ranks: {mine.tolist()}")
     world.shutdown()

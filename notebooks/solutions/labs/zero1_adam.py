@@ -75,12 +75,12 @@ if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/zero1_adam.py
 
     me = world.init_from_env()
     torch.manual_seed(0)  # the same model on every rank
-    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)).to(me.device)
     optimizer = MyZeRO1Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(1 + me.rank)  # each rank its own data
     for _step in range(3):
         model.zero_grad(set_to_none=True)
-        model(torch.randn(4, 7)).pow(2).mean().backward()
+        model(torch.randn(4, 7, device=me.device)).pow(2).mean().backward()
         optimizer.step()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     print(f"rank {me.rank}: parameters sum to {flat.sum():.6f} (every rank should print the same)")

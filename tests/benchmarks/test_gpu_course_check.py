@@ -1,0 +1,63 @@
+"""benchmarks/gpu_course_check.py: the results file it writes, and its CPU dry run (``--emulate``) end to end."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_course_check as check  # noqa: E402 - benchmarks/ is not a package
+
+
+def _report(passed: bool) -> check.Report:
+    report = check.Report({"GPUs": "1 x NVIDIA H100 80GB HBM3", "driver": "550.54", "torch": "2.11.0",
+                           "course info": "hardware    : 1 GPU(s)\nbackend     : gloo"})
+    report.steps = [check.Step("lab ring: reference solution", True, 12.3, "10/10"),
+                    check.Step("notebooks", None, 0.0, "nbval is not installed"),
+                    check.Step("grader: tests/submissions/unscaled_lr.py", passed, 40.0, "failed ['lr_scaled']")]
+    report.ratios = [{"what": "DDP step, DigitsCNN", "measured": 3.0, "modelled": 2.0, "unit": "ms"},
+                     {"what": "allreduce busbw, 1 MB on 1", "measured": 5.0, "modelled": None, "unit": "GB/s"}]
+    return report
+
+
+def test_the_results_file_names_the_gpu_the_steps_and_each_ratio():
+    text = check.markdown(_report(True), emulate=False)
+    assert text.startswith("# Course check on 1 x NVIDIA H100 80GB HBM3")
+    assert "| driver | 550.54 |" in text and "| torch | 2.11.0 |" in text
+    assert "## Steps: all passed" in text and "| notebooks | skipped | 0 | nbval is not installed |" in text
+    assert "| DDP step, DigitsCNN | 3.000 ms | 2.000 ms | 1.50 |" in text
+    assert "| allreduce busbw, 1 MB on 1 | 5.000 GB/s | not modelled | - |" in text
+    assert "CPU dry run" not in text
+
+
+def test_a_failed_step_fails_the_report_and_says_so():
+    report = _report(False)
+    assert not report.passed
+    assert "SOME FAILED" in check.markdown(report, emulate=True) and "| **FAIL** |" in check.markdown(report, True)
+
+
+def test_a_step_that_raises_is_a_failed_step_not_the_end():
+    def broken():
+        raise RuntimeError("first line\nthe last line says why")
+
+    step = check.timed("broken", broken)
+    assert step.passed is False and step.detail == "RuntimeError: the last line says why"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_cpu_dry_run_passes_and_writes_one_results_file(tmp_path):
+    out = tmp_path / "results.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_course_check.py"), "--emulate",
+                             "--out", str(out)], capture_output=True, text=True, timeout=840, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = out.read_text()
+    assert "CPU dry run" in text and "## Steps: all passed" in text
+    for step in ("notebook 01_gd_vs_sgd.ipynb", "lab tp_mlp: reference solution",
+                 "grader: tests/submissions/unscaled_lr.py", "benchmarks/gpu_check.py: measured vs modelled"):
+        assert f"| {step} | pass |" in text, text
+    assert "| DDP step, DigitsCNN, 256 per rank on 2 rank(s) |" in text and "not modelled" in text
