@@ -252,26 +252,37 @@ def judge_writer(measured: dict, rank: int) -> Finding:
     return Finding("one_writer", True)
 
 
+def _shared_folder(config: dict) -> str:
+    """A folder every rank of this job names alike without a message (their launcher's address and parent
+    process), emptied of an earlier run's files by rank 0 before any rank can write there."""
+    job = f"{os.environ.get('MASTER_PORT', '')}-{os.getppid()}-{config['seed']}-{config['stop_at']}"
+    folder = os.path.join(tempfile.gettempdir(), f"course-checkpoint-{job}")
+    if world.current().rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
 def check_on_rank(path: str, config: dict) -> RankReport:
     """Run the uninterrupted and the stopped-and-resumed training on this rank; judge what came back."""
     me = world.current()
     refuse(path, REFUSED, "save_checkpoint and load_checkpoint")
-    folder = [tempfile.mkdtemp(prefix="course-checkpoint-") if me.rank == 0 else None]
-    dist.broadcast_object_list(folder, src=0)
-    watch = _WatchedSave(os.path.join(folder[0], "rank1-returned"), me.rank)
+    folder = _shared_folder(config)
+    watch = _WatchedSave(os.path.join(folder, "rank1-returned"), me.rank)
     torch.save = watch  # before the student's file is loaded, so a ``from torch import save`` is watched too
     try:
         save, load = load_entry(path, "save_checkpoint"), load_entry(path, "load_checkpoint")
         expected, _ = train(config, me)
-        final, measured = train(config, me, save, load, os.path.join(folder[0], "checkpoint.pt"), watch)
+        final, measured = train(config, me, save, load, os.path.join(folder, "checkpoint.pt"), watch)
     finally:
         torch.save = watch.original
-    rank0_rng = measured["saved"]["rng"].clone()
+    rank0_rng = measured["saved"]["rng"].to(me.device, copy=True)  # nccl moves device tensors only
     dist.broadcast(rank0_rng, src=0)
+    rank0_rng = rank0_rng.cpu()
     world.settle()
     dist.barrier()
-    if me.rank == 0:
-        shutil.rmtree(folder[0], ignore_errors=True)
+    if me.rank == me.world_size - 1:  # the last rank: (one after the other, as a test may run them) the last done
+        shutil.rmtree(folder, ignore_errors=True)
     gap = (final - expected).abs().max().item()
     same = torch.equal(final, expected)
     return RankReport([
