@@ -166,8 +166,19 @@ def run_autograder(submission: Path = Path("/autograder/submission"),
     return results
 
 
+def _labs_epilog() -> str:
+    """Every lab, for ``grader --help``: its name, what the student writes and the ``grader check`` line."""
+    from grader.labs.registry import LABS
+
+    lines = {f"grader check {name} {lab.student_file}": f"{lab.title} (notebook {lab.notebook})"
+             for name, lab in LABS.items()}
+    width = max(map(len, lines))
+    return "labs (from notebooks/):\n" + "\n".join(f"  {command:<{width}}  {what}" for command, what in lines.items())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="grader", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="grader", description=__doc__.split("\n")[0], epilog=_labs_epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_check = sub.add_parser("check", help="self-check one script (or, given a lab's name first, a lab file) on the "
                                            "visible checks")

@@ -30,6 +30,7 @@ from typing import Any
 
 from course.labs import stubs
 from course.runtime.launch import RankFailed, RankTimeout, launch
+from grader.labs.shortcuts import REFUSED, Refused, guarded, uses
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ class Lab:
     hidden_runs: tuple[dict, ...] = ()  # grader only (more sizes, other world sizes, a jittered seed)
     cross_check: str = ""  # "module:function", called as function(config, evidence_by_rank) -> list[Finding]
     hang_hint: str = ""  # what usually makes this lab hang, appended to a timeout's message
+    #: "module:name" of ready-made versions of what the student writes (the course's own, torch's): a file that
+    #: uses one is refused, every check failing with a message that names it (see grader.labs.shortcuts)
+    shortcuts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def describe_error(error: BaseException, path: str, entry: str, rank: int) -> st
     """A rank's exception in the learner's terms: whose code raised what, and where."""
     if isinstance(error, NotImplementedError) and _student_line(error, path) is not None:
         return NOT_ATTEMPTED.format(entry=entry, path=path)
-    if isinstance(error, StudentError):
+    if isinstance(error, (StudentError, Refused)):
         return str(error)
     line = _student_line(error, path)
     text = f"{type(error).__name__}: {error}".strip().rstrip(":")
@@ -190,17 +194,22 @@ def describe_error(error: BaseException, path: str, entry: str, rank: int) -> st
     return f"your {entry} raised {text} on rank {rank} (line {line} of {path})"
 
 
-def on_rank(rank_check: str, path: str, entry: str, config: dict, report_dir: str) -> Any:
-    """Launched on every rank: run the lab's rank_check; an exception is explained in a file, then re-raised."""
+def on_rank(rank_check: str, path: str, entry: str, config: dict, report_dir: str,
+            shortcuts: tuple[str, ...] = ()) -> Any:
+    """Launched on every rank: run the lab's rank_check; an exception is explained in a file, then re-raised.
+
+    Meanwhile a call from the student's file to one of the lab's ``shortcuts`` raises :class:`Refused`."""
     from course import world
 
     try:
-        return _import(rank_check)(path, config)
+        with guarded(path, shortcuts, lambda name: REFUSED.format(name=name, entry=entry)):
+            return _import(rank_check)(path, config)
     except BaseException as error:  # noqa: B036 - every way the student's code can end must be explained
         rank = world.current().rank
         message = describe_error(error, path, entry, rank)
         with open(os.path.join(report_dir, f"rank-{rank}.json"), "w") as handle:
-            json.dump({"message": message, "not_attempted": message.startswith("Not attempted")}, handle)
+            json.dump({"message": message, "not_attempted": message.startswith("Not attempted"),
+                       "cause": isinstance(error, (StudentError, Refused))}, handle)
         raise
 
 
@@ -222,7 +231,7 @@ def _run_once(lab: Lab, path: str, config: dict) -> tuple[list[Finding], bool]:
     report_dir = tempfile.mkdtemp(prefix="course-lab-")
     try:
         per_rank = launch(on_rank, config["world_size"], lab.rank_check, path, lab.entry, config, report_dir,
-                          timeout_s=config.get("timeout_s", 60.0))
+                          lab.shortcuts, timeout_s=config.get("timeout_s", 60.0))
     except RankFailed as failure:
         return [Finding("*", False, _failure_message(failure, report_dir))], _not_attempted(report_dir)
     except RankTimeout as timeout:  # no point waiting as long again in the next run: stop (as for the stub)
@@ -236,7 +245,13 @@ def _run_once(lab: Lab, path: str, config: dict) -> tuple[list[Finding], bool]:
 
 
 def _failure_message(failure: RankFailed, report_dir: str) -> str:
-    """The explained exception of the failed rank, or how it died when it could not explain itself."""
+    """The explained exception of the failed rank, or how it died when it could not explain itself; a rank that
+    named the cause (a refusal, a mismatch the lab found) first, since the others then fail as a consequence."""
+    for name in sorted(os.listdir(report_dir)):
+        with open(os.path.join(report_dir, name)) as handle:
+            report = json.load(handle)
+        if report.get("cause"):
+            return report["message"]
     explained = os.path.join(report_dir, f"rank-{failure.rank}.json")
     if os.path.exists(explained):
         with open(explained) as handle:
@@ -276,6 +291,9 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
     checks = [check for check in lab.checks if hidden or not check.hidden]
     if _is_the_stub(lab, path):  # every check would fail the same way: say so without starting any rank
         message = NOT_ATTEMPTED.format(entry=lab.entry, path=path)
+        return LabResult(lab, path, tuple(CheckResult(check, False, message) for check in checks), 0.0, hidden, 0)
+    if used := uses(path, lab.shortcuts):  # refused as the stub is: no rank needs to start to say so
+        message = REFUSED.format(name=" and ".join(used), entry=lab.entry)
         return LabResult(lab, path, tuple(CheckResult(check, False, message) for check in checks), 0.0, hidden, 0)
     first_failure: dict[str, str] = {}
     measures: dict[str, str] = {}  # the first passing message of each check that shows_measure

@@ -13,6 +13,10 @@ rank and measures, with :mod:`course.runtime.recorder` installed:
   :data:`TOLERANCE`; a miss is diagnosed from the measured ratio of the two updates;
 * ``one_allreduce_per_bucket``: each step makes as many ``all_reduce`` calls as there are buckets
   (``course.ddp.buckets.assign_buckets`` over the gradients' sizes in the order their hooks fired);
+* ``in_order``: the buckets were launched in order, bucket 0 first (the same order on every rank): each step's
+  allreduce sizes are the planned buckets' (reverse ``module.parameters()`` order) in order, or those of
+  buckets filled in the order gradients became ready; the model registers its second and third layers in
+  swapped order, so a bucket fills before an earlier one;
 * ``overlap``: some allreduce was launched before backward's last gradient was ready, and was still not waited
   for when backward produced a later gradient: timestamps of our own hooks (registered first, so they fire
   before the student's) against the launch and ``wait()`` times of every call;
@@ -32,11 +36,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course import world
 from course.ddp import buckets
-from course.models import MLP
 from course.perf import schedule as modelled
 from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, load_entry
+from grader.labs.late_results import results_at_wait
 
 ENTRY = "MyDDP"
 #: Largest |parameter difference| from torch's DDP accepted after each step (float32, lr 0.1: a wrong gradient
@@ -47,6 +51,7 @@ CHECKS = (
     Check("broadcast", "every rank starts from rank 0's parameters", 2),
     Check("matches_ddp", f"parameters equal torch's DistributedDataParallel's after every step (±{TOLERANCE:g})", 4),
     Check("one_allreduce_per_bucket", "one allreduce per bucket of at most bucket_cap_bytes", 2),
+    Check("in_order", "buckets launched in order, bucket 0 first, as every rank must", 2),
     Check("overlap", "an allreduce runs while backward is still computing gradients", 3),
     Check("no_torch_ddp", "torch's DistributedDataParallel is not used", 1),
 )
@@ -67,6 +72,7 @@ LAB = Lab(
                   "label": "3 SGD steps, buckets of at most 4224 bytes"},
                  {"world_size": 3, "seed": "jitter", "steps": 4, "bucket_cap_bytes": 9000, "timeout_s": 120,
                   "label": "4 SGD steps, buckets of at most 9000 bytes"}),
+    shortcuts=("course.ddp.distributed_optimizer:DistributedOptimizer",),
     hang_hint=("A hang in this lab usually means the ranks launched different allreduces (buckets planned in "
                "different orders) or one rank never launched a bucket."),
 )
@@ -74,9 +80,27 @@ LAB = Lab(
 LR, BATCH_SIZE = 0.1, 8
 
 
+class _Net(nn.Module):
+    """64 -> 21 -> 32 -> 32 -> 10 with ReLUs, its second and third layers registered in swapped order.
+
+    The reverse of ``parameters()`` (how buckets are planned) is last, second, third, first layer; backward makes
+    gradients last, third, second, first. With buckets of 4224 bytes, bucket 1 (the third layer's 4224 bytes)
+    fills before bucket 0 (the last and second layers'): a solution that launches whatever is full goes out of order.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.third, self.second, self.last = (nn.Linear(64, 21), nn.Linear(32, 32), nn.Linear(21, 32),
+                                                          nn.Linear(32, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.first(x.flatten(1)))
+        return self.last(torch.relu(self.third(torch.relu(self.second(x)))))
+
+
 def _model(seed: int) -> nn.Module:
     torch.manual_seed(seed)
-    return MLP(hidden=(32, 32, 32))  # 8 tensors, gradients ready in reverse order: 40, 1280, 128, 4096, ... bytes
+    return _Net()
 
 
 def _batch(step: int, seed: int, me: world.Rank) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +140,8 @@ class StepRecord:
     ready: list[float] = field(default_factory=list)  # when each gradient became ready, in order
     sizes: list[int] = field(default_factory=list)  # its bytes, same order
     backward_end: float = 0.0
+    planned: list[int] = field(default_factory=list)  # gradient bytes in reverse parameters() order
+    sync: str = ""  # what .grad held after finish_gradient_synchronization: "", "no_wait", "no_copy", "early_read"
 
 
 def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Rank
@@ -123,8 +149,14 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Ran
     """Train with the student's class exactly as the reference trained with DDP; record each step."""
     model = _model(config["seed"]).to(me.device)
     clock: list[tuple[float, int]] = []
+    local: dict[nn.Parameter, torch.Tensor] = {}  # this rank's own gradients, before any synchronization
+
+    def ready(p: nn.Parameter) -> None:
+        clock.append((time.perf_counter(), p.nbytes))
+        local[p] = p.grad.detach().clone()
+
     for p in model.parameters():  # registered before the student's hooks, so ours fire first
-        p.register_post_accumulate_grad_hook(lambda p: clock.append((time.perf_counter(), p.nbytes)))
+        p.register_post_accumulate_grad_hook(ready)
     wrapped = my_ddp(model, config["bucket_cap_bytes"])
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     trajectory, records = [_flat(model)], []
@@ -137,10 +169,28 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Ran
         loss.backward()
         backward_end = time.perf_counter()
         wrapped.finish_gradient_synchronization()
+        sync = _synchronized(recorder.calls, local, me.world_size)
         optimizer.step()
-        records.append(StepRecord(list(recorder.calls), [t for t, _ in clock], [n for _, n in clock], backward_end))
+        planned = [p.nbytes for p in model.parameters() if p.requires_grad][::-1]
+        records.append(StepRecord(list(recorder.calls), [t for t, _ in clock], [n for _, n in clock], backward_end,
+                                  planned, sync))
         trajectory.append(_flat(model))
     return trajectory, records
+
+
+def _synchronized(calls: list[Call], local: dict[nn.Parameter, torch.Tensor], world_size: int) -> str:
+    """What went wrong between the allreduces and ``.grad``, if every gradient shows it ("" otherwise).
+
+    "no_wait": some allreduce was never waited for; "no_copy": every ``.grad`` still holds this rank's own
+    gradient; "early_read": every ``.grad`` is this rank's own gradient / world_size (the bucket was read before its
+    allreduce's result landed, which :func:`grader.labs.late_results.results_at_wait` makes happen every time)."""
+    if any(call.name == "all_reduce" and call.async_op and call.waited is None for call in calls):
+        return "no_wait"
+    if local and all(p.grad is not None and torch.equal(p.grad, g) for p, g in local.items()):
+        return "no_copy"
+    if local and all(p.grad is not None and torch.allclose(p.grad, g / world_size) for p, g in local.items()):
+        return "early_read"
+    return ""
 
 
 def _broadcast_spread(my_ddp: type, config: dict, me: world.Rank) -> tuple[float, float]:
@@ -182,10 +232,22 @@ def _diagnosis(update_ratio: float, world_size: int) -> str:
     return "check which gradients each bucket carries and that each is copied back to its own parameter's .grad"
 
 
+#: what ``StepRecord.sync`` says went wrong, in the learner's terms
+SYNC_MISTAKES = {
+    "no_wait": ("an allreduce was never waited for, and its result is not there until work.wait() returns: call "
+                "wait() on every work handle in finish_gradient_synchronization, then read the bucket"),
+    "no_copy": ("every .grad still holds this rank's own gradient: the averaged bucket was never copied back into "
+                "the parameters' .grad"),
+    "early_read": ("every .grad is this rank's own gradient divided by world_size: the bucket was read before its "
+                   "allreduce finished; call wait() first, then divide and copy back"),
+}
+
+
 def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], spreads: list[float], rank: int,
-                  world_size: int) -> Finding:
+                  world_size: int, sync: list[str] | None = None) -> Finding:
     """Finding for ``matches_ddp``: ``ours``/``reference`` flat parameters before and after each step, ``spreads``
-    the largest |rank r - rank 0| difference of ours over all ranks r after each step."""
+    the largest |rank r - rank 0| difference of ours over all ranks r after each step, ``sync`` each step's
+    ``StepRecord.sync``."""
     for step in range(len(reference)):
         gap = (ours[step] - reference[step]).abs().max().item()
         if gap <= TOLERANCE:
@@ -194,6 +256,8 @@ def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], sprea
             return Finding("matches_ddp", False, f"rank {rank}'s parameters changed by {gap:.2g} when {ENTRY} was "
                            "built, on ranks that all start equal: building it must not change them")
         start = f"after step {step} rank {rank}'s parameters differ from DDP's by {gap:.2g} (tolerance {TOLERANCE:g})"
+        if sync and sync[step - 1] in SYNC_MISTAKES:
+            return Finding("matches_ddp", False, f"{start}: {SYNC_MISTAKES[sync[step - 1]]}")
         if spreads[step] > TOLERANCE:
             return Finding("matches_ddp", False, f"{start}, and the ranks no longer agree (they differ by up to "
                            f"{spreads[step]:.2g}): every rank must apply the same allreduced gradients")
@@ -210,14 +274,38 @@ def judge_buckets(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
     for step, record in enumerate(records, start=1):
         made = len([call for call in record.calls if call.name == "all_reduce"])
         needed = len(buckets.assign_buckets(record.sizes, bucket_cap_bytes))
-        if made == needed:
-            continue
+        if made == needed or record.planned and made == len(buckets.assign_buckets(record.planned, bucket_cap_bytes)):
+            continue  # buckets filled in the order gradients became ready, or planned in reverse parameters() order
         why = {0: ": no allreduce at all", 1: ": everything in one allreduce, whatever bucket_cap_bytes says",
                len(record.sizes): ": one per gradient, not one per bucket"}.get(made, "")
         return Finding("one_allreduce_per_bucket", False, f"step {step} made {made} allreduces for {needed} buckets "
                        f"of at most {bucket_cap_bytes} bytes{why} (a bucket is closed before the gradient that would "
                        "overflow it; a gradient bigger than a bucket gets one of its own)")
     return Finding("one_allreduce_per_bucket", True, f"one allreduce per bucket in each of {len(records)} steps")
+
+
+def _bucket_bytes(sizes: list[int], bucket_cap_bytes: int) -> list[int]:
+    """The bytes of each bucket when ``sizes`` are packed in order into buckets of at most ``bucket_cap_bytes``."""
+    return [sum(sizes[i] for i in bucket) for bucket in buckets.assign_buckets(sizes, bucket_cap_bytes)]
+
+
+def judge_in_order(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
+    """Finding for ``in_order``: each step's allreduces carry the planned buckets in order (bucket 0 first).
+
+    Buckets filled in the order gradients became ready are in order by construction, and pass too. Allreduces that
+    are not a reordering of the planned buckets are the bucket check's to judge, not this one's."""
+    for step, record in enumerate(records, start=1):
+        sizes = [call.nbytes for call in record.calls if call.name == "all_reduce"]
+        planned = _bucket_bytes(record.planned, bucket_cap_bytes)
+        if sizes in (planned, _bucket_bytes(record.sizes, bucket_cap_bytes)) or sorted(sizes) != sorted(planned):
+            continue
+        order = [planned.index(size) for size in sizes]
+        return Finding("in_order", False, f"step {step} launched the buckets in the order {', '.join(map(str, order))}"
+                       f" (bytes {', '.join(map(str, sizes))}): bucket {order[0]} filled first and went first. Every "
+                       "rank must launch bucket 0, then 1, 2, ...: collectives are matched by order, and on GPUs "
+                       "ranks can see gradients in different orders. Launch a full bucket only once every earlier "
+                       "bucket is launched")
+    return Finding("in_order", True, f"buckets launched in order in each of {len(records)} steps")
 
 
 def _overlapped(call: Call, ready: list[float]) -> bool:
@@ -282,12 +370,14 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     """
     me = world.current()
     reference = reference_trajectory(config, me)
-    with recording(me.world_size, forbidden=(DistributedDataParallel,)) as recorder:
+    with recording(me.world_size, forbidden=(DistributedDataParallel,)) as recorder, results_at_wait():
         my_ddp = load_entry(path, ENTRY)
         spread, moved = _broadcast_spread(my_ddp, config, me)
         trajectory, records = _train_student(my_ddp, config, recorder, me)
     world.settle()  # the student's models (a torch DDP among them, maybe) go when this returns
     return [judge_broadcast(spread, moved, me.rank),
-            judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size),
-            judge_buckets(records, config["bucket_cap_bytes"]), judge_overlap(records),
+            judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size,
+                          [record.sync for record in records]),
+            judge_buckets(records, config["bucket_cap_bytes"]), judge_in_order(records, config["bucket_cap_bytes"]),
+            judge_overlap(records),
             judge_no_torch_ddp(recorder.constructed), judge_speed(records[-1])]

@@ -15,6 +15,7 @@ MODULES = {
     "ring": "grader.labs.ring",  # notebook 04: ring allreduce from point-to-point
     "ddp": "grader.labs.ddp",  # notebook 04b: DDP by hand (bucketed, overlapped)
     "zero": "grader.labs.zero",  # notebook 07: ZeRO-1 sharded Adam
+    "fsdp": "grader.labs.fsdp",  # notebook 07: FSDP (ZeRO-3) by hand
     "tp_mlp": "grader.labs.tp_mlp",  # tensor-parallel MLP
     "one_f_one_b": "grader.labs.one_f_one_b",  # the 1F1B pipeline schedule
     "estimate": "grader.labs.estimate",  # notebook 05c: model states per GPU and TP all-reduce time by hand

@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from course import world
-from course.runtime.comm_log import SENDS, CommLog, collectives, sends
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from course.runtime.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
+from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
+from grader.labs.message_sizes import SizeMismatch, matched_sizes
 from grader.labs.ring_diagnosis import close, expected, first_wrong
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -27,6 +28,7 @@ CHECKS = (
     Check("point_to_point_only", "only point-to-point calls (send/recv or isend/irecv), no collective", 2),
     Check("bytes", "each rank sends 2(n-1)/n of the tensor", 2),
     Check("steps", "2(n-1) steps: one message per step, n-1 reduce-scatter and n-1 all-gather", 2),
+    Check("neighbours", "every message goes to the right neighbour and comes from the left one", 2),
 )
 
 
@@ -59,7 +61,11 @@ def check_on_rank(path: str, config: dict) -> RankReport:
                 reference /= world_size  # gloo has no ReduceOp.AVG
             mark = log.mark()
             mine = tensor.clone()
-            returned = ring_allreduce(mine, op=op)
+            try:
+                with matched_sizes(f"{config['seed']}/{len(outputs)}"):
+                    returned = ring_allreduce(mine, op=op)
+            except SizeMismatch as mismatch:
+                raise StudentError(f"{describe(case)}: {_mismatch(mismatch, world_size)}") from None
             calls = log.since(mark)
             found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
             outputs.append(mine.cpu())  # cross-checked outside the ranks, on the CPU
@@ -88,7 +94,35 @@ def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returne
         found.append(Finding("steps", count == steps, "" if count == steps else
                              f"{case}: rank {rank} sent {count} messages (send/isend); a ring takes 2(n-1) = {steps} "
                              f"steps of one message each: n-1 = {world_size - 1} to reduce-scatter, n-1 to all-gather"))
+    found.append(_neighbours_finding(case, rank, world_size, calls))
     return found
+
+
+def _mismatch(mismatch: SizeMismatch, world_size: int) -> str:
+    """A send and its receive of different sizes, said as the ring step where the chunk indices disagree."""
+    step, phase = mismatch.index + 1, "reduce-scatter"
+    if step > world_size - 1:
+        step, phase = step - (world_size - 1), "all-gather"
+    return (f"the chunk indices of sender and receiver disagree at step {step} of the {phase}: rank "
+            f"{mismatch.sender} sends a chunk of {mismatch.sent} elements and rank {mismatch.receiver} receives it "
+            f"into a chunk of {mismatch.expected}. The receiver must receive into the chunk index the sender sends "
+            "(tensor_split's chunks differ in size when world_size does not divide the length)")
+
+
+def _neighbours_finding(case: str, rank: int, world_size: int, calls: list[Call]) -> Finding:
+    """Every send goes to rank + 1 and every receive comes from rank - 1 (mod n): the ring's one hop per step."""
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    messages = [call for call in calls if call.name in POINT_TO_POINT]
+    for number, call in enumerate(messages, start=1):
+        sending = call.name in SENDS
+        if call.peer == (right if sending else left):
+            continue
+        verb, peer = ("sent", f"to rank {call.peer}") if sending else ("received", "from any rank (src=None)" if
+                                                                        call.peer is None else f"from rank {call.peer}")
+        return Finding("neighbours", False, f"{case}: rank {rank}'s message {number} was {verb} {peer}; in a ring "
+                       f"rank {rank} sends only to its right neighbour, rank {right}, and receives only from its left "
+                       f"one, rank {left}: pass each partial sum on one hop per step, never straight to its owner")
+    return Finding("neighbours", True)
 
 
 def _bytes_finding(case: str, rank: int, world_size: int, element_size: int, numel: int, sizes: list[int]
@@ -140,6 +174,8 @@ LAB = Lab(
         (5, [[12_345, "float64", "sum"], [4, "float32", "avg"], [77, "bfloat16", "avg"]]),
         (8, [[100_003, "float32", "sum"], [5, "bfloat16", "sum"], [64, "float64", "avg"]]),
     )),
+    shortcuts=("course.collectives.allreduce:ring_allreduce", "course.collectives.allreduce:naive_allreduce",
+               "course.collectives.allreduce:tree_allreduce"),
     hang_hint=("In a ring every rank sends before it receives: with a blocking dist.send each rank can wait for "
                "its right neighbour to receive while that neighbour waits too. Send with dist.isend, receive "
                "with dist.recv, then wait on the isend's request."),

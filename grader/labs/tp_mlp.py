@@ -75,7 +75,8 @@ def check_on_rank(path: str, config: dict) -> RankReport:
         mark = log.mark()
         y.backward(upstream)
         backward = log.since(mark)
-    found = [_close("outputs", f"rank {rank}'s output", y.detach(), truth["y"]),
+    found = [_close("outputs", f"rank {rank}'s output", y.detach(), truth["y"],
+                    _output_hint(y.detach(), truth["y"], fc2.bias.detach(), world_size)),
              _close("input_grad", f"rank {rank}'s gradient of x", x.grad, truth["x"], _input_hint(x.grad, truth))]
     found.append(_weight_grads(parallel_mlp, _local(truth, rank, world_size), rank))
     found.append(_collectives(rank, forward, backward))
@@ -105,6 +106,16 @@ def _input_hint(got: torch.Tensor | None, truth: dict) -> str:
     return ""
 
 
+def _output_hint(got: torch.Tensor, expected: torch.Tensor, bias: torch.Tensor, world_size: int) -> str:
+    """Why the output is off, when the numbers say it: fc2's bias added on every rank before g's all_reduce."""
+    if got.shape != expected.shape or world_size < 2:
+        return ""
+    if torch.allclose(got - expected, (world_size - 1) * bias.expand_as(got), atol=TOLERANCE):
+        return (f": it is off by exactly (world_size - 1) = {world_size - 1} times fc2's bias, so every rank added "
+                "b2 before g's all_reduce, which summed it world_size times. Add b2 once, after the all_reduce")
+    return ""
+
+
 def _weight_grads(module: nn.Module, expected: dict[str, torch.Tensor], rank: int) -> Finding:
     params = dict(module.named_parameters())
     missing = [name for name in expected if name not in params]
@@ -131,9 +142,10 @@ def _collectives(rank: int, forward: list, backward: list) -> Finding:
 
 def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
     """Outside the ranks: every rank's output against the unsplit MLP computed here."""
-    truth = reference(config)["y"]
+    truth, bias = reference(config)["y"], problem(config)[1].bias.detach()
     for rank, seen in enumerate(evidence):
-        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth)
+        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth,
+                       _output_hint(seen["y"], truth, bias, config["world_size"]))
         if not found.passed:
             return [found]
     return [Finding("outputs", True)]
@@ -155,6 +167,9 @@ LAB = Lab(
     cross_check="grader.labs.tp_mlp:cross_check",
     runs=(_run(4, 0, 64, "d_ff=64"),),  # one launch: a check takes well under 30 s here
     hidden_runs=(_run(2, "jitter", 128, "d_ff=128"), _run(3, "jitter", 96, "d_ff=96")),
+    shortcuts=tuple(f"course.model_parallel.tensor_parallel:{name}" for name in (
+        "CopyToTensorParallel", "ReduceFromTensorParallel", "copy_to_tensor_parallel", "reduce_from_tensor_parallel",
+        "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP")),
     hang_hint="Every rank must call each all_reduce: a rank that skips f or g leaves the others waiting in it.",
 )
 

@@ -58,6 +58,7 @@ LAB = Lab(
     runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},),
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 4, "timeout_s": 120, "label": "4 Adam steps"}),
+    shortcuts=("torch.distributed.optim:ZeroRedundancyOptimizer",),
     hang_hint=("A hang in this lab usually means the ranks called different collectives, or one rank's "
                "reduce-scatter or all-gather had a different size (pad every rank's buffers to the same length)."),
 )
@@ -171,6 +172,22 @@ def state_bytes(optimizer: object, model: nn.Module) -> int:
 
 
 # -- verdicts (pure functions of what was measured) ---------------------------------------------------------------
+def _uncovered(ours: torch.Tensor, ours_start: torch.Tensor, reference: torch.Tensor, reference_start: torch.Tensor
+               ) -> str:
+    """The wrong shard boundaries, if the numbers say it: flat positions that never moved while Adam's did (on a
+    rank whose parameters agree with every other rank's, so no rank updated them)."""
+    stuck = ((ours == ours_start) & (reference != reference_start)).nonzero().flatten().tolist()
+    if not stuck:
+        return ""
+    numel, first = ours.numel(), stuck[0]
+    tail = stuck == list(range(first, numel))
+    where = (f"the last {len(stuck)} of the {numel} parameters (flattened in order)" if tail else
+             f"{len(stuck)} of the {numel} parameters (flattened in order, the first at position {first})")
+    return (f"{where} never changed, while DDP + Adam moved them: no rank's shard covers them. The shard boundaries "
+            "leave a gap: make each shard ceil(numel / world_size) elements and pad the flattened vector, so the "
+            "shards cover every parameter")
+
+
 def judge_matches(check: str, ours: list[torch.Tensor], reference: list[torch.Tensor], spread: list[float],
                   rank: int, model: str = "") -> Finding:
     """Finding for ``matches_adam`` (or ``uneven``, with ``model`` describing the model)."""
@@ -187,6 +204,8 @@ def judge_matches(check: str, ours: list[torch.Tensor], reference: list[torch.Te
             return Finding(check, False, f"{start}, and the ranks no longer agree (they differ by up to "
                            f"{spread[step]:.2g}): each rank updated only its own shard; all-gather the updated "
                            "shards into every rank's parameters after the step")
+        if gap_text := _uncovered(ours[step], ours[0], reference[step], reference[0]):
+            return Finding(check, False, f"{start}: {gap_text}")
         return Finding(check, False, f"{start}: check the average (reduce-scatter the sum, then divide by "
                        "world_size), Adam's bias corrections (1 - beta**t, t counted from 1) and eps added after "
                        "the square root")

@@ -29,3 +29,22 @@ def test_the_solution_and_the_stub_are_where_the_lab_says(name):
     base = os.path.basename(LABS[name].student_file)
     assert os.path.isfile(os.path.join(ROOT, "notebooks", "solutions", "labs", base))
     assert os.path.isdir(os.path.join(ROOT, "notebooks", os.path.dirname(LABS[name].student_file)))
+
+
+@pytest.mark.parametrize("name", sorted(LABS))
+def test_the_labs_readme_lists_each_lab_with_its_grader_check_line(name):
+    with open(os.path.join(ROOT, "notebooks", "labs", "README.md")) as handle:
+        readme = handle.read()
+    lab = LABS[name]
+    assert f"| `{name}` |" in readme and f"`grader check {name} {lab.student_file}`" in readme
+    assert f"`notebooks/solutions/labs/{os.path.basename(lab.student_file)}`" in readme
+
+
+def test_grader_help_lists_every_lab_with_its_check_line(capsys):
+    from grader.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    for name, lab in LABS.items():
+        assert f"grader check {name} {lab.student_file}" in shown

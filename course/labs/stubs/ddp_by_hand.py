@@ -28,6 +28,8 @@ class MyDDP(nn.Module):
        it, and a gradient bigger than a bucket gets one of its own (like ``my_assign_buckets`` in notebook 04b).
     4. When a bucket is full, its gradients are flattened into one tensor and ONE
        ``dist.all_reduce(..., async_op=True)`` is launched at once, from the hook: do not wait for it there.
+       Buckets are launched in order, 0, 1, 2, ...: collectives are matched by order, so every rank must launch
+       the same bucket first. A bucket that fills before an earlier one waits until that one is launched.
     5. ``finish_gradient_synchronization()`` waits for every launched allreduce, divides by the world size
        (average, not sum) and copies each bucket's slice back into its parameters' ``.grad``.
     """

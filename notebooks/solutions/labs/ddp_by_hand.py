@@ -28,6 +28,8 @@ class MyDDP(nn.Module):
        it, and a gradient bigger than a bucket gets one of its own (like ``my_assign_buckets`` in notebook 04b).
     4. When a bucket is full, its gradients are flattened into one tensor and ONE
        ``dist.all_reduce(..., async_op=True)`` is launched at once, from the hook: do not wait for it there.
+       Buckets are launched in order, 0, 1, 2, ...: collectives are matched by order, so every rank must launch
+       the same bucket first. A bucket that fills before an earlier one waits until that one is launched.
     5. ``finish_gradient_synchronization()`` waits for every launched allreduce, divides by the world size
        (average, not sum) and copies each bucket's slice back into its parameters' ``.grad``.
     """
@@ -49,6 +51,7 @@ class MyDDP(nn.Module):
             filled += size
         self.bucket_of = {p: index for index, bucket in enumerate(self.buckets) for p in bucket}
         self.ready = [0] * len(self.buckets)
+        self.launched = 0  # buckets 0 .. launched-1 are in flight
         self.in_flight = []  # (work, flat gradients, bucket)
         for p in params:
             p.register_post_accumulate_grad_hook(self._gradient_ready)
@@ -57,20 +60,19 @@ class MyDDP(nn.Module):
         return self.module(*inputs, **kwargs)
 
     def _gradient_ready(self, p: torch.Tensor) -> None:
-        index = self.bucket_of[p]
-        self.ready[index] += 1
-        if self.ready[index] == len(self.buckets[index]):
-            self._launch(index)
+        self.ready[self.bucket_of[p]] += 1
+        while self.launched < len(self.buckets) and self.ready[self.launched] == len(self.buckets[self.launched]):
+            self._launch_next()  # the next bucket in order is full: launch it (and any full ones after it)
 
-    def _launch(self, index: int) -> None:
-        bucket = self.buckets[index]
+    def _launch_next(self) -> None:
+        bucket = self.buckets[self.launched]
+        self.launched += 1
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
         self.in_flight.append((dist.all_reduce(flat, async_op=True), flat, bucket))
 
     def finish_gradient_synchronization(self) -> None:
-        for index, count in enumerate(self.ready):
-            if count < len(self.buckets[index]):  # some parameter got no gradient this step
-                self._launch(index)
+        while self.launched < len(self.buckets):  # some parameter got no gradient this step
+            self._launch_next()
         for work, flat, bucket in self.in_flight:
             work.wait()
             flat /= dist.get_world_size()
@@ -78,7 +80,7 @@ class MyDDP(nn.Module):
             for p in bucket:
                 p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
-        self.in_flight, self.ready = [], [0] * len(self.buckets)
+        self.in_flight, self.ready, self.launched = [], [0] * len(self.buckets), 0
 
 
 if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/ddp_by_hand.py

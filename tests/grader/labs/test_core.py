@@ -67,12 +67,11 @@ def test_a_hang_is_a_timeout_naming_the_waiting_ranks(tmp_path):
     path = write(tmp_path, "import time\nimport torch.distributed as dist\n\ndef double(tensor):\n"
                            "    if dist.get_rank() == 0:\n        time.sleep(120)\n    dist.barrier()\n"
                            "    return tensor * 2\n")
-    for timeout_s in (20, 90):  # on a loaded machine rank 1 may not reach its barrier within 20 s: then once more
-        lab = toy_lab.LAB.__class__(**{**toy_lab.LAB.__dict__, "runs": ({"world_size": 2, "timeout_s": timeout_s},)})
-        message = run_lab(lab, path).results[0].message
-        if "rank 1 was waiting" in message:
-            break
-    assert "your double did not finish" in message and f"rank(s) 0 did not finish within {timeout_s} s" in message
+    # stopped once neither rank has made progress for 20 s (course.runtime.progress), long before the limit: a rank
+    # still starting on a loaded machine uses processor time, so the verdict does not depend on load
+    lab = toy_lab.LAB.__class__(**{**toy_lab.LAB.__dict__, "runs": ({"world_size": 2, "timeout_s": 600},)})
+    message = run_lab(lab, path).results[0].message
+    assert "your double did not finish" in message and "rank(s) 0 made no progress for 20 s" in message
     assert "rank 1 was waiting for it in barrier" in message and message.endswith("(toy hint)")
 
 

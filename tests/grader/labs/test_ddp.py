@@ -48,6 +48,13 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("after_backward", ["overlap"], "step 1: every allreduce started after backward ended"),
     ("sums", ["matches_ddp"], "your update is 4.00x DDP's; the gradients were summed, not averaged"),
     ("no_broadcast", ["broadcast"], "rank 1's parameters differ from rank 0's by"),
+    # results land only at wait() (grader.labs.late_results): each synchronization mistake fails on every run
+    ("no_wait", ["matches_ddp"], "an allreduce was never waited for, and its result is not there until"),
+    ("no_copy_back", ["matches_ddp"], "every .grad still holds this rank's own gradient: the averaged bucket was "
+     "never copied back"),
+    ("reads_before_wait", ["matches_ddp"], "the bucket was read before its allreduce finished"),
+    ("out_of_order", ["in_order"], "step 1 launched the buckets in the order 1, 0, 2, 3 (bytes 4224, 4136, 84, "
+     "5376): bucket 1 filled first and went first. Every rank must launch bucket 0, then 1, 2, ..."),
     # torch's DDP reduces in C++, so no allreduce of the student's is seen either
     ("uses_torch_ddp", ["one_allreduce_per_bucket", "overlap", "no_torch_ddp"], ": no allreduce at all"),
 ])
@@ -145,3 +152,18 @@ def test_the_modelled_speed_times_the_recorded_schedule_beside_ddps(monkeypatch)
     monkeypatch.setattr(ddp, "SPEED", ddp.modelled.SpeedGrading(points=2, within=ratio["late"] - 0.005))
     assert ddp.judge_speed(overlapped).passed and not ddp.judge_speed(late).passed
     assert not ddp.judge_speed(_record()).passed
+
+
+def _sized(*nbytes: int) -> list[Call]:
+    return [Call("all_reduce", float(i), nbytes=n, async_op=True) for i, n in enumerate(nbytes)]
+
+
+@given(st.permutations([4136, 4224, 84, 5376]))
+def test_in_order_passes_the_planned_order_or_the_ready_order_and_fails_any_other_reordering(order):
+    planned = [40, 1280, 128, 2688, 128, 4096, 84, 5376]  # reverse parameters(): buckets of 4136, 4224, 84, 5376
+    ready = [40, 1280, 128, 4096, 128, 2688, 84, 5376]  # backward's order: buckets of 1448, 4224, 2772, 5376
+    record = ddp.StepRecord(_sized(*order), READY, ready, 4.5, planned)
+    verdict = ddp.judge_in_order([record], 4224)
+    assert verdict.passed == (order == [4136, 4224, 84, 5376]), verdict.message
+    assert ddp.judge_in_order([ddp.StepRecord(_sized(1448, 4224, 2772, 5376), READY, ready, 4.5, planned)],
+                              4224).passed

@@ -34,9 +34,17 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("no_warmup", {"order"}, "stage 0's op 1 is B0, 1F1B runs F1 there"),
     ("warmup_off_by_one", {"in_flight", "order"}, "stage 0 held 5 micro-batches at once"),
     ("no_cooldown", EVERY, "the schedule never runs B"),
+    ("uncapped_warmup", EVERY, "world_size=4, 4 stages, 2 micro-batches: stage 0 of 4, 2 micro-batches: "),
 ])
 def test_each_wrong_schedule_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", f"one_f_one_b_{attempt}.py"))
     assert set(result.failed()) == fails, result.report()
     assert any(fragment in r.message for r in result.results if not r.passed), result.report()
 
+
+
+def test_importing_the_course_schedule_is_refused_without_starting_a_rank():
+    result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", "one_f_one_b_imports_course.py"))
+    assert set(result.failed()) == EVERY and result.runs == 0
+    assert result.results[0].message.startswith("your file uses course.model_parallel.schedules.one_f_one_b, a "
+                                                "ready-made version of what this lab asks you to write")

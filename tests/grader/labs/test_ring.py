@@ -53,6 +53,12 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("barrier_at_end", ["point_to_point_only"], "called dist.barrier (a collective)"),
     ("forgets_average", ["matches"], "it holds the sum, not the average: op='avg' divides the sum by world_size once"),
     ("averages_twice", ["matches"], "it was divided by world_size twice: divide once, after the all-gather"),
+    ("sends_to_owner", ["neighbours"], "rank 0's message 2 was sent to rank 2; in a ring rank 0 sends only to its "
+     "right neighbour, rank 1, and receives only from its left one, rank 3"),
+    ("imports_course", ALL, "your file uses course.collectives.allreduce.ring_allreduce, a ready-made version of "
+     "what this lab asks you to write"),
+    ("chunk_off_by_one", ALL, "1001 float32 elements, op='sum': the chunk indices of sender and receiver disagree at "
+     "step 1 of the all-gather: rank 3 sends a chunk of 251 elements and rank 0 receives it into a chunk of 250"),
     ("sends_whole_tensor", ["bytes"], "rank 0 sent 15,016 bytes; a ring sends 2(n-1)/n of the 4,004-byte tensor = "
      "6,006 bytes: 3 of its 6 messages carried the whole tensor instead of one chunk (1/n of it)"),
 ])

@@ -47,6 +47,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     # without the all-gather the ranks disagree, and half the traffic is missing: two checks fail (the third,
     # uneven, waits for matches_adam)
     ("no_all_gather", ["matches_adam", "communication", "uneven"], "the ranks no longer agree"),
+    ("floor_shards", ["uneven"], "the last 2 of the 22 parameters (flattened in order) never changed, while DDP + "
+     "Adam moved them: no rank's shard covers them. The shard boundaries leave a gap"),
     ("allreduce_then_shard", ["communication"], "1.50x DDP's allreduce of the same gradients"),
     ("sums", ["matches_adam", "uneven"], "check the average (reduce-scatter the sum, then divide by world_size)"),
 ])

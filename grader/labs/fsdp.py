@@ -1,0 +1,252 @@
+"""Lab "fsdp": the student writes FSDP (ZeRO-3) by hand on a small multi-layer model, checked against DDP + Adam.
+
+The student's ``MyFSDP(model)`` (stub: ``course/labs/stubs/fsdp.py``, taught in ``notebooks/07_memory.ipynb``)
+keeps 1/world_size of every ``nn.Linear``'s parameters (``self.shards``, in the layout its docstring fixes),
+all-gathers a layer's parameters just before its forward, lets them go after it, gathers them again for its
+backward and reduce-scatters the gradients into the shards' ``.grad``; ``torch.optim.Adam`` steps the shards.
+:func:`check_on_rank` measures, with :mod:`course.runtime.recorder` installed:
+
+* ``matches_adam``: after each of ``steps`` steps the full parameters (the checker gathers the shards with its
+  own, unrecorded collective) equal those of torch's ``DistributedDataParallel`` + ``torch.optim.Adam`` on the
+  same data within :data:`TOLERANCE`;
+* ``memory``: the shards are 1/world_size of the model (padded), and at every all-gather the gathered parameters
+  still alive (tensors the gathers wrote into, kept by the student or by autograd) are at most one layer's: the
+  measured peak of parameter bytes per rank is 1/N of the model plus one layer;
+* ``communication``: the bytes a bandwidth-optimal algorithm sends per rank in a step are 1.5x DDP's allreduce
+  (two all-gathers and one reduce-scatter of the parameters, each (N-1)/N of them, against the allreduce's
+  2(N-1)/N), within the padding.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch import nn
+
+from course import world
+from course.runtime.recorder import ORIGINAL, Recorder, recording
+from grader.labs.agree import spreads
+from grader.labs.core import Check, Finding, Lab, StudentError, load_entry
+from grader.labs.zero import BETAS, EPS, LR, TOLERANCE, _batch, _loss, reference_trajectory
+
+ENTRY = "MyFSDP"
+CLASSES = 12
+CHECKS = (
+    Check("matches_adam", f"parameters equal DDP + torch.optim.Adam's after every step (±{TOLERANCE:g})", 4),
+    Check("memory", "each rank holds 1/world_size of the parameters plus at most one gathered layer", 3),
+    Check("communication", "bytes sent per step are 1.5x DDP's allreduce (gather twice, reduce-scatter once)", 2),
+)
+GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base")
+
+
+def _model(seed: int) -> nn.Sequential:
+    """64 -> 32 -> 32 -> 32 -> 12: four layers, the middle two of 1,056 parameters each."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                         nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+
+def _linears(model: nn.Sequential) -> list[nn.Linear]:
+    return [module for module in model if isinstance(module, nn.Linear)]
+
+
+def _piece(linear: nn.Linear, world_size: int) -> int:
+    """Elements of one rank's piece of ``linear`` (weight and bias, padded to a multiple of world_size)."""
+    return -(-(linear.weight.numel() + linear.bias.numel()) // world_size)
+
+
+class GatherWatch:
+    """Every tensor an all-gather wrote into, weakly held: the bytes still alive at each gather, and their peak.
+
+    Only blocking gathers with the output as first positional argument are watched (what the lab's text asks)."""
+
+    def __init__(self) -> None:
+        self.outputs: list[weakref.ref] = []
+        self.peak = 0
+        self._inside = threading.local()  # a deprecated name calling its new one: watch the outer call only
+
+    def alive(self) -> int:
+        storages = {}
+        for ref in self.outputs:
+            tensor = ref()
+            if tensor is not None:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()  # resize_(0) frees it in place
+        return sum(storages.values())
+
+    def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            output = args[0] if args else None
+            if not isinstance(output, torch.Tensor) or kwargs.get("async_op") or getattr(self._inside, "on", False):
+                return original(*args, **kwargs)
+            self.outputs.append(weakref.ref(output))
+            self.peak = max(self.peak, self.alive())
+            # gather into the checker's own buffer, then copy: gloo may hold its output a while after returning,
+            # and what it holds must not count as the student's
+            private = torch.empty_like(output)
+            self._inside.on = True
+            try:
+                result = original(private, *args[1:], **kwargs)
+            finally:
+                self._inside.on = False
+            output.copy_(private)
+            return result
+        return watched
+
+
+@contextmanager
+def watching_gathers() -> Iterator[GatherWatch]:
+    """While open, every all-gather's output tensor is watched (:class:`GatherWatch`)."""
+    watch, saved = GatherWatch(), []
+    for name in GATHERS:
+        if hasattr(dist, name):
+            saved.append((name, getattr(dist, name), getattr(c10d, name)))
+            wrapper = watch.wrap(getattr(dist, name))
+            setattr(dist, name, wrapper)
+            setattr(c10d, name, wrapper)
+    try:
+        yield watch
+    finally:
+        for name, in_dist, in_c10d in saved:
+            setattr(dist, name, in_dist)
+            setattr(c10d, name, in_c10d)
+
+
+def full_parameters(fsdp: nn.Module, linears: list[nn.Linear], me: world.Rank) -> torch.Tensor:
+    """The model's parameters, flattened in ``model.parameters()`` order, gathered from the student's shards."""
+    shards = list(getattr(fsdp, "shards", []))
+    if len(shards) != len(linears):
+        raise StudentError(f"{ENTRY}.shards has {len(shards)} pieces; the model has {len(linears)} nn.Linear "
+                           "layers: keep one nn.Parameter per Linear in self.shards (an nn.ParameterList), in order")
+    flat = []
+    for index, (shard, linear) in enumerate(zip(shards, linears, strict=True)):
+        piece = _piece(linear, me.world_size)
+        if shard.numel() != piece:
+            raise StudentError(f"rank {me.rank}'s shard of layer {index} has {shard.numel()} elements; the layout "
+                               f"asks for ceil(({linear.weight.numel()} + {linear.bias.numel()}) / world_size) = "
+                               f"{piece}: pad the flattened weight and bias to a multiple of world_size, then cut")
+        full = torch.empty(piece * me.world_size, dtype=shard.dtype, device=shard.device)
+        # torch's own function under its newest name (the deprecated one calls the watched new name)
+        ORIGINAL.get("all_gather_single", ORIGINAL["all_gather_into_tensor"])(full, shard.detach().reshape(-1))
+        flat.append(full[:linear.weight.numel() + linear.bias.numel()].cpu().clone())
+    return torch.cat(flat)
+
+
+def _train_student(my_fsdp: type, config: dict, recorder: Recorder, me: world.Rank
+                   ) -> tuple[list[torch.Tensor], list[float], int, int]:
+    """Train with the student's class; full parameters after each step, bytes sent per step, the shards' bytes
+    and the peak bytes of gathered parameters alive at once."""
+    model = _model(config["seed"]).to(me.device)
+    linears = _linears(model)
+    with watching_gathers() as watch:
+        fsdp = my_fsdp(model)
+        del model  # the student's shards are what is left; the full layers go unless the student keeps them
+        optimizer = torch.optim.Adam(fsdp.parameters(), lr=LR, betas=BETAS, eps=EPS)
+        trajectory, sent = [full_parameters(fsdp, linears, me)], []
+        watch.peak = 0  # from here on: what training holds
+        for step in range(config["steps"]):
+            optimizer.zero_grad(set_to_none=True)
+            recorder.clear()
+            _loss(fsdp, *_batch(step, config["seed"], me)).backward()
+            optimizer.step()
+            sent.append(recorder.sent_bytes())
+            trajectory.append(full_parameters(fsdp, linears, me))
+    kept = sum(p.numel() * p.element_size() for p in fsdp.parameters())
+    return trajectory, sent, kept, watch.peak
+
+
+# -- verdicts (pure functions of what was measured) ---------------------------------------------------------------
+def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], spread: list[float], rank: int
+                  ) -> Finding:
+    """Finding for ``matches_adam``: full parameters before and after each step against DDP + Adam's."""
+    for step in range(len(reference)):
+        gap = (ours[step] - reference[step]).abs().max().item()
+        if gap <= TOLERANCE:
+            continue
+        if step == 0:
+            return Finding("matches_adam", False, f"rank {rank}'s shards, gathered, differ from the model's "
+                           f"parameters by {gap:.2g} before any step: cut each layer's flattened weight and bias "
+                           "(weight first, padded) into world_size pieces and keep piece rank")
+        start = f"after step {step} the parameters differ from DDP + Adam's by {gap:.2g} (tolerance {TOLERANCE:g})"
+        if spread[step] > TOLERANCE:
+            return Finding("matches_adam", False, f"{start}, and the ranks' gathered parameters disagree: every "
+                           "rank must hold the same pieces after gathering")
+        ratio = ((ours[step] - ours[step - 1]).abs().sum() / (reference[step] - reference[step - 1]).abs().sum())
+        return Finding("matches_adam", False, f"{start} (your steps are {ratio.item():.2f}x as large): check the "
+                       "gradients of weight and bias, and divide the reduce-scattered sum by world_size")
+    return Finding("matches_adam", True, f"parameters equal DDP + Adam's after each of {len(reference) - 1} steps")
+
+
+def judge_memory(kept: int, peak: int, model_bytes: int, layer_bytes: int, world_size: int) -> Finding:
+    """Finding for ``memory``: shards ``kept`` bytes against 1/N of ``model_bytes``; gathered ``peak`` against one
+    layer's ``layer_bytes`` (both padded)."""
+    share = model_bytes / world_size
+    if kept > share + 4 * world_size * 4:  # padding: under one element per rank per layer
+        return Finding("memory", False, f"each rank keeps {kept:,} bytes of parameters, {kept / share:.2f}x its "
+                       f"share (1/{world_size} of {model_bytes:,}): keep only your pieces as parameters, not the "
+                       "full layers")
+    if peak > layer_bytes:
+        return Finding("memory", False, f"{peak:,} bytes of gathered parameters were alive at once, "
+                       f"{peak / layer_bytes:.1f} layers' worth (the largest layer is {layer_bytes:,} bytes): let a "
+                       "layer's full parameters go after its forward (keep no reference, save only the input and "
+                       "your piece for backward) and gather them again in backward")
+    return Finding("memory", True, f"{kept:,} bytes of shards per rank and at most {peak:,} gathered (one layer)")
+
+
+def judge_communication(sent: list[float], model_bytes: int, layers: int, world_size: int) -> Finding:
+    """Finding for ``communication``: bytes sent in each step against 1.5x DDP's allreduce, within the padding."""
+    ddp = 2 * (world_size - 1) / world_size * model_bytes
+    slack = 3 * (world_size - 1) * 4 * layers  # under one padded element per rank per layer and collective
+    for step, bytes_sent in enumerate(sent, start=1):
+        if abs(bytes_sent - 1.5 * ddp) <= slack:
+            continue
+        ratio = bytes_sent / ddp
+        why = (" (an allreduce of the gradients sends twice a reduce-scatter: reduce-scatter them instead)"
+               if abs(ratio - 2.0) < 0.1 else
+               " (one all-gather too few: gather each layer in forward and again in backward)" if abs(ratio - 1.0)
+               < 0.1 else "")
+        return Finding("communication", False, f"step {step} sent {bytes_sent:,.0f} bytes per rank, {ratio:.2f}x "
+                       f"DDP's allreduce of the same model ({ddp:,.0f}); FSDP sends 1.5x: two all-gathers and one "
+                       f"reduce-scatter of the parameters{why}")
+    return Finding("communication", True, f"{sent[0]:,.0f} bytes per step, 1.5x DDP's allreduce")
+
+
+# -- on every rank ----------------------------------------------------------------------------------------------
+def check_on_rank(path: str, config: dict) -> list[Finding]:
+    """Run the student's ``MyFSDP`` from ``path`` on this rank as ``config`` says; one Finding per check."""
+    me = world.current()
+    reference = reference_trajectory(_model(config["seed"]).to(me.device), config, me)
+    linears = _linears(_model(config["seed"]))
+    with recording(me.world_size) as recorder:
+        my_fsdp = load_entry(path, ENTRY)
+        trajectory, sent, kept, peak = _train_student(my_fsdp, config, recorder, me)
+    padded = [_piece(linear, me.world_size) * me.world_size * 4 for linear in linears]
+    model_bytes = sum(p.numel() * p.element_size() for p in _model(config["seed"]).parameters())
+    return [judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank),
+            judge_memory(kept, peak, sum(padded), max(padded), me.world_size),
+            judge_communication(sent, model_bytes, len(linears), me.world_size)]
+
+
+LAB = Lab(
+    name="fsdp", title="FSDP (ZeRO-3) by hand: gather per layer, free, reduce-scatter gradients",
+    notebook="07_memory", student_file="labs/fsdp.py", entry=ENTRY, checks=CHECKS,
+    rank_check="grader.labs.fsdp:check_on_rank",
+    runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "3 Adam steps of a 4-layer MLP"},),
+    hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
+                 {"world_size": 2, "seed": "jitter", "steps": 2, "timeout_s": 120, "label": "2 Adam steps"}),
+    shortcuts=("torch.distributed.fsdp:fully_shard", "torch.distributed.fsdp:FullyShardedDataParallel",
+               "torch.distributed.optim:ZeroRedundancyOptimizer"),
+    hang_hint=("A hang in this lab usually means the ranks gathered different layers, or pieces of different "
+               "sizes: every rank must gather every layer, in the same order, with pieces of the same length."),
+)
+
+__all__ = ["LAB", "check_on_rank", "full_parameters", "judge_communication", "judge_matches", "judge_memory"]
