@@ -40,10 +40,10 @@ from torch.nn.parallel import DistributedDataParallel
 from course import world
 from course.practice.checkpoint import epoch_batches
 from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
-from grader.labs.own_code import refuse
 
-#: Not to be imported by the student: the course's own checkpoint does what the lab asks.
-REFUSED = ("course.practice.checkpoint", "course.practice.resume", "torch.distributed.checkpoint")
+#: Not to be used by the student: the course's own checkpoint does what the lab asks.
+SHORTCUTS = ("course.practice.checkpoint:save", "course.practice.checkpoint:load",
+             "course.practice.checkpoint:rng_states", "course.practice.checkpoint:set_rng_states")
 #: How long rank 0's torch.save waits for rank 1 to return from save_checkpoint (it returns at once without a
 #: barrier; with one it never does before rank 0 has written, and rank 0 writes after this delay).
 WRITE_DELAY_S = 3.0
@@ -266,7 +266,6 @@ def _shared_folder(config: dict) -> str:
 def check_on_rank(path: str, config: dict) -> RankReport:
     """Run the uninterrupted and the stopped-and-resumed training on this rank; judge what came back."""
     me = world.current()
-    refuse(path, REFUSED, "save_checkpoint and load_checkpoint")
     folder = _shared_folder(config)
     watch = _WatchedSave(os.path.join(folder, "rank1-returned"), me.rank)
     torch.save = watch  # before the student's file is loaded, so a ``from torch import save`` is watched too
@@ -302,7 +301,7 @@ def _run(stop_at: int, seed: int | str, where: str) -> dict:
 LAB = Lab(
     name="checkpoint", title="a full checkpoint under DDP: save, load, resume bit-for-bit",
     notebook="09_real_gpu_practice", student_file="labs/checkpoint_resume.py", entry="save_checkpoint", checks=CHECKS,
-    rank_check="grader.labs.checkpoint:check_on_rank",
+    rank_check="grader.labs.checkpoint:check_on_rank", shortcuts=SHORTCUTS,
     runs=(_run(6, 0, "mid-epoch"),),
     hidden_runs=(_run(8, "jitter", "at an epoch's end"),),
     hang_hint=("A hang here usually means one rank called a collective (a barrier, all_gather_object) that the "

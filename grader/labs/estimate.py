@@ -25,13 +25,14 @@ from dataclasses import dataclass
 
 from course.perf import catalog, comm, parallel, planner
 from grader.labs.core import NOT_ATTEMPTED, Check, Finding, Lab, StudentError, load_entry
-from grader.labs.own_code import refuse
 
 ENTRIES = ("model_states_bytes", "tp_allreduce_seconds")
 #: Relative difference accepted (the same formula in another order differs by ~1e-16).
 TOLERANCE = 1e-6
-#: Not to be imported by the student: they hold the answers.
-REFUSED = ("course.perf", "course.memory", "course.collectives.cost_model")
+#: Not to be used by the student: they hold the answers.
+SHORTCUTS = ("course.perf.planner:memory_per_gpu", "course.memory.budget:model_states",
+             "course.memory.budget:bytes_per_parameter", "course.perf.comm:allreduce_seconds",
+             "course.collectives.cost_model:predict")
 #: Catalog links a variant's node may have (one per variant).
 LINKS = ("NVSwitch (A100, NVLink 3)", "NVSwitch (H100, NVLink 4)", "NVLink 2 (V100, 6 links)", "PCIe 4.0 x16")
 NO_ID = ("set STUDENT_ID at the top of {path} to your student id (the one you log in with): your numbers are "
@@ -176,7 +177,6 @@ def _defines(path: str, name: str) -> bool:
 
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Call the student's two functions on their variant (or a hidden one) and judge them against course.perf."""
-    refuse(path, REFUSED, " and ".join(ENTRIES))
     states, seconds = (load_entry(path, entry) for entry in ENTRIES)
     p = _student_problem(path, config)
     link = comm.alpha_beta(catalog.link(p.link))
@@ -199,7 +199,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
 LAB = Lab(
     name="estimate", title="estimate a plan: model states per GPU and tensor-parallel all-reduce time",
     notebook="05c_performance_model", student_file="labs/estimate_plan.py", entry="model_states_bytes",
-    checks=CHECKS, rank_check="grader.labs.estimate:check_on_rank",
+    checks=CHECKS, rank_check="grader.labs.estimate:check_on_rank", shortcuts=SHORTCUTS,
     runs=({"world_size": 1, "timeout_s": 60, "label": "your variant (from STUDENT_ID)"},),
     hidden_runs=({"world_size": 1, "seed": "jitter", "timeout_s": 60, "label": "another variant"},
                  {"world_size": 1, "seed": "jitter", "timeout_s": 60, "label": "another variant"}),

@@ -24,10 +24,9 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from grader.labs.core import Check, Finding, Lab, load_entry
-from grader.labs.own_code import refuse
 
 #: Not to be used by the student: torch's scaler is the reference.
-REFUSED = ("GradScaler", "torch.amp.grad_scaler", "course.practice.mixed_precision")
+SHORTCUTS = ("torch.amp:GradScaler", "torch.amp.grad_scaler:GradScaler", "torch.cuda.amp:GradScaler")
 #: Largest |parameter difference| accepted (powers-of-two scales make the same steps equal to the last bit).
 TOLERANCE = 1e-6
 LR, BATCH_SIZE, INIT_SCALE, MAX_NORM = 1e-2, 16, 2.0**16, 0.5
@@ -159,7 +158,6 @@ def judge_scale(scales: list[float], config: dict, ours: list[torch.Tensor]) -> 
 
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Train with the student's LossScaler and train_step; judge against torch.amp.GradScaler's loop."""
-    refuse(path, REFUSED, "LossScaler")
     scaler_class, train_step = load_entry(path, "LossScaler"), load_entry(path, "train_step")
     scaler = scaler_class(init_scale=INIT_SCALE, growth_interval=config["growth_interval"])
     dtypes: list[torch.dtype] = []
@@ -173,7 +171,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
 LAB = Lab(
     name="mixed_precision", title="a loss scaler and a mixed-precision training step",
     notebook="09_real_gpu_practice", student_file="labs/loss_scaler.py", entry="train_step", checks=CHECKS,
-    rank_check="grader.labs.mixed_precision:check_on_rank",
+    rank_check="grader.labs.mixed_precision:check_on_rank", shortcuts=SHORTCUTS,
     runs=({"world_size": 1, "seed": 0, "steps": 6, "overflow_at": 4, "growth_interval": 2, "timeout_s": 60,
            "label": "6 steps, an overflow at step 4, growth_interval=2"},),
     hidden_runs=({"world_size": 1, "seed": "jitter", "steps": 6, "overflow_at": 3, "growth_interval": 3,

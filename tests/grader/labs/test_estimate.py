@@ -34,7 +34,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 @pytest.mark.parametrize(("attempt", "failed", "fragment"), [
     ("forgets_optimizer_state", ["memory"], "12 bytes per parameter short: the optimizer state is missing"),
     ("allreduce_once", ["tp_allreduce"], "that counts each all-reduce's bytes once"),
-    ("imports_course", ALL, "your file uses course.perf.planner, a ready-made version"),
+    ("imports_course", ALL, "your file uses course.perf.planner.memory_per_gpu, a ready-made version"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(estimate.LAB, os.path.join(ATTEMPTS, f"estimate_{attempt}.py"))
