@@ -3,6 +3,12 @@
 # "Grading the assignment") is unpacked in /autograder/source: this script, run_autograder, pyproject.toml,
 # course/, grader/ and notebooks/assignment/ (the starter and skeleton the grader recognises).
 #
+# The container (Gradescope's autograder settings): at least 1 CPU and 1.5 GB of memory. One submission takes about
+# 1.0 GiB at its peak, all processes together, and 16-19 s of CPU (benchmarks/autograder_footprint.py): 4 ranks of
+# about 150 MiB each, their launcher, the grader and the checkpoint's evaluation. Gradescope's default container
+# (half a CPU, 768 MB) is too small in memory; on half a CPU a grading is slower, and the grader lengthens its own
+# time limits to match (at most 4 times), so keep the per-submission timeout at 10 minutes or more.
+#
 # Settings (environment variables; each has a default that fits Gradescope):
 #   TORCH_INDEX_URL       where pip finds torch. Default: the first line of the file torch-index-url next to this
 #                         script if there is one, else https://download.pytorch.org/whl/cpu (the CPU builds)

@@ -1,10 +1,10 @@
-"""``grader``: the assignment's autograder, a thin layer over :mod:`grader.runner`, :mod:`grader.gradebook`
-and :mod:`grader.render`.
+"""``grader``: the course's autograder, a thin layer over :mod:`grader.grading` (one submission: the assignment
+and its labs), :mod:`grader.gradebook` and :mod:`grader.render`.
 
     grader check train_4gpu.py               the student's self-check: the visible checks, with feedback
     grader check ring ring_allreduce.py      a lab's self-check (grader.labs): its visible checks, with feedback
     grader grade SUBMISSIONS_DIR -o OUT      an instructor grades a class (CSV, Gradescope JSON, feedback)
-    grader report OUT [--submissions DIR]    re-render OUT's gradebook from its saved raw results
+    grader render OUT [--submissions DIR]    re-render OUT's gradebook from its saved raw results
     grader gradescope                        inside Gradescope: /autograder/submission -> results.json
 
 Taught in ``notebooks/06_assignment.ipynb``.
@@ -23,11 +23,11 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
-from grader import render
-from grader.gradebook import GRADER_ERROR, graded_before, output_keys, rebuild, save, scan, submissions_in
-from grader.labs.grade import grade_labs, only_labs
+from grader import labs, render
+from grader.gradebook import graded_before, output_keys, rebuild, save, scan, submissions_in
+from grader.grading import grade_submission
 from grader.results import Results
-from grader.runner import BAD, GRADER_STOPPED, GradingConfig, grade, not_run
+from grader.runner import GRADER_STOPPED, GradingConfig, not_run
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -64,7 +64,8 @@ def stopping_on_signals(config: GradingConfig | None) -> Iterator[GradingConfig]
 def check(path: Path, config: GradingConfig | None = None) -> Results:
     """The self-check: grade ``path`` on the visible checks and print the feedback. Usable from a notebook."""
     with stopping_on_signals(config) as config:
-        results = grade(Path(path), replace(config, visible_only=True))
+        results = grade_submission(Path(path), replace(config, visible_only=True)) or not_run(
+            Path(path).name, GRADER_STOPPED, "the grader was stopped before it started")
     print(render.feedback(results, visible_only=True), end="")
     return results
 
@@ -73,31 +74,8 @@ DEFAULT_JOBS = min(2, os.cpu_count() or 1)  # two 4-rank runs at a time fill a 2
 
 
 def check_lab(lab: str, path: Path) -> bool:
-    """A lab's self-check: its visible checks on ``path``, the report printed; True if every check passed."""
-    from grader import labs
-
+    """A lab's self-check: its visible checks on ``path``, its feedback printed; True if every check passed."""
     return labs.check(lab, str(path)).passed
-
-
-def _grade_safely(path: Path, config: GradingConfig) -> Results | None:
-    """``grade``, turning the grader's own exceptions into a ``grader error`` result; None if stopped before.
-
-    The labs found in the submission (:mod:`grader.labs.grade`) are graded after the assignment, into ``labs``.
-    """
-    if config.stop is not None and config.stop.is_set():
-        return None
-    try:
-        if only_labs(path):  # lab files alone: no assignment script to run (not even a lab file taken for one)
-            results = not_run(path.name, BAD, "no assignment script: the submission holds only lab files", config)
-        else:
-            results = grade(path, config)
-    except Exception as error:  # noqa: BLE001  (one submission must never stop the batch)
-        results = not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
-    try:
-        results.labs = grade_labs(path, hidden=not config.visible_only, isolation=config.isolation, stop=config.stop)
-    except Exception as error:  # noqa: BLE001  (a lab's grader failure must not lose the assignment's grade)
-        results.detail += f" (the labs could not be graded: {type(error).__name__}: {error})"
-    return results
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 2, config: GradingConfig | None = None,
@@ -132,7 +110,7 @@ def _grade_all(folder: Path, out: Path, jobs: int, config: GradingConfig, progre
     todo = [p for p in submissions if p.name not in graded]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, \
             tqdm(total=len(todo), desc="grading", unit="submission", disable=not progress) as bar:
-        futures = [pool.submit(_grade_safely, path, config) for path in todo]
+        futures = [pool.submit(grade_submission, path, config) for path in todo]
         for future in as_completed(futures):
             if config.stop is not None and config.stop.is_set():
                 for waiting in futures:  # not started yet: left ungraded (--resume grades them)
@@ -157,11 +135,8 @@ def run_autograder(submission: Path = Path("/autograder/submission"),
                    config: GradingConfig | None = None) -> Results:
     """Gradescope's entry: grade the submission folder, write ``results.json`` there; always writes it."""
     with stopping_on_signals(config) as config:
-        results = _grade_safely(Path(submission), config) or not_run(Path(submission).name, GRADER_STOPPED,
-                                                                       "the grader was stopped before it started")
-    if results.labs and results.status == BAD:  # a lab submitted on its own: the assignment's checks do not apply
-        results = replace(results, checks=[], status="ok", detail=f"graded the lab(s) submitted: "
-                          f"{', '.join(results.labs)} (no assignment script: {results.detail})")
+        results = grade_submission(Path(submission), config) or not_run(Path(submission).name, GRADER_STOPPED,
+                                                                         "the grader was stopped before it started")
     render.write_gradescope(results, Path(results_path))
     return results
 
@@ -193,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     p_grade.add_argument("--resume", action="store_true",
                          help="skip submissions already graded cleanly in OUT (grader errors and interrupted runs are "
                               "graded again)")
-    p_report = sub.add_parser("report", help="re-render OUT/gradebook.csv from OUT/results/*.json, for the "
+    p_render = sub.add_parser("render", help="re-render OUT/gradebook.csv from OUT/results/*.json, for the "
                                              "submissions it lists (or those in --submissions)")
-    p_report.add_argument("out", type=Path)
-    p_report.add_argument("--submissions", type=Path, default=None,
+    p_render.add_argument("out", type=Path)
+    p_render.add_argument("--submissions", type=Path, default=None,
                           help="the submissions folder: list exactly the submissions now in it")
     p_gs = sub.add_parser("gradescope", help="Gradescope's run_autograder entry")
     p_gs.add_argument("--submission", type=Path, default=Path("/autograder/submission"))
@@ -212,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(args.file) > 2:
             parser.error("check takes FILE, or LAB FILE")
         results = check(args.file[0])
-        return 0 if all(c.passed for c in results.checks) else 1
+        return 0 if all(c.passed for c in results.checks) and all(lab.passed for lab in results.labs.values()) else 1
     if args.command == "grade":
         try:
             for note in scan(args.submissions, args.out)[1]:
@@ -229,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"`grader grade {args.submissions} -o {args.out} --resume` grades them", file=sys.stderr)
             return 128 + getattr(config.stop, "signum", signal.SIGTERM)
         return 0
-    if args.command == "report":
+    if args.command == "render":
         try:
             all_results, notes = rebuild(args.out, args.submissions)
         except (FileNotFoundError, ValueError) as error:

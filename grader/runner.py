@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from course import data, world
-from course.runtime import outcome
+from course.runtime import outcome, progress
+from course.runtime.pace import Pace, machine_pace
 from grader import crashes, rubric, sandbox
 from grader import secret as instructor_secret
 from grader.assignment import ASSIGNMENT, Assignment
@@ -61,7 +62,12 @@ class GradingConfig:
     # 150 MiB header and no longer runs: torch.compile runs without compiling, grader.environment.COMPILE_OFF)
     limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=180.0))
     eval_limits: sandbox.Limits = field(default_factory=lambda: sandbox.Limits(wall_s=60.0, cpu_s=60))
-    straggler_s: float = 20.0  # after one rank finishes, how long the others may take before they count as hung
+    # seconds with no progress by every rank still running (no CPU time, no record, no output) before they are
+    # stopped as hung; a rank that is behind but working is waited for, up to limits.wall_s
+    idle_s: float = progress.WINDOW_S
+    # the machine's pace: the wall limits above are for a quiet reference machine, and grow on a slower or busier
+    # one (course.runtime.pace); None: measured once per grader process
+    pace: Pace | None = None
     visible_only: bool = False  # True for the student's self-check
     isolation: str = "auto"  # sandbox.run's isolation ("process-tree" skips the root-only containment)
     # set it to stop every run graded with this config at once (the grader got SIGTERM): status "interrupted"
@@ -77,6 +83,7 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
     except BadSubmission as error:
         return not_run(name, BAD, str(error), config, start)
     seed = submission_seed(script)
+    config = replace(config, pace=config.pace or machine_pace())
     # the grader's own work overlaps the sandboxed processes: the evaluation process starts with the run
     # (its interpreter and torch load meanwhile), and the single-process replay runs while it evaluates
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp, ThreadPoolExecutor(2) as helper:
@@ -119,9 +126,10 @@ def _run(run_dir: Path, seed: int, config: GradingConfig) -> tuple[RunRecords, s
     reader = channel.Reader(os.fdopen(record_r, "rb"), key)
     env = {**run_env(), KEY_FD_ENV: str(key_fd), RECORD_FD_ENV: str(record_w), SEED_ENV: str(probe_seed(seed))}
     argv = [*python_argv(), "-m", "grader.inrank.launcher", "--nproc", str(config.assignment.world_size),
-            "--straggler-s", str(config.straggler_s), config.assignment.script_name]
+            "--idle-s", str(config.idle_s), config.assignment.script_name]
     try:
-        result = sandbox.run(argv, cwd=run_dir, env=env, limits=config.limits, pass_fds=(key_fd, record_w),
+        result = sandbox.run(argv, cwd=run_dir, env=env, limits=_paced(config.limits, config),
+                             pass_fds=(key_fd, record_w),
                              isolation=config.isolation, stop=config.stop,
                              hide=(str(instructor_secret.secret_path()),))
     finally:
@@ -148,6 +156,15 @@ def _output(records: RunRecords, result: sandbox.SandboxResult) -> str:
     return "\n".join(parts)
 
 
+def _paced(limits: sandbox.Limits, config: GradingConfig) -> sandbox.Limits:
+    """``limits`` with its wall-clock limit scaled to the machine's pace (:mod:`course.runtime.pace`)."""
+    return replace(limits, wall_s=_pace(config).limit(limits.wall_s))
+
+
+def _pace(config: GradingConfig) -> Pace:
+    return config.pace or Pace(1.0)
+
+
 _RAN_OUT = {"out of memory": "rank {rank} ran out of memory: keep per-rank batches small.",
             "too many processes": "rank {rank} could not start more processes or threads."}
 
@@ -168,20 +185,14 @@ def _status(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) 
 def _ended(ev: Evidence, result: sandbox.SandboxResult, config: GradingConfig) -> tuple[str, str]:
     """How the run ended, naming ranks: from the sandbox's verdict, the launcher's and the probes' records."""
     if result.status == "timeout":
-        unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
-        if 0 < len(unfinished) < ev.world_size:
-            return _hang(ev, unfinished)
-        waiting = [r for r in ev.ranks if ev.last_record.get(r, {}).get("kind") == "collective"]
-        if 0 < len(waiting) < ev.world_size:
-            return _hang(ev, [r for r in ev.ranks if r not in waiting])
-        return "timeout", result.detail
+        return "timeout", _still_working(ev, config)
     if result.status not in ("ok", "error"):
         return result.status, result.detail
     if len(ev.exits) < ev.world_size and result.returncode is not None and result.returncode < 0:
         return "error", _launcher_killed(ev, -result.returncode)
     hung = [r for r, e in sorted(ev.exits.items()) if e.get("stopped") == "hang"]
     if hung:
-        return _hang(ev, hung)
+        return _hang(ev, hung, config.idle_s)
     failed = crashes.failed_ranks(ev)
     torn_down = [r for r, e in sorted(ev.exits.items()) if e["returncode"] != 0 and not e.get("stopped")
                  and r not in failed]
@@ -263,15 +274,48 @@ def _launcher_killed(ev: Evidence, signum: int) -> str:
             "out-of-memory killer or someone on this machine did it; grade it again to tell which.")
 
 
-def _hang(ev: Evidence, ranks: list[int]) -> tuple[str, str]:
-    """``hang on rank k``: ``ranks`` never got where the others did; say which collective the others wait in."""
-    waiting = [f"rank {r} waits in {ev.last_record[r]['op']}() (its collective #{ev.last_record[r]['seq']})"
-               for r in ev.ranks if ev.last_record.get(r, {}).get("kind") == "collective"]
-    names = ", ".join(str(r) for r in ranks)
-    detail = (f"rank(s) {names} never got to where the other ranks were, and the run was stopped. "
-              + ("; ".join(waiting) + ". " if waiting else "")
-              + "Every rank must reach every collective, in the same order.")
-    return f"hang on rank {names}", detail
+def _waits_in_collective(ev: Evidence, rank: int) -> bool:
+    return ev.last_record.get(rank, {}).get("kind") == "collective"
+
+
+def _where(ev: Evidence, rank: int) -> str:
+    """``rank 0 waits in barrier() (its collective #3)``."""
+    record = ev.last_record[rank]
+    return f"rank {rank} waits in {record['op']}() (its collective #{record['seq']})"
+
+
+def _hang(ev: Evidence, stopped: list[int], idle_s: float) -> tuple[str, str]:
+    """``hang on rank k``: the ranks the launcher stopped had all made no progress for ``idle_s``; those not
+    waiting in a collective are at fault (the others waited for them), or all of them if each waits in one."""
+    at_fault = [r for r in stopped if not _waits_in_collective(ev, r)] or stopped
+    waiting = [_where(ev, r) for r in ev.ranks if _waits_in_collective(ev, r)]
+    names = ", ".join(str(r) for r in at_fault)
+    quiet = (f"no rank made progress for {idle_s:g} s (none used processor time or called a collective), so the "
+             "run was stopped. ")
+    if all(_waits_in_collective(ev, r) for r in at_fault):
+        detail = quiet + f"Rank(s) {names} each wait in a collective the others never join: " + "; ".join(waiting)
+    else:
+        detail = (quiet + f"Rank(s) {names} never got to where the other ranks were"
+                  + (": " + "; ".join(waiting) if waiting else ""))
+    return f"hang on rank {names}", detail + ". Every rank must reach every collective, in the same order."
+
+
+def _still_working(ev: Evidence, config: GradingConfig) -> str:
+    """Why a run that hit the time limit was not called stuck: its ranks were still working. Names the ranks still
+    working and those that waited for them, and the limit used and why."""
+    unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
+    working = [r for r in unfinished if not _waits_in_collective(ev, r)]
+    waiting = [_where(ev, r) for r in unfinished if _waits_in_collective(ev, r)]
+    if working and len(working) < ev.world_size:
+        who = (f"rank {working[0]} was" if len(working) == 1 else f"ranks {', '.join(map(str, working))} were")
+    else:
+        who = "the ranks were"
+    who += " still using processor time"
+    return (f"the run did not finish within the time limit, and every rank and DataLoader worker was stopped. "
+            f"It was not stuck: {who} when the limit ran out"
+            + (" (" + "; ".join(waiting) + ")" if waiting else "")
+            + ". An endless loop, or far more work than the assignment asks for, looks like this. "
+            + _pace(config).why(config.limits.wall_s))
 
 
 GO_FD_ENV = "GRADER_GO_FD"
@@ -300,7 +344,8 @@ class _Evaluation:
                         "val_labels": splits.val.tensors[1]}, self.folder / "test.pt")  # no data to load there
             argv = [*python_argv(), "-c", _EVALUATE_WHEN_TOLD, "checkpoint.pt", "--seed", str(seed),
                     "--test-data", "test.pt"]
-            limits = replace(config.eval_limits, wall_s=config.limits.wall_s + config.eval_limits.wall_s)
+            total_s = config.limits.wall_s + config.eval_limits.wall_s  # it starts with the run
+            limits = _paced(replace(config.eval_limits, wall_s=total_s), config)
             return sandbox.run(argv, cwd=self.folder, env={**run_env(), GO_FD_ENV: str(self._go_r)}, limits=limits,
                                pass_fds=(self._go_r,), isolation=config.isolation)
         finally:

@@ -96,6 +96,17 @@ def sleep_while_peers_all_reduce(bad_rank: int) -> int:
     return me.rank
 
 
+def busy_while_peers_all_reduce(slow_rank: int, cpu_s: float) -> int:
+    """Rank ``slow_rank`` computes for ``cpu_s`` seconds of CPU time first; the others wait for it in an all_reduce."""
+    me = world.current()
+    if me.rank == slow_rank:
+        end = time.process_time() + cpu_s
+        while time.process_time() < end:
+            pass
+    dist.all_reduce(torch.ones(1))
+    return me.rank
+
+
 def noisy_when_a_peer_fails(bad_rank: int) -> int:
     """Rank ``bad_rank`` raises; the others write to stderr when their barrier breaks, as gloo does."""
     me = world.current()

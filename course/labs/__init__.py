@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from grader.labs.core import LabResult
+    from grader.results import LabResult
 
 __all__ = ["check"]
 
 
 def check(lab: str, path: str | None = None, hidden: bool = False, quiet: bool = False) -> LabResult:
-    """Check the student's file for ``lab`` and print the report; never raises for a wrong submission.
+    """Check the student's file for ``lab`` and print the feedback; never raises for a wrong submission.
 
     Args:
         lab: the lab's name, e.g. ``"ring"`` (see ``grader.labs.LABS``).
@@ -25,7 +25,7 @@ def check(lab: str, path: str | None = None, hidden: bool = False, quiet: bool =
         quiet: return the result without printing it.
 
     Returns:
-        The lab's result (``.passed``, ``.score``, ``.failed()``, ``.report()``).
+        The lab's :class:`~grader.results.LabResult` (``.passed``, ``.score``, ``.failed()``, ``.checks``).
 
     Raises:
         ValueError: no lab called ``lab``.

@@ -5,14 +5,12 @@ For every ``t x p x d = N`` (``t`` dividing the heads, inside a node or across n
 (:func:`course.perf.parallel.step_time`: compute, tensor-parallel all-reduces, the pipeline bubble, the
 data-parallel all-reduce), with the interleaved schedule where it pays. The tensor-parallel all-reduces are not
 overlapped with compute (Megatron-LM's default; ``Plan(tp_overlap=True)`` models the overlap).
-:func:`memory_per_gpu` adds up what one GPU of the first stage holds: model states of its ``1/(t·p)`` of the
-parameters (:mod:`course.memory.budget`: mixed-precision Adam, ZeRO-1 over the ``d`` data-parallel ranks) and, with
-recomputation, every layer's 16-bit input for the ``p`` micro-batches 1F1B keeps in flight there (``1 +
-(p-1)/(p·v)`` times more with ``v`` interleaved chunks), one layer's working set and the logits (the terms of
-:func:`course.perf.planner.memory_per_gpu`, which plans without pipelines; Korthikanti et al. 2022, section 4.2.3,
-for the ``p`` in flight). :func:`choose`
-keeps the splits that fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those
-GPUs.
+:func:`course.perf.planner.memory_per_gpu` adds up what one GPU of the first stage holds: model states of its
+``1/(t·p)`` of the parameters (:mod:`course.memory.budget`: mixed-precision Adam, ZeRO-1 over the ``d``
+data-parallel ranks) and, with recomputation, every layer's 16-bit input for the ``p`` micro-batches 1F1B keeps
+in flight there (``1 + (p-1)/(p·v)`` times more with ``v`` interleaved chunks), one layer's working set and the
+logits (Korthikanti et al. 2022, section 4.2.3, for the ``p`` in flight). :func:`choose` keeps the splits that
+fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those GPUs.
 Taught in ``notebooks/08_tensor_pipeline.ipynb``.
 """
 
@@ -20,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from course.memory import budget
 from course.perf import parallel, planner
 from course.perf.comm import Cluster
 
@@ -44,27 +41,13 @@ class Split:
         return f"{self.plan.tensor} x {self.plan.pipeline} x {self.plan.data}"
 
 
-def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> float:
-    """Bytes one GPU of the first pipeline stage holds under ``plan`` (module docstring)."""
-    setup = budget.Setup("adam", "bf16", zero_stage, plan.data)
-    states = budget.model_states(model.params / (plan.tensor * plan.pipeline), setup).model_states
-    s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
-    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
-    if plan.interleave > 1:  # the first stage runs ahead by (p-1)/(p·v) more (Korthikanti et al. 2022, 4.2.3)
-        layer_inputs *= 1 + (plan.pipeline - 1) / (plan.pipeline * plan.interleave)
-    scores = 0.0 if plan.fused_attention else 5 * model.heads * s / (h * t)  # a fused kernel keeps no s x s scores
-    working = s * b * h * (10 + 24 / t + scores)
-    logits = 4 * s * b * model.vocab / t
-    return states + layer_inputs + working + logits
-
-
 def evaluate(model: parallel.Transformer, tensor: int, pipeline: int, data: int, cluster: Cluster,
              global_batch: int = 512) -> Split:
     """The modelled step and memory of one ``tensor x pipeline x data`` split (ZeRO-1 when ``data > 1``), with the
     interleaved schedule where it pays (:func:`course.perf.planner.interleaved`)."""
     plan = parallel.Plan(tensor, pipeline, data, global_batch, 1, "zero1" if data > 1 else "ddp")
     plan = planner.interleaved(model, plan, cluster)
-    memory = memory_per_gpu(model, plan, 1 if data > 1 else 0)
+    memory, _ = planner.memory_per_gpu(model, plan, 1 if data > 1 else 0)
     return Split(plan, parallel.step_time(model, plan, cluster), memory, memory <= cluster.gpu.memory_bytes)
 
 
@@ -99,8 +82,8 @@ def table(models: list[parallel.Transformer], gpus: int, cluster: Cluster, globa
         everywhere = parallel.Plan(1, 1, gpus, max(global_batch, gpus), 1)
         best = choose(model, gpus, cluster, global_batch)
         rows.append({"model": model.name, "parameters_b": round(model.params / 1e9, 1),
-                     "ddp_gb": round(memory_per_gpu(model, everywhere, 0) / 1e9, 1),
-                     "zero1_gb": round(memory_per_gpu(model, everywhere, 1) / 1e9, 1),
+                     "ddp_gb": round(planner.memory_per_gpu(model, everywhere, 0)[0] / 1e9, 1),
+                     "zero1_gb": round(planner.memory_per_gpu(model, everywhere, 1)[0] / 1e9, 1),
                      "pick": best.name if best else "none fits",
                      "gb": round(best.memory_bytes / 1e9, 1) if best else None,
                      "step_s": round(best.step.step_s, 2) if best else None,

@@ -55,11 +55,19 @@ def interleaved(model: parallel.Transformer, plan: parallel.Plan, cluster: Clust
 
 
 def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> tuple[float, float]:
-    """``(total, model states)`` bytes one GPU holds under ``plan`` (module docstring)."""
+    """``(total, model states)`` bytes one GPU of the first pipeline stage holds under ``plan`` (module docstring).
+
+    With a pipeline of ``p`` stages the GPU holds ``1/(t·p)`` of the parameters, and 1F1B keeps up to ``p``
+    micro-batches' layer inputs in flight on the first stage (``1 + (p-1)/(p·v)`` times more with ``v``
+    interleaved chunks; Korthikanti et al. 2022, section 4.2.3). The one formula: the planner here and
+    :mod:`course.model_parallel.plan` both use it.
+    """
     setup = memory_budget.Setup("adam", "bf16", zero_stage, plan.data)
-    states = memory_budget.model_states(model.params / plan.tensor, setup).model_states
+    states = memory_budget.model_states(model.params / (plan.tensor * plan.pipeline), setup).model_states
     s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
-    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline
+    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
+    if plan.interleave > 1:  # the first stage runs ahead by (p-1)/(p·v) more (Korthikanti et al. 2022, 4.2.3)
+        layer_inputs *= 1 + (plan.pipeline - 1) / (plan.pipeline * plan.interleave)
     scores = 0.0 if plan.fused_attention else 5 * model.heads * s / (h * t)  # a fused kernel keeps no s x s scores
     working = s * b * h * (10 + 24 / t + scores)
     logits = 4 * s * b * model.vocab / t

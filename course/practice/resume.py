@@ -125,7 +125,7 @@ def resume_point(config: Config, crash_at: int, world_size: int = 2) -> tuple[in
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ResumedRun:
     """A finished :func:`run`: the final parameters and what torchrun and the ranks printed."""
 
     parameters: list[torch.Tensor]
@@ -135,7 +135,7 @@ class Outcome:
 
 
 def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int = 2,
-        timeout_s: float = 180.0, reference: str | Path | None = None) -> Outcome:
+        timeout_s: float = 180.0, reference: str | Path | None = None) -> ResumedRun:
     """Run this script under ``torchrun --max-restarts=1`` in ``directory`` (must be new or empty).
 
     ``reference``: a second new folder; the same job first trains an uninterrupted run there (see :func:`train`),
@@ -163,8 +163,8 @@ def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int 
     if outcome.status == "timeout" or outcome.returncode != 0:
         raise RuntimeError(f"torchrun resume.py {'timed out' if outcome.status == 'timeout' else 'failed'}; "
                            f"its output:\n{output[-3000:]}")
-    return Outcome(torch.load(directory / "final.pt"), output, (directory / "crashed.marker").exists(),
-                   None if reference is None else torch.load(reference / "final.pt"))
+    return ResumedRun(torch.load(directory / "final.pt"), output, (directory / "crashed.marker").exists(),
+                      None if reference is None else torch.load(reference / "final.pt"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,9 @@ process group it starts).
   too many processes, killed by a signal, ...) and the :class:`~course.runtime.outcome.Limits` it is judged by;
 * :mod:`~course.runtime.process_tree` -- the one process-tree kill, and the ``/proc`` reader it and the
   watchdog share;
+* :mod:`~course.runtime.progress` -- slow or stuck: ranks are stuck only when none makes progress (CPU time, counted
+  work) for a window, a pure decision on samples; :mod:`~course.runtime.pace` -- how much slower than the reference
+  machine this one runs now, by which time limits grow;
 * :mod:`~course.runtime.launch` -- ``launch(fn, world_size)``: a library function on N ranks from a notebook,
   with :mod:`~course.runtime.rank_output` (each rank's output in the notebook, prefixed by rank),
   :mod:`~course.runtime.rank_stacks` (where a hung rank is stuck) and :mod:`~course.runtime.ports`.

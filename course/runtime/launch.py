@@ -4,9 +4,11 @@
 emulated GPUs, nccl on real ones), calls ``fn`` on every rank and returns the per-rank results in rank
 order. Output printed by a rank (stdout and stderr) appears in the notebook prefixed with ``[rank k]``. If any
 rank raises, every other rank is stopped and :class:`RankFailed` names the rank and shows its traceback (or,
-for a rank that died without a word, how it ended and the end of its stderr); if ranks do not finish in time,
+for a rank that died without a word, how it ended and the end of its stderr); if ranks are stuck (none has made
+progress for 20 s while one waits for another, :mod:`course.runtime.progress`) or do not finish in time,
 :class:`RankTimeout` names the ones that were not waiting in a collective, and says which ranks waited for
-them and where. No process is left behind either way. Taught in ``notebooks/00_start_here.ipynb``.
+them and where. A rank that is only slow keeps using processor time, and is waited for. No process is left
+behind either way. Taught in ``notebooks/00_start_here.ipynb``.
 
 ``fn`` must be importable (defined in a module, not in a notebook cell): each rank is a fresh process.
 
@@ -36,7 +38,8 @@ import psutil
 import torch.multiprocessing as mp
 
 from course import world
-from course.runtime import rank_stacks
+from course.runtime import progress, rank_stacks
+from course.runtime.pace import machine_pace
 from course.runtime.ports import free_port
 from course.runtime.process_tree import kill_tree
 from course.runtime.rank_output import RankOutput, StderrRelay, stderr_to
@@ -55,21 +58,30 @@ class RankFailed(RuntimeError):
 
 
 class RankTimeout(TimeoutError):
-    """Some ranks did not finish within the time limit; ``ranks`` lists the ones at fault.
+    """Some ranks were stuck (no progress for a while) or did not finish within the time limit; ``ranks`` lists
+    the ones at fault.
 
     A rank blocked in a collective (``all_reduce``, ``barrier``, ...) is waiting for a peer, not at fault: ``ranks``
     names the ranks that were elsewhere (sleeping, computing, stuck), and ``waiting`` maps each rank that waited
     to where (the collective's name, or ``"finished"`` for a rank that had returned its result). If every
-    unfinished rank was in a collective (they called different ones), all of them are at fault.
+    unfinished rank was in a collective (they called different ones), all of them are at fault. ``idle_s`` is set
+    when the ranks were stopped because none had made progress for that long (:mod:`course.runtime.progress`);
+    else the time limit ran out, ``timeout_s`` seconds (``note`` says why it was longer than asked, if it was).
     """
 
-    def __init__(self, ranks: list[int], timeout_s: float, waiting: dict[int, str] | None = None) -> None:
+    def __init__(self, ranks: list[int], timeout_s: float, waiting: dict[int, str] | None = None,
+                 idle_s: float | None = None, note: str = "") -> None:
         self.ranks = ranks
         self.waiting = dict(waiting or {})
+        self.idle_s = idle_s
+        names = ", ".join(str(r) for r in ranks)
+        if idle_s is not None:
+            what = f"rank(s) {names} made no progress for {idle_s:g} s (no processor time used)"
+        else:
+            what = f"rank(s) {names} did not finish within {timeout_s:g} s{f' ({note})' if note else ''}"
         super().__init__(
-            f"rank(s) {', '.join(str(r) for r in ranks)} did not finish within {timeout_s:g} s"
-            f"{_why(ranks, self.waiting)}, and every rank was stopped. A rank that waits in a collective (all_reduce, "
-            "barrier, broadcast) that another rank never calls hangs like this."
+            f"{what}{_why(ranks, self.waiting)}, and every rank was stopped. A rank that waits in a collective "
+            "(all_reduce, barrier, broadcast) that another rank never calls hangs like this."
         )
 
 
@@ -102,6 +114,7 @@ START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "
 # torch._dynamo: DDP imports it on first use (about 1 s of CPU per rank)
 PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "course.runtime.launch"]
 READ_BY_TORCH = ("TORCH", "PYTORCH", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "CUDA", "NVIDIA", "LD_", "PYTHON")
+_LOOK_S = 0.5  # how often launch() samples the ranks' progress
 _SERVER: dict[str, Any] = {}  # "pid" of the fork server this module started, and the "environment" it read
 
 
@@ -177,14 +190,34 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
             channel.put(("left", rank))
 
 
-def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, timeout_s: float
-             ) -> RankTimeout:
+def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, timeout_s: float,
+             note: str = "") -> RankTimeout:
     """Blame the unfinished ranks that are not waiting in a collective: the others are waiting for them."""
     unfinished = sorted(set(range(len(processes))) - set(results))
     waiting = rank_stacks.where_blocked(processes, unfinished, run_dir)
     at_fault = [rank for rank in unfinished if rank not in waiting] or unfinished
-    waiting.update({rank: "finished" for rank in results if rank not in left and processes[rank].is_alive()})
-    return RankTimeout(at_fault, timeout_s, waiting)
+    return RankTimeout(at_fault, timeout_s, {**waiting, **_finished(processes, results, left)}, note=note)
+
+
+def _finished(processes: list[Any], results: dict[int, Any], left: set[int]) -> dict[int, str]:
+    """The ranks that returned their result and still wait for the others (in the closing barrier)."""
+    return {rank: "finished" for rank in results if rank not in left and processes[rank].is_alive()}
+
+
+def _stuck(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, watch: progress.Watch
+           ) -> RankTimeout | None:
+    """A RankTimeout if no unfinished rank has made progress for the watch's window while some rank waits for
+    another (in a collective, or having finished); else None. Nobody waiting: the time limit decides."""
+    unfinished = {rank: p.pid for rank, p in enumerate(processes) if rank not in results and p.pid is not None}
+    if not unfinished or not watch.look(unfinished).stuck:
+        return None
+    waiting = rank_stacks.where_blocked(processes, sorted(unfinished), run_dir)
+    finished = _finished(processes, results, left)
+    if not waiting and not finished:
+        watch.samples.clear()  # look again after another whole window
+        return None
+    at_fault = [rank for rank in sorted(unfinished) if rank not in waiting] or sorted(unfinished)
+    return RankTimeout(at_fault, watch.window_s, {**waiting, **finished}, idle_s=watch.window_s)
 
 
 def _stop(processes: list[Any]) -> None:
@@ -208,7 +241,9 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     Args:
         fn: an importable function; inside it, ``course.world.current()`` says which rank it runs on.
         world_size: number of ranks (GPUs, or CPU processes emulating them).
-        timeout_s: wall-clock limit for the whole job, in seconds.
+        timeout_s: wall-clock limit for the whole job, in seconds, on a quiet machine: it grows on a busy or
+            slow one (:func:`course.runtime.pace.machine_pace`), up to 4 times. Ranks that all stop making
+            progress while one waits for another are stopped sooner, after ``progress.WINDOW_S`` (20 s).
 
     Returns:
         ``[result_of_rank_0, result_of_rank_1, ...]``; results must be picklable.
@@ -220,8 +255,9 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         ValueError: bad ``world_size`` (see :func:`course.world.check_world_size`).
         TypeError: arguments that cannot be pickled.
         RankFailed: a rank raised or died; the others were stopped.
-        RankTimeout: ranks still running after ``timeout_s``; all were stopped. ``ranks`` names those not
-            waiting in a collective (the ones the others waited for).
+        RankTimeout: ranks stuck (no progress while another waits for them) or still running after the time
+            limit; all were stopped. ``ranks`` names those not waiting in a collective (the ones the others
+            waited for).
     """
     hardware = world.detect_hardware()
     world_size = world.check_world_size(world_size, hardware)
@@ -246,9 +282,13 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     port = free_port()
     run_dir = tempfile.mkdtemp(prefix="course-launch-")  # per rank: stack dumps on request, stderr
     stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
+    pace = machine_pace()
+    # the process group's own timeout outlasts this launcher's limits, so that the progress rule or the time limit
+    # names a hang (who waits where), not gloo's "timed out" on whichever rank waited longest
+    group_timeout_s = pace.limit(timeout_s) + progress.WINDOW_S
     processes = [
         context.Process(target=_run_rank, name=f"course-rank-{rank}",
-                        args=(function, rank, world_size, port, timeout_s, arguments, channel,
+                        args=(function, rank, world_size, port, group_timeout_s, arguments, channel,
                               os.path.join(run_dir, f"rank-{rank}.stacks"), stderr.paths[rank], dict(os.environ)))
         for rank in range(world_size)
     ]
@@ -262,11 +302,17 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
             with stderr_to(stderr.paths[rank]):  # a spawned rank's, from its first line (_run_rank sets a forked one's)
                 process.start()
         _note_server(context)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + pace.limit(timeout_s)
+        watch, next_look = progress.Watch(progress.WINDOW_S), 0.0
         while len(results) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise _timeout(processes, results, left, run_dir, timeout_s)
+                raise _timeout(processes, results, left, run_dir, pace.limit(timeout_s), pace.stretched(timeout_s))
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + _LOOK_S
+                stuck = _stuck(processes, results, left, run_dir, watch)
+                if stuck:
+                    raise stuck
             try:
                 message = channel.get(timeout=min(0.2, remaining))
             except queue.Empty:

@@ -10,8 +10,8 @@ started, and :mod:`~course.runtime.outcome` says how it ended. Every process it 
 returns, whatever the command did. :class:`Running` is the same in two halves, for a caller that needs the
 process while it runs (:func:`course.monitor.watch.run_and_watch` samples it). :func:`run_together` runs commands
 that need each other (two nodes of one job) and stops them all as soon as one fails; :func:`finish_together`
-watches started commands that end together (the ranks of a graded run) and stops those that do not follow the
-first to end within a grace. Notebooks 05, 05b and 06.
+watches started commands that end together (the ranks of a graded run) and stops them once none of them makes
+progress (:mod:`course.runtime.progress`). Notebooks 05, 05b and 06.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from course.runtime import process_tree
+from course.runtime import process_tree, progress
 from course.runtime.capture import DROPPED, Capped
 from course.runtime.outcome import Limits, Outcome, breach, classify
 
 STOP_GRACE_S = 5.0  # after asking the command to end (SIGTERM), before every process is killed
+_LOOK_S = 0.5  # finish_together's progress sampling period
 _POLL_S = (0.02, 0.25)  # watchdog sampling period: fast at the start (bombs), then cheap (~5 ms a sample)
 
 
@@ -180,26 +181,39 @@ def run(argv: Sequence[str], timeout_s: float, limits: Limits | None = None, cap
     return Running(argv, cwd=cwd, env=env, capture=capture).finish(timeout_s, limits, stop)
 
 
-def finish_together(runs: Sequence[Running], straggler_s: float, stop: threading.Event | None = None
+def finish_together(runs: Sequence[Running], window_s: float = progress.WINDOW_S,
+                    stop: threading.Event | None = None, events: Callable[[], Mapping[int, int]] | None = None
                     ) -> dict[int, str]:
-    """Watch commands that end together (the ranks of one job) to their end; stop the stragglers.
+    """Watch commands that end together (the ranks of one job) to their end; stop them once they are stuck.
 
-    Once one has ended (failed or not), those still running ``straggler_s`` later are stopped (:meth:`Running.kill`):
-    a failed rank's peers usually fail at their next collective within a second, and waiting instead of killing
-    them at once lets a rank that already finished (and is only tearing down) end on its own. Once ``stop`` is
-    set, every one still running is stopped at once, with no grace.
+    Those still running are stopped (:meth:`Running.kill`) once none of them has made progress for ``window_s``
+    (:func:`course.runtime.progress.judge`): no CPU time used by it or what it started, no output written, no
+    ``events`` counted. A rank that is behind but working is waited for, however long: the caller's time limit
+    caps the job. After a rank has failed its peers usually fail at their next collective within a second; those
+    left blocked are stopped by the same rule. Once ``stop`` is set, every one still running is stopped at once.
+
+    Args:
+        runs: the started commands, in rank order.
+        window_s: seconds of no progress by every command still running after which they are stuck.
+        stop: set it to stop them all now (the grader is being stopped).
+        events: returns index in ``runs`` -> work counted so far (the records a rank wrote), if there is any.
 
     Returns:
         index in ``runs`` -> why it was stopped, for those that were: ``"interrupted"`` (``stop``),
         ``"stopped after rank k failed"`` (the first of ``runs`` that had exited non-zero), else ``"hang"``.
     """
+    watch, next_look = progress.Watch(window_s), 0.0
     stopped: dict[int, str] = {}
-    first_end = None
     while None in (codes := [run.process.poll() for run in runs]):
-        if first_end is None and any(c is not None for c in codes):
-            first_end = time.monotonic()
         interrupted = stop is not None and stop.is_set()
-        if interrupted or (first_end is not None and time.monotonic() - first_end > straggler_s):
+        stuck = False
+        if not interrupted and time.monotonic() >= next_look:
+            next_look = time.monotonic() + _LOOK_S
+            counted = events() if events is not None else {}
+            live = {i: runs[i].process.pid for i, code in enumerate(codes) if code is None}
+            work = {i: runs[i].stdout.total + runs[i].stderr.total + counted.get(i, 0) for i in live}
+            stuck = watch.look(live, work).stuck
+        if interrupted or stuck:
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
             reason = ("interrupted" if interrupted else
                       f"stopped after rank {failed[0]} failed" if failed else "hang")

@@ -16,11 +16,6 @@ check declared ``voids_score`` (integrity) withholds the whole score, see :class
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from grader.assignment import Assignment
-from grader.checks.common import Finding
 from grader.checks.integrity import integrity
 from grader.checks.outputs import metrics_averaged, rank0_checkpoint_and_logs, target_accuracy
 from grader.checks.training import (  # noqa: F401  (lr_rules, ADAPTIVE_OPTIMIZERS: the rules notebook 02 teaches)
@@ -33,30 +28,7 @@ from grader.checks.training import (  # noqa: F401  (lr_rules, ADAPTIVE_OPTIMIZE
     ran_to_the_end,
     reshuffled,
 )
-from grader.evidence import Evidence
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of the rubric.
-
-    Attributes:
-        name: stable identifier (CSV column, Gradescope test name).
-        title: what is checked, in one phrase.
-        points: score when passed (0 when failed).
-        visibility: Gradescope's ``visible``, ``after_published`` or ``hidden``; the self-check runs ``visible``.
-        test: ``(evidence, assignment) -> (passed, message)``.
-        voids_score: when failed, the submission's score is withheld (0, the raw score kept for the
-            instructor's review): the records every other check rests on cannot be trusted.
-    """
-
-    name: str
-    title: str
-    points: float
-    visibility: str
-    test: Callable[[Evidence, Assignment], Finding]
-    voids_score: bool = False
-
+from grader.results import Check  # one line of the rubric: name, title, points, visibility, test, voids_score
 
 CHECKS: tuple[Check, ...] = (
     Check("ran_to_the_end", "ran on 4 ranks to the end", 10, "visible", ran_to_the_end),

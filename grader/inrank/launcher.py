@@ -7,8 +7,10 @@ and runs :func:`grader.inrank.harness.main` on SCRIPT in it, so the script sees 
 them (:data:`PRELOADED`), made before the launcher reads the run's key. Like torchrun's agent it hosts the
 rendezvous store itself. Unlike torchrun it keeps every rank in the sandbox's session, hands each rank its own
 record pipe and key (torchrun's workers cannot inherit descriptors), keeps the first bytes of each rank's output and
-counts the rest, and names ranks: once one rank has ended, the others get ``--straggler-s`` to follow; those still
-running then are stopped (``crash on rank k`` if one failed, else ``hang on rank k``). On SIGTERM (the grader is
+counts the rest, and names ranks: once none of the ranks still running has made progress for ``--idle-s`` (no CPU
+time used by it or its DataLoader workers, no record written, no output: :mod:`course.runtime.progress`), those
+are stopped (``crash on rank k`` if one failed, else ``hang on rank k``); a rank that is behind but working is
+waited for, up to the sandbox's time limit. On SIGTERM (the grader is
 being stopped) it stops every rank at once and still reports. Its own records (exit code, output size, a tail of
 stderr per rank) go to the grader through the same signed channel. It holds the run's key, so it makes its memory
 unreadable to the ranks (:func:`grader.inrank.channel.hide_memory`).
@@ -32,6 +34,7 @@ import time
 from course.runtime.forked import Forked
 from course.runtime.ports import free_port
 from course.runtime.process import Running, finish_together
+from course.runtime.progress import WINDOW_S
 from grader.inrank import channel
 from grader.inrank.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV
 
@@ -40,10 +43,12 @@ OUTPUT_HEAD_BYTES = 16 * 1024  # of each rank's stdout and stderr, relayed to th
 STDERR_TAIL_BYTES = 4 * 1024
 
 
-def _relay(stream, writer_fd: int, lock: threading.Lock) -> None:
-    """Forward one rank's record lines, whole, to the grader's pipe (the grader checks signatures)."""
+def _relay(stream, writer_fd: int, lock: threading.Lock, counts: list[int], rank: int) -> None:
+    """Forward one rank's record lines, whole, to the grader's pipe (the grader checks signatures); count them in
+    ``counts[rank]`` (a rank that writes records makes progress)."""
     with stream:
         for line in stream:
+            counts[rank] += 1
             if not line.endswith(b"\n"):
                 line += b"\n"
             with lock:
@@ -63,7 +68,7 @@ def rank_main(script: str) -> None:
 
     Non-daemon threads are joined, atexit handlers run and the streams flushed, as at any exit; only the
     interpreter's final teardown is skipped (freeing every module and torch's C++ state: seconds per rank on
-    a loaded machine, and nothing the grader or the script's files can observe). Started by :func:`launch`.
+    a loaded machine, and nothing the grader or the script's files can observe). Started by :func:`run_ranks`.
     """
     from grader.inrank import harness
 
@@ -109,7 +114,7 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict[str, str]:
     return env
 
 
-def launch(script: str, nproc: int, record_fd: int, seed: int, straggler_s: float) -> int:
+def run_ranks(script: str, nproc: int, record_fd: int, seed: int, idle_s: float) -> int:
     """Run ``nproc`` ranks of ``script``; return 0 if every rank exited 0, else 1.
 
     The ranks are forks of this process, made before it reads the run's key (``KEY_FD_ENV``), so that none
@@ -141,12 +146,13 @@ def launch(script: str, nproc: int, record_fd: int, seed: int, straggler_s: floa
         os.close(key_w)
     writer, lock = channel.Writer(record_fd, key), threading.Lock()
     ranks = [Running.of(fork, capture=(OUTPUT_HEAD_BYTES, STDERR_TAIL_BYTES), new_session=False) for fork in forks]
-    relays = [threading.Thread(target=_relay, args=(os.fdopen(fd, "rb"), record_fd, lock), daemon=True)
-              for fd in record_readers]
+    counts = [0] * nproc  # record lines relayed per rank
+    relays = [threading.Thread(target=_relay, args=(os.fdopen(fd, "rb"), record_fd, lock, counts, rank), daemon=True)
+              for rank, fd in enumerate(record_readers)]
     for relay in relays:
         relay.start()
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
-    stopped = finish_together(ranks, straggler_s, _STOP)
+    stopped = finish_together(ranks, idle_s, _STOP, events=lambda: dict(enumerate(counts)))
     for relay in relays:
         relay.join(timeout=5.0)
     order = sorted(range(nproc), key=lambda r: exit_s.get(r, float("inf")))
@@ -189,14 +195,15 @@ def _host_store(port: int, nproc: int):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grader.inrank.launcher")
     parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--straggler-s", type=float, default=20.0)
+    parser.add_argument("--idle-s", type=float, default=WINDOW_S,
+                        help="seconds with no progress by any rank still running before they are stopped")
     parser.add_argument("script")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: _STOP.set())  # stop the ranks, then still write their records
     record_fd = int(os.environ.pop(RECORD_FD_ENV))
     os.set_inheritable(record_fd, False)
     seed = int(os.environ.pop(SEED_ENV, "0"))
-    return launch(args.script, args.nproc, record_fd, seed, args.straggler_s)
+    return run_ranks(args.script, args.nproc, record_fd, seed, args.idle_s)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 
 A lab (:class:`Lab`) is a function the student writes in a notebook cell (``%%writefile labs/<file>.py``), a
 list of :class:`Check` s with points, and a ``rank_check`` that runs on every rank of each run: it loads the
-student's file, calls it under instrumentation and returns :class:`Finding` s (and, in a :class:`RankReport`,
+student's file, calls it under instrumentation and returns :class:`Finding` s (and, in a :class:`RankFindings`,
 evidence such as output tensors that the driver cross-checks outside the ranks with the lab's ``cross_check``).
 :func:`run_lab` launches each run with :func:`course.runtime.launch.launch`, merges what every rank found (a
 check passes only if it passed on every rank of every run; the first failure is reported, prefixed with its
 run) and returns a :class:`LabResult`. A student's exception becomes "your ring_allreduce raised ValueError on
 rank 2: ... (line 14 of labs/ring_allreduce.py)", a hang a timeout naming the ranks that waited, never a
 traceback from inside the checker. The labs are in :mod:`grader.labs` (notebooks 04, 04b, 07 introduce them);
-``grader check`` and ``grader grade`` call the same :func:`run_lab`.
+``grader check`` and ``grader grade`` call the same :func:`run_lab`. A lab's checks and results are the
+assignment's vocabulary (:class:`~grader.results.Check`, :class:`~grader.results.CheckResult`,
+:class:`~grader.results.LabResult`), and :func:`grader.render.lab_feedback` prints them.
 """
 
 from __future__ import annotations
@@ -31,30 +33,20 @@ from typing import Any
 from course.labs import stubs
 from course.runtime.launch import RankFailed, RankTimeout, launch
 from grader.labs.shortcuts import REFUSED, Refused, guarded, uses
-
-
-@dataclass(frozen=True)
-class Check:
-    """One thing a lab verifies, worth ``points``; a ``hidden`` check is run by the grader only."""
-
-    id: str  # short name used in findings and gradebooks, e.g. "matches_all_reduce"
-    title: str  # what it verifies, in the learner's words
-    points: int
-    hidden: bool = False
-    shows_measure: bool = False  # its message (a modelled figure) is reported even when it passes; 0 points: INFO
+from grader.results import Check, CheckResult, LabResult
 
 
 @dataclass(frozen=True)
 class Finding:
     """What one rank (or the driver) found about one check; ``message`` says it in the learner's terms."""
 
-    check: str  # a Check.id
+    check: str  # a Check.name ("*": every check)
     passed: bool
     message: str = ""
 
 
 @dataclass(frozen=True)
-class RankReport:
+class RankFindings:
     """What a rank_check may return instead of a plain list of findings: findings plus evidence for the driver."""
 
     findings: list[Finding]
@@ -79,72 +71,6 @@ class Lab:
     #: "module:name" of ready-made versions of what the student writes (the course's own, torch's): a file that
     #: uses one is refused, every check failing with a message that names it (see grader.labs.shortcuts)
     shortcuts: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """The verdict on one check: passed on every rank of every run, or the first failure."""
-
-    check: Check
-    passed: bool
-    message: str  # the first failure ("" when passed)
-
-    @property
-    def score(self) -> int:
-        return self.check.points if self.passed else 0
-
-
-@dataclass(frozen=True)
-class LabResult:
-    """The verdict on one lab submission: one :class:`CheckResult` per check, in the lab's order."""
-
-    lab: Lab
-    path: str
-    results: tuple[CheckResult, ...]
-    elapsed_s: float
-    hidden: bool = False
-    runs: int = 0  # runs done (the rest are skipped once the stub is found in place, or a run hangs)
-
-    @property
-    def score(self) -> int:
-        return sum(result.score for result in self.results)
-
-    @property
-    def max_score(self) -> int:
-        return sum(result.check.points for result in self.results)
-
-    @property
-    def passed(self) -> bool:
-        return all(result.passed for result in self.results)
-
-    def failed(self) -> list[str]:
-        """Ids of the checks that failed."""
-        return [result.check.id for result in self.results if not result.passed]
-
-    def report(self) -> str:
-        """The printed report: one line per check, the first failure of each under it, the score."""
-        lines = [f"Lab {self.lab.name!r}: {self.lab.title} ({self.path}), {self.runs} run(s) in "
-                 f"{self.elapsed_s:.1f} s"]
-        messages = {result.message for result in self.results}
-        once = len(self.results) > 1 and len(messages) == 1 and "" not in messages  # e.g. the stub: say it once
-        for result in self.results:
-            verdict = ("INFO" if not result.check.points else "PASS") if result.passed else "FAIL"
-            lines.append(f"  {verdict}  {result.check.title}  [{result.score}/{result.check.points}]")
-            if result.message and not once:
-                lines.append(f"        {result.message}")
-        if once:
-            lines.append(f"  Every check: {messages.pop()}")
-        advice = "every check passed." if self.passed else "fix the first FAIL above, then run this check again."
-        lines.append(f"Score: {self.score}/{self.max_score}: {advice}")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for the grader's results files."""
-        return {"lab": self.lab.name, "path": self.path, "score": self.score, "max_score": self.max_score,
-                "elapsed_s": round(self.elapsed_s, 2), "checks": [
-                    {"id": r.check.id, "title": r.check.title, "passed": r.passed, "score": r.score,
-                     "max_score": r.check.points, "hidden": r.check.hidden, "message": r.message}
-                    for r in self.results]}
 
 
 NOT_ATTEMPTED = ("Not attempted yet: your {entry} still raises NotImplementedError. Replace the raise in "
@@ -194,7 +120,7 @@ def describe_error(error: BaseException, path: str, entry: str, rank: int) -> st
     return f"your {entry} raised {text} on rank {rank} (line {line} of {path})"
 
 
-def on_rank(rank_check: str, path: str, entry: str, config: dict, report_dir: str,
+def on_rank(rank_check: str, path: str, entry: str, config: dict, notes_dir: str,
             shortcuts: tuple[str, ...] = ()) -> Any:
     """Launched on every rank: run the lab's rank_check; an exception is explained in a file, then re-raised.
 
@@ -207,7 +133,7 @@ def on_rank(rank_check: str, path: str, entry: str, config: dict, report_dir: st
     except BaseException as error:  # noqa: B036 - every way the student's code can end must be explained
         rank = world.current().rank
         message = describe_error(error, path, entry, rank)
-        with open(os.path.join(report_dir, f"rank-{rank}.json"), "w") as handle:
+        with open(os.path.join(notes_dir, f"rank-{rank}.json"), "w") as handle:
             json.dump({"message": message, "not_attempted": message.startswith("Not attempted"),
                        "cause": isinstance(error, (StudentError, Refused))}, handle)
         raise
@@ -228,31 +154,31 @@ def _label(config: dict) -> str:
 def _run_once(lab: Lab, path: str, config: dict) -> tuple[list[Finding], bool]:
     """One run: findings from every rank (cross-checked ones first), and whether to stop here (the stub is still
     in place, or the run hung); a message that stops the run carries its own prefix, if any."""
-    report_dir = tempfile.mkdtemp(prefix="course-lab-")
+    notes_dir = tempfile.mkdtemp(prefix="course-lab-")
     try:
-        per_rank = launch(on_rank, config["world_size"], lab.rank_check, path, lab.entry, config, report_dir,
+        per_rank = launch(on_rank, config["world_size"], lab.rank_check, path, lab.entry, config, notes_dir,
                           lab.shortcuts, timeout_s=config.get("timeout_s", 60.0))
     except RankFailed as failure:
-        return [Finding("*", False, _failure_message(failure, report_dir))], _not_attempted(report_dir)
+        return [Finding("*", False, _failure_message(failure, notes_dir))], _not_attempted(notes_dir)
     except RankTimeout as timeout:  # no point waiting as long again in the next run: stop (as for the stub)
         hint = f" {lab.hang_hint}" if lab.hang_hint else ""
         return [Finding("*", False, f"{_label(config)}: your {lab.entry} did not finish: {timeout}{hint}")], True
     finally:
-        shutil.rmtree(report_dir, ignore_errors=True)
-    reports = [r if isinstance(r, RankReport) else RankReport(list(r)) for r in per_rank]
-    findings = _import(lab.cross_check)(config, [r.evidence for r in reports]) if lab.cross_check else []
-    return list(findings) + [f for r in reports for f in r.findings], False
+        shutil.rmtree(notes_dir, ignore_errors=True)
+    ranks = [r if isinstance(r, RankFindings) else RankFindings(list(r)) for r in per_rank]
+    findings = _import(lab.cross_check)(config, [r.evidence for r in ranks]) if lab.cross_check else []
+    return list(findings) + [f for r in ranks for f in r.findings], False
 
 
-def _failure_message(failure: RankFailed, report_dir: str) -> str:
+def _failure_message(failure: RankFailed, notes_dir: str) -> str:
     """The explained exception of the failed rank, or how it died when it could not explain itself; a rank that
     named the cause (a refusal, a mismatch the lab found) first, since the others then fail as a consequence."""
-    for name in sorted(os.listdir(report_dir)):
-        with open(os.path.join(report_dir, name)) as handle:
-            report = json.load(handle)
-        if report.get("cause"):
-            return report["message"]
-    explained = os.path.join(report_dir, f"rank-{failure.rank}.json")
+    for name in sorted(os.listdir(notes_dir)):
+        with open(os.path.join(notes_dir, name)) as handle:
+            note = json.load(handle)
+        if note.get("cause"):
+            return note["message"]
+    explained = os.path.join(notes_dir, f"rank-{failure.rank}.json")
     if os.path.exists(explained):
         with open(explained) as handle:
             return json.load(handle)["message"]
@@ -260,10 +186,10 @@ def _failure_message(failure: RankFailed, report_dir: str) -> str:
     return f"rank {failure.rank} died without a Python exception: {last[0]}"
 
 
-def _not_attempted(report_dir: str) -> bool:
+def _not_attempted(notes_dir: str) -> bool:
     """True if a rank found the stub still in place (no point running the other runs)."""
-    for name in os.listdir(report_dir):
-        with open(os.path.join(report_dir, name)) as handle:
+    for name in os.listdir(notes_dir):
+        with open(os.path.join(notes_dir, name)) as handle:
             if json.load(handle).get("not_attempted"):
                 return True
     return False
@@ -291,12 +217,15 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
     checks = [check for check in lab.checks if hidden or not check.hidden]
     if _is_the_stub(lab, path):  # every check would fail the same way: say so without starting any rank
         message = NOT_ATTEMPTED.format(entry=lab.entry, path=path)
-        return LabResult(lab, path, tuple(CheckResult(check, False, message) for check in checks), 0.0, hidden, 0)
+        return LabResult(lab.name, lab.title, path, tuple(CheckResult.of(check, False, message) for check in checks),
+                         0.0, 0, hidden)
     if used := uses(path, lab.shortcuts):  # refused as the stub is: no rank needs to start to say so
         message = REFUSED.format(name=" and ".join(used), entry=lab.entry)
-        return LabResult(lab, path, tuple(CheckResult(check, False, message) for check in checks), 0.0, hidden, 0)
+        return LabResult(lab.name, lab.title, path, tuple(CheckResult.of(check, False, message) for check in checks),
+                         0.0, 0, hidden)
     first_failure: dict[str, str] = {}
     measures: dict[str, str] = {}  # the first passing message of each check that shows_measure
+    shown = {check.name for check in checks if check.shows_measure}
     seen: set[str] = set()
     start, runs = time.monotonic(), 0
     for config in lab.runs + (lab.hidden_runs if hidden else ()):
@@ -305,18 +234,18 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
             config = {**config, "seed": random.randrange(2**31)}
         findings, stop = _run_once(lab, path, config)
         for finding in findings:
-            ids = [check.id for check in checks] if finding.check == "*" else [finding.check]
+            ids = [check.name for check in checks] if finding.check == "*" else [finding.check]
             seen.update(ids)
             for check_id in ids:
                 if not finding.passed and check_id not in first_failure:
                     first_failure[check_id] = finding.message if stop else f"{_label(config)}: {finding.message}"
-                elif finding.passed and finding.message and any(c.id == check_id and c.shows_measure for c in checks):
+                elif finding.passed and finding.message and check_id in shown:
                     measures.setdefault(check_id, f"{_label(config)}: {finding.message}")
         if stop:
             break
-    results = tuple(
-        CheckResult(check, check.id in seen and check.id not in first_failure,
-                    first_failure.get(check.id, measures.get(check.id, "" if check.id in seen else
-                                                             "not checked: no run reported on it")))
-        for check in checks)
-    return LabResult(lab, path, results, time.monotonic() - start, hidden, runs)
+    unchecked = "not checked: no run reported on it"
+    results = tuple(CheckResult.of(check, check.name in seen and check.name not in first_failure,
+                                   first_failure.get(check.name, measures.get(check.name, "" if check.name in seen
+                                                                              else unchecked)))
+                    for check in checks)
+    return LabResult(lab.name, lab.title, path, results, time.monotonic() - start, runs, hidden)

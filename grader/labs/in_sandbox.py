@@ -3,8 +3,8 @@
     python -m grader.labs.in_sandbox ring ring_allreduce.py --result-fd 5 [--hidden]
 
 Runs :func:`grader.labs.run_lab` (which starts the ranks and cross-checks their outputs here, in this process,
-where no student code runs) and writes :meth:`~grader.labs.LabResult.to_dict` plus the printed report as one
-JSON document to ``--result-fd``. The ranks are started with spawn, which passes them no inherited descriptor
+where no student code runs) and writes its :meth:`~grader.results.LabResult.to_dict` as one JSON document
+to ``--result-fd``. The ranks are started with spawn, which passes them no inherited descriptor
 but their own: they cannot write to that pipe. Started by :mod:`grader.labs.grade`.
 """
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     with os.fdopen(args.result_fd, "w") as out:
         os.set_inheritable(args.result_fd, False)  # never passed on to a process this one starts
         result = run_lab(get(args.lab), args.file, hidden=args.hidden)
-        json.dump({**result.to_dict(), "report": result.report()}, out)
+        json.dump(result.to_dict(), out)
     return 0
 
 

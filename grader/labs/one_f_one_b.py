@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 
 CHECKS = (
     Check("well_formed", "every micro-batch runs forward once, then backward once, on every stage", 2),
@@ -41,7 +41,7 @@ def _ops(raw: object, num_micro_batches: int) -> tuple[list[schedules.Op], str]:
     return ops, ""
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: get this stage's schedule from the student, run it in the pipeline, compare."""
     rank, p, m = dist.get_rank(), dist.get_world_size(), config["micro_batches"]
     ops, problem = _ops(load_entry(path, "one_f_one_b")(p, m, rank), m)
@@ -50,10 +50,10 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     dist.all_reduce(everyone, op=dist.ReduceOp.MIN)
     evidence = {"ops": [str(op) for op in ops]}
     if problem:
-        return RankReport([Finding("well_formed", False, f"stage {rank} of {p}, {m} micro-batches: {problem}")],
+        return RankFindings([Finding("well_formed", False, f"stage {rank} of {p}, {m} micro-batches: {problem}")],
                           evidence)
     if not everyone.item():
-        return RankReport([Finding("well_formed", True)] + [Finding(c, False, NOT_RUN) for c in ("gradients",
+        return RankFindings([Finding("well_formed", True)] + [Finding(c, False, NOT_RUN) for c in ("gradients",
                                                                                               "in_flight")], evidence)
     model_config = transformer.Config(d_model=16, num_heads=2, d_ff=32, seq_len=8, num_layers=p)
     inputs, targets = transformer.sample_batch(model_config, m, config["seed"], device)
@@ -64,7 +64,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     reference = dict(full.named_parameters())
     worst = max(float((q.grad - reference[name].grad).abs().max()) for name, q in stage.named_parameters())
     held = max(record.in_flight)
-    return RankReport([
+    return RankFindings([
         Finding("well_formed", True),
         Finding("gradients", worst < 1e-5, "" if worst < 1e-5 else
                 f"stage {rank}'s gradients differ from one device's by up to {worst:.3g}"),

@@ -18,6 +18,12 @@ MODULES = {
     "fsdp": "grader.labs.fsdp",  # notebook 07: FSDP (ZeRO-3) by hand
     "tp_mlp": "grader.labs.tp_mlp",  # tensor-parallel MLP
     "one_f_one_b": "grader.labs.one_f_one_b",  # the 1F1B pipeline schedule
+    "estimate": "grader.labs.estimate",  # notebook 05c: model states per GPU and TP all-reduce time by hand
+    "mixed_precision": "grader.labs.mixed_precision",  # notebook 09: a loss scaler and an AMP training step
+    "checkpoint": "grader.labs.checkpoint",  # notebook 09: save and resume bit-for-bit under DDP
+    "sequence_parallel": "grader.labs.sequence_parallel",  # notebook 08: the gather linear of sequence parallelism
+    "pipeline_runner": "grader.labs.pipeline_runner",  # notebook 08: 1F1B executed with isend/irecv
+    "trace_overlap": "grader.labs.trace_overlap",  # notebook 09b: communication overlap read from a trace
 }
 
 

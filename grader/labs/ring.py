@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from course import world
 from course.runtime.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
-from grader.labs.core import Check, Finding, Lab, RankReport, StudentError, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 from grader.labs.message_sizes import SizeMismatch, matched_sizes
 from grader.labs.ring_diagnosis import close, expected, first_wrong
 
@@ -45,7 +45,7 @@ def describe(case: list) -> str:
     return f"{numel} {dtype} element{'s' if numel != 1 else ''}, op={op!r}"
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: run the student's ring on each case of ``config`` and record what it did."""
     rank, world_size, device = dist.get_rank(), dist.get_world_size(), world.current().device
     with CommLog() as log:
@@ -69,7 +69,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
             calls = log.since(mark)
             found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
             outputs.append(mine.cpu())  # cross-checked outside the ranks, on the CPU
-    return RankReport(found, {"outputs": outputs})
+    return RankFindings(found, {"outputs": outputs})
 
 
 def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returned: object,

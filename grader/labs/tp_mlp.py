@@ -22,7 +22,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from course import world
 from course.runtime.comm_log import COLLECTIVES, CommLog
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 
 CHECKS = (
     Check("outputs", "the output equals the unsplit MLP's on every rank", 3),
@@ -61,7 +61,7 @@ def _local(full: dict[str, torch.Tensor], rank: int, world_size: int) -> dict[st
     return {"w1": full["w1"][rows], "b1": full["b1"][rows], "w2": full["w2"][:, rows], "b2": full["b2"]}
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: run the student's ParallelMLP forward and backward and compare with the unsplit MLP."""
     rank, world_size, device = dist.get_rank(), dist.get_world_size(), world.current().device
     truth = reference(config, device)
@@ -80,7 +80,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
              _close("input_grad", f"rank {rank}'s gradient of x", x.grad, truth["x"], _input_hint(x.grad, truth))]
     found.append(_weight_grads(parallel_mlp, _local(truth, rank, world_size), rank))
     found.append(_collectives(rank, forward, backward))
-    return RankReport(found, {"y": y.detach().cpu()})  # compared outside the ranks, on the CPU
+    return RankFindings(found, {"y": y.detach().cpu()})  # compared outside the ranks, on the CPU
 
 
 def _close(check: str, what: str, got: torch.Tensor | None, expected: torch.Tensor, hint: str = "") -> Finding:

@@ -3,7 +3,7 @@
 Grading for real (4 ranks in the sandbox, the evaluation, the replay) is the suite's largest cost: about fifty runs.
 A test module lists the submissions it reads in ``GRADED`` and their limits in ``CONFIGS``; the first test that
 asks for ``graded_submissions`` grades those of every collected module in one pool, three at a time (a run waiting
-on a hang or a straggler leaves the cores to the others), those with their own limits (the hostile ones, which
+on a hang leaves the cores to the others), those with their own limits (the hostile ones, which
 wait longest) first, so that no long run is left alone at the end.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from grader.runner import GradingConfig, grade
 
 SUBMISSIONS = Path(__file__).resolve().parents[1] / "submissions"
-BASE = GradingConfig(straggler_s=20.0)  # the default: a correct rank that ends last under load is no straggler
+BASE = GradingConfig()  # a correct rank that ends last under load is waited for: it keeps making progress
 WORKERS = 3
 
 

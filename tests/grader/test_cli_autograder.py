@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from grader.checks import CHECKS
+from grader.labs import LABS
 
 pytestmark = pytest.mark.unit6
 AUTOGRADER = Path(__file__).resolve().parents[2] / "autograder"
@@ -68,3 +69,16 @@ def test_make_zip_puts_the_scripts_at_the_root_next_to_the_source(tmp_path):
     assert {"setup.sh", "run_autograder", "pyproject.toml", "README.md", "grader/cli.py",
             "notebooks/assignment/train_4gpu_skeleton.py"} <= names
     assert not any("__pycache__" in n for n in names)
+
+
+def test_on_gradescope_a_lab_only_submission_gets_its_lab_tests_only(tmp_path):
+    root = gradescope_dirs(tmp_path)
+    (root / "submission" / "train_4gpu.ipynb").unlink()
+    stub = AUTOGRADER.parent / "course" / "labs" / "stubs" / "ring_allreduce.py"
+    shutil.copyfile(stub, root / "submission" / "ring_allreduce.py")  # the stub: no rank is started
+    done = run_autograder(root, sys.executable)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((root / "results" / "results.json").read_text())
+    assert [test["name"].split(":")[0] for test in data["tests"]] == ["lab ring"] * len(LABS["ring"].checks)
+    assert data["score"] == 0 and "graded the lab(s) submitted: ring" in data["output"]
+    assert "bad submission" not in data["output"] and "0 / 100" not in done.stdout

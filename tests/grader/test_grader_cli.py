@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import cli
+from grader import cli, grading
 from grader.checks import CHECKS
 from grader.gradebook import output_keys
 from grader.results import Results
@@ -65,14 +65,14 @@ def test_output_keys_are_short_when_unique_and_full_names_otherwise():
 def test_resume_keeps_clean_results_regrades_grader_errors_and_drops_removed_submissions(tmp_path, monkeypatch):
     folder = make_class(tmp_path / "class", ["alice.py", "bob.py", "carol.py"])
     out = tmp_path / "out"
-    real_grade = cli.grade
+    real_grade = grading.grade
 
     def flaky(path, config):
         if path.name == "bob.py":
             raise RuntimeError("the disk was full")
         return real_grade(path, config)
 
-    monkeypatch.setattr(cli, "grade", flaky)
+    monkeypatch.setattr(grading, "grade", flaky)
     assert grade(folder, out) == 0
     first = gradebook(out)
     assert first["bob.py"]["status"] == "grader error" and float(first["bob.py"]["max_score"]) == POSSIBLE
@@ -81,7 +81,7 @@ def test_resume_keeps_clean_results_regrades_grader_errors_and_drops_removed_sub
     (folder / "carol.py").unlink()  # withdrawn
     make_class(folder, ["dave.py"])  # late
     calls = []
-    monkeypatch.setattr(cli, "grade", lambda path, config: calls.append(path.name) or real_grade(path, config))
+    monkeypatch.setattr(grading, "grade", lambda path, config: calls.append(path.name) or real_grade(path, config))
     assert grade(folder, out, "--resume") == 0
     assert sorted(calls) == ["bob.py", "dave.py"]  # alice was graded cleanly: kept
     again = gradebook(out)
@@ -141,32 +141,32 @@ def test_gradescope_results_of_a_bad_submission_say_why_once(tmp_path):
     assert not any("is empty" in t["output"] for t in data["tests"])
 
 
-def test_report_rebuilds_the_gradebook_for_the_submissions_it_lists_not_withdrawn_ones(tmp_path, capsys):
+def test_render_rebuilds_the_gradebook_for_the_submissions_it_lists_not_withdrawn_ones(tmp_path, capsys):
     folder = make_class(tmp_path / "class", ["alice.py", "bob.py", "carol.py"])
     out = tmp_path / "out"
     assert grade(folder, out) == 0
     (folder / "carol.py").unlink()  # withdrawn, then the class is graded again
     assert grade(folder, out, "--resume") == 0
     assert (out / "results" / "carol.json").is_file()  # kept on disk
-    assert cli.main(["report", str(out)]) == 0
+    assert cli.main(["render", str(out)]) == 0
     assert set(gradebook(out)) == {"alice.py", "bob.py"}
     assert "2 result(s)" in capsys.readouterr().out
 
     (out / "results" / "bob.json").write_text("{ not json")  # damaged
     make_class(folder, ["dave.py"])  # submitted, not graded yet
-    assert cli.main(["report", str(out), "--submissions", str(folder)]) == 0
+    assert cli.main(["render", str(out), "--submissions", str(folder)]) == 0
     assert set(gradebook(out)) == {"alice.py"}
     err = capsys.readouterr().err
     assert "bob.json (unreadable" in err and "dave.py: no saved result (grade it)" in err
 
     (out / "gradebook.csv").unlink()
-    assert cli.main(["report", str(out)]) == 0  # nothing says which: every readable result
+    assert cli.main(["render", str(out)]) == 0  # nothing says which: every readable result
     assert set(gradebook(out)) == {"alice.py", "carol.py"}
     assert "every saved result is included" in capsys.readouterr().err
 
 
-def test_report_on_a_folder_without_results_is_a_clear_error(tmp_path, capsys):
-    assert cli.main(["report", str(tmp_path)]) == 2
+def test_render_on_a_folder_without_results_is_a_clear_error(tmp_path, capsys):
+    assert cli.main(["render", str(tmp_path)]) == 2
     assert "results does not exist" in capsys.readouterr().err
 
 
@@ -181,10 +181,10 @@ def test_a_submitted_notebook_is_pointed_to_the_script_notebook_06_has_students_
     assert 'Path(\\"runs/train_4gpu.py\\")' in notebook  # the file the notebook has the student write
 
 
-def test_an_integrity_violation_stands_out_in_the_gradebook_and_survives_resume_and_report(tmp_path, monkeypatch):
+def test_an_integrity_violation_stands_out_in_the_gradebook_and_survives_resume_and_render(tmp_path, monkeypatch):
     folder = make_class(tmp_path / "class", ["alice.py", "mallory.py"])
     out = tmp_path / "out"
-    real_grade = cli.grade
+    real_grade = grading.grade
 
     def tampering(path, config):
         results = real_grade(path, config)
@@ -195,9 +195,9 @@ def test_an_integrity_violation_stands_out_in_the_gradebook_and_survives_resume_
             results = Results(results.submission, "ok", "all ranks finished", checks)
         return results
 
-    monkeypatch.setattr(cli, "grade", tampering)
+    monkeypatch.setattr(grading, "grade", tampering)
     assert grade(folder, out) == 0
-    for rebuild in (lambda: grade(folder, out, "--resume"), lambda: cli.main(["report", str(out)])):
+    for rebuild in (lambda: grade(folder, out, "--resume"), lambda: cli.main(["render", str(out)])):
         row = gradebook(out)["mallory.py"]
         assert (row["status"], float(row["score"]), float(row["raw_score"])) == ("integrity violation", 0, POSSIBLE)
         assert row["detail"].startswith("INTEGRITY VIOLATION: the submission replaced torch.save")

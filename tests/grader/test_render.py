@@ -7,7 +7,7 @@ import pytest
 
 from grader import render
 from grader.checks import CHECKS
-from grader.results import CheckResult, Results
+from grader.results import LABS_ONLY, Check, CheckResult, LabResult, Results
 
 pytestmark = pytest.mark.unit6
 
@@ -109,3 +109,39 @@ def test_a_violation_withholds_the_scaled_score_too():
     results.checks[-1] = CheckResult("integrity", "grader's probes untouched", 0.0, 0.0, "hidden", False,
                                      "the checkpoint holds parameters ...", voids_score=True)
     assert results.score == 0 and results.raw_score == 55
+
+
+def lab(name="ring", passed=(True, False)) -> LabResult:
+    checks = tuple(CheckResult.of(Check(f"c{i}", f"check {i}", 2), ok, "" if ok else f"wrong {i}")
+                   for i, ok in enumerate(passed))
+    return LabResult(name, f"the {name} lab", f"labs/{name}.py", checks, elapsed_s=1.0, runs=2)
+
+
+def test_a_lab_only_submission_renders_its_labs_alone(tmp_path):
+    results = Results("zoe", LABS_ONLY, "graded the lab(s) submitted: ring (no assignment script)",
+                      labs={"ring": lab()})
+    text = render.feedback(results)
+    assert "/ 100" not in text and "NOT RUN" not in text and "status:" not in text
+    assert "Lab 'ring'" in text and "[FAIL] check 1 (0/2): wrong 1" in text and "Score: 2/4" in text
+    data = render.gradescope(results)
+    assert [t["name"] for t in data["tests"]] == ["lab ring: check 0", "lab ring: check 1"] and data["score"] == 2
+    render.write_gradebook([results, sample()], tmp_path / "g.csv")
+    rows = {row["submission"]: row for row in csv.DictReader(open(tmp_path / "g.csv"))}
+    assert rows["points possible"]["lab ring"] == "4" and rows["zoe"]["lab ring"] == "2"
+    assert rows["zoe"]["score"] == "" and rows["zoe"]["status"] == "labs only" and rows["alice.py"]["lab ring"] == ""
+
+
+def test_the_assignment_and_its_labs_render_through_the_same_check_lines(tmp_path):
+    results = sample()
+    results.labs = {"ring": lab(passed=(True, True))}
+    text = render.feedback(results)
+    assert text.startswith("alice.py: 100 / 100 points") and "[PASS] check 0 (2/2)" in text
+    assert render.gradescope(results)["score"] == 104 and len(render.gradescope(results)["tests"]) == len(CHECKS) + 2
+    results.save(tmp_path / "r.json")
+    assert Results.load(tmp_path / "r.json") == results and Results.load(tmp_path / "r.json").labs["ring"].passed
+
+
+def test_a_check_names_its_visibility_from_gradescopes_terms():
+    assert Check("x", "x", 1, "after_published").hidden and not Check("x", "x", 1).hidden
+    with pytest.raises(ValueError, match="visibility must be one of"):
+        Check("x", "x", 1, "secret")

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from course.runtime.pace import Pace
 from grader import runner
 from grader.environment import python_argv, run_env
 from grader.evidence import collect
@@ -91,3 +92,44 @@ def test_the_grading_environment_turns_compiling_off():
              "print(torch._dynamo.config.disable, list(c.state_dict())[0], counters['frames']['total'])")
     out = subprocess.run([*python_argv(), "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["True", "_orig_mod.weight", "0"], out.stderr[-2000:]
+
+
+def stopped_as_hung(ranks: list[int]) -> list[dict]:
+    return [{"kind": "rank_exit", "rank": r, "returncode": -9, "stopped": "hang", "stderr": "", "signer": "launcher"}
+            for r in ranks]
+
+
+def in_collective(rank: int, op: str, seq: int) -> dict:
+    return {"kind": "collective", "rank": rank, "op": op, "step": 0, "seq": seq, "signer": rank}
+
+
+def test_a_hang_names_the_rank_the_others_waited_for_and_how_long_nothing_moved():
+    # the launcher stopped every rank once none had made progress for idle_s; rank 3 was not in a collective
+    raw = [*(in_collective(r, "barrier", 2) for r in range(3)), *stopped_as_hung([0, 1, 2, 3])]
+    got, detail = status(raw, "error")
+    assert got == "hang on rank 3"
+    assert detail.startswith(f"no rank made progress for {CONFIG.idle_s:g} s (none used processor time or called "
+                             "a collective), so the run was stopped. Rank(s) 3 never got to where the other ranks "
+                             "were: rank 0 waits in barrier() (its collective #2);")
+    assert detail.endswith("Every rank must reach every collective, in the same order.")
+
+
+def test_ranks_each_waiting_in_a_different_collective_are_all_named():
+    raw = [in_collective(0, "all_reduce", 5), in_collective(1, "barrier", 5), *stopped_as_hung([0, 1])]
+    got, detail = runner._status(collect(raw, world_size=2), SandboxResult("error", 1, "", ""), CONFIG)
+    assert got == "hang on rank 0, 1"
+    assert "Rank(s) 0, 1 each wait in a collective the others never join: rank 0 waits in all_reduce() (its " \
+           "collective #5); rank 1 waits in barrier() (its collective #5)." in detail
+
+
+def test_a_run_still_working_at_the_time_limit_is_a_timeout_not_a_hang_and_states_the_limit():
+    # rank 0 computed to the end while the others waited for it: slow (or looping), never called stuck
+    config = runner.GradingConfig(pace=Pace(2.0, 0.28))
+    raw = [in_collective(r, "all_reduce", 4) for r in (1, 2, 3)]
+    sandboxed = SandboxResult(status="timeout", returncode=None, stdout="", stderr="")
+    got, detail = runner._status(collect(raw, world_size=4), sandboxed, config)
+    assert got == "timeout"
+    assert "It was not stuck: rank 0 was still using processor time when the limit ran out (rank 1 waits in " \
+           "all_reduce() (its collective #4);" in detail
+    assert detail.endswith("The time limit was 360 s: the usual 180 s times 2.0, because this machine ran a fixed "
+                           "test 2.0 times slower than usual (other programs were using its processors).")

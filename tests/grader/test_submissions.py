@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from accusations import accusations
 
+from course.runtime.pace import Pace
 from grader import cli
 from grader.checks import CHECKS
 from grader.runner import GradingConfig
@@ -22,10 +23,10 @@ pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(2400)]
 SUBMISSIONS = Path(__file__).resolve().parents[1] / "submissions"
 ALL = {c.name for c in CHECKS}
 SCORED = {c.name for c in CHECKS if c.points > 0}
-BASE = GradingConfig(straggler_s=20.0)  # the default: a correct rank that ends last under load is no straggler
+BASE = GradingConfig()  # a correct rank that ends last under load is waited for: it keeps making progress
 CONFIGS = {
-    "infinite_loop": replace(BASE, limits=Limits(wall_s=20.0)),
-    "hang_in_collective": replace(BASE, limits=Limits(wall_s=90.0)),  # idle: it only waits
+    "infinite_loop": replace(BASE, limits=Limits(wall_s=20.0), pace=Pace(1.0)),  # busy to the end: 20 s anywhere
+    "hang_in_collective": replace(BASE, limits=Limits(wall_s=90.0)),  # stopped once no rank progresses for 20 s
     "memory_bomb": replace(BASE, limits=Limits(memory_bytes=2**30)),
 }
 # submission -> (status, the exact set of checks it must fail)

@@ -1,5 +1,5 @@
 """The two hang drills, each run once per session with the flight recorder on, read by the drill and the
-flight-recorder tests (a hang costs its whole time limit: the tests share it rather than wait for it twice)."""
+flight-recorder tests (a hang costs its start and 20 s with no progress: the tests share it rather than wait twice)."""
 
 from pathlib import Path
 
@@ -7,7 +7,8 @@ import pytest
 
 from course.practice import drills, flight_recorder
 
-HANG_LIMIT_S = 30.0  # the ranks reach their hang in a few seconds, even spawned anew on a loaded machine
+HANG_LIMIT_S = 55.0  # past the 20 s with no progress that ends a hang (course.runtime.progress), below the drills'
+# 60 s of sleep; a rank still starting on a loaded machine uses processor time, so it is not called stuck
 
 
 @pytest.fixture(scope="session")
@@ -16,10 +17,7 @@ def hang_drills(tmp_path_factory) -> dict[str, tuple[str, Path]]:
     runs = {}
     for name in ("skip", "loading"):
         folder = tmp_path_factory.mktemp(f"record-{name}")
-        for timeout_s in (HANG_LIMIT_S, 3 * HANG_LIMIT_S):  # once more if rank 0 had not reached its wait (load)
-            with flight_recorder.recording():
-                report = drills.run_drill(name, timeout_s=timeout_s, record_dir=str(folder))
-            if "rank 0 was waiting for it" in report:
-                break
+        with flight_recorder.recording():  # stopped once neither rank makes progress for 20 s, before the limit
+            report = drills.run_drill(name, timeout_s=HANG_LIMIT_S, record_dir=str(folder))
         runs[name] = (report, folder)
     return runs

@@ -87,5 +87,5 @@ def test_the_parents_signal_handlers_and_exit_handlers_are_not_the_childs():
 def test_a_fork_is_watched_like_a_command_output_and_all():
     forks = [Forked(lambda i=i: print(f"rank {i}") or i, **PIPES) for i in range(3)]
     runs = [process.Running.of(fork, capture=(1024, 1024), new_session=False) for fork in forks]
-    assert process.finish_together(runs, straggler_s=30) == {}
+    assert process.finish_together(runs, window_s=30) == {}
     assert [(r.process.returncode, r.stdout.text()) for r in runs] == [(i, f"rank {i}\n") for i in range(3)]

@@ -81,33 +81,61 @@ def test_bad_arguments_are_refused_before_anything_starts():
         process.run([], 10)
 
 
-def test_finish_together_stops_the_stragglers_once_one_has_ended_saying_why():
-    # rank 1 fails at once; ranks 0 and 2 would sleep a minute, and each has a child that must go with it
+def test_finish_together_stops_the_blocked_ranks_once_none_makes_progress_saying_why():
+    # rank 1 fails at once; ranks 0 and 2 would sleep a minute (no CPU), and each has a child that must go with it
     sleepers = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)"
     runs = [process.Running(python(code), new_session=False) for code in (sleepers, "import sys; sys.exit(1)",
                                                                           sleepers)]
-    stopped = process.finish_together(runs, straggler_s=0.5)
+    stopped = process.finish_together(runs, window_s=1.0)
     assert stopped == {0: "stopped after rank 1 failed", 2: "stopped after rank 1 failed"}
     assert [run.process.returncode for run in runs] == [-signal.SIGKILL, 1, -signal.SIGKILL]
     assert live_children() == []
 
 
+BUSY = "import time\nend = time.process_time() + {cpu_s}\nwhile time.process_time() < end: pass"
+
+
+def test_finish_together_waits_for_a_rank_that_is_behind_but_working():
+    # rank 0 ends at once; rank 1 computes for 3 s of CPU, three times the no-progress window: it is slow, not stuck,
+    # however long the machine takes to give it those 3 s
+    runs = [process.Running(python(code), new_session=False) for code in ("pass", BUSY.format(cpu_s=3.0))]
+    assert process.finish_together(runs, window_s=1.0) == {}
+    assert [run.process.returncode for run in runs] == [0, 0]
+
+
+def test_finish_together_stops_ranks_that_are_all_blocked_even_when_none_has_ended():
+    # a deadlock: nobody ends, nobody moves; stopped after the window, not at a time limit
+    runs = [process.Running(python("import time; time.sleep(600)"), new_session=False) for _ in range(2)]
+    assert process.finish_together(runs, window_s=1.0) == {0: "hang", 1: "hang"}
+    assert live_children() == []
+
+
+def test_finish_together_counts_output_and_events_as_progress():
+    # a rank that prints every half second, or reports events, makes progress with next to no CPU
+    printer = "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)"
+    runs = [process.Running(python(code), new_session=False) for code in ("pass", printer)]
+    assert process.finish_together(runs, window_s=2.0) == {}
+    counted = iter(range(10**6))
+    runs = [process.Running(python(code), new_session=False) for code in ("pass", "import time; time.sleep(4)")]
+    assert process.finish_together(runs, window_s=2.0, events=lambda: {1: next(counted)}) == {}
+
+
 def test_finish_together_lets_every_rank_end_by_itself_and_stops_all_at_once_on_request():
     runs = [process.Running(python("pass"), new_session=False) for _ in range(3)]
-    assert process.finish_together(runs, straggler_s=30) == {}
+    assert process.finish_together(runs, window_s=30) == {}
     assert [run.process.returncode for run in runs] == [0, 0, 0]
     stop = threading.Event()
     stop.set()
     runs = [process.Running(python("import time; time.sleep(60)"), new_session=False) for _ in range(2)]
-    assert process.finish_together(runs, straggler_s=30, stop=stop) == {0: "interrupted", 1: "interrupted"}
+    assert process.finish_together(runs, window_s=30, stop=stop) == {0: "interrupted", 1: "interrupted"}
     hung = [process.Running(python(code), new_session=False) for code in ("pass", "import time; time.sleep(60)")]
-    assert process.finish_together(hung, straggler_s=0.2) == {1: "hang"}
+    assert process.finish_together(hung, window_s=0.5) == {1: "hang"}
     assert live_children() == []
 
 
 def test_a_capture_of_head_and_tail_keeps_exactly_those():
     run = process.Running(python("print('h' * 100 + 't' * 50, end='')"), capture=(10, 5), new_session=False)
-    process.finish_together([run], straggler_s=30)
+    process.finish_together([run], window_s=30)
     assert run.stdout.text() == "h" * 10 + "\n[135 bytes of output dropped here]\n" + "t" * 5
 
 

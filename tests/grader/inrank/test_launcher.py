@@ -58,7 +58,7 @@ def test_a_rank_reads_neither_the_launchers_memory_nor_the_secret(tmp_path, monk
         path.chmod(0o644)  # readable by every user: only the sandbox can keep it from the ranks
         script = tmp_path / "train_4gpu.py"
         script.write_text(SNOOP.replace("SECRET", repr(str(path))))
-        results = grade(script, GradingConfig(assignment=replace(ASSIGNMENT, world_size=1), straggler_s=5.0))
+        results = grade(script, GradingConfig(assignment=replace(ASSIGNMENT, world_size=1)))
     finally:
         shutil.rmtree(folder)
     output = results.output
@@ -66,3 +66,42 @@ def test_a_rank_reads_neither_the_launchers_memory_nor_the_secret(tmp_path, monk
     assert "readable" not in output, output
     if mount_namespace(tmp_path):
         assert "secret: read 0 characters" in output, output
+
+
+SLOW_RANK = '''"""Rank 0 computes for 6 s of CPU after the others have ended: behind, but working."""
+import os, time
+import torch  # noqa: F401  (the grader wants a training script)
+
+if os.environ["RANK"] == "0":
+    end = time.process_time() + 6.0
+    while time.process_time() < end:
+        pass
+print("rank", os.environ["RANK"], "done", flush=True)
+'''
+STUCK_RANK = '''"""Rank 0 sleeps while the others wait for it in a barrier: no rank makes progress."""
+import os, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    time.sleep(600)
+dist.barrier()
+'''
+
+
+def test_a_rank_that_is_behind_but_working_is_waited_for_not_called_hung(tmp_path):
+    # the no-progress window is 2 s; rank 0 ends 6 s of CPU (however long that takes here) after the others
+    script = tmp_path / "train_4gpu.py"
+    script.write_text(SLOW_RANK)
+    results = grade(script, GradingConfig(idle_s=2.0))
+    assert results.status == "ok", results.detail
+    assert "rank 0 done" in results.output
+
+
+def test_ranks_blocked_with_no_progress_are_called_hung_naming_the_one_the_others_wait_for(tmp_path):
+    script = tmp_path / "train_4gpu.py"
+    script.write_text(STUCK_RANK)
+    results = grade(script, GradingConfig(idle_s=2.0))
+    assert results.status == "hang on rank 0", results.detail
+    assert results.detail.startswith("no rank made progress for 2 s")
+    assert "rank 1 waits in barrier()" in results.detail

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course.runtime.recorder import Call
+from grader import render
 from grader.labs import ddp
 from grader.labs.core import run_lab
 
@@ -22,22 +23,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "ddp_by_hand.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ddp_by_hand.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
-ALL = [check.id for check in ddp.CHECKS]
+ALL = [check.name for check in ddp.CHECKS]
 
 
 @pytest.mark.timeout(600)
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(ddp.LAB, STUB)
     assert result.failed() == ALL and result.score == 0
-    assert "Not attempted yet: your MyDDP still raises NotImplementedError" in result.report()
+    assert "Not attempted yet: your MyDDP still raises NotImplementedError" in render.lab_feedback(result)
 
 
 @pytest.mark.timeout(900)
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(ddp.LAB, SOLUTION, hidden=True)  # 4 ranks, then 2 and 3 with seeds drawn now
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
     assert result.runs == len(ddp.LAB.runs) + len(ddp.LAB.hidden_runs)
-    speed = next(r for r in result.results if r.check.id == "modelled_speed")  # a passing check's measure is kept
+    speed = next(r for r in result.checks if r.name == "modelled_speed")  # a passing check's measure is kept
     assert speed.message.startswith("world_size=4, ") and "MODELLED step time" in speed.message
 
 
@@ -60,11 +61,11 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(ddp.LAB, os.path.join(ATTEMPTS, f"ddp_{attempt}.py"))
-    assert result.failed() == failed, result.report()
-    first = next(r.message for r in result.results if not r.passed)
+    assert result.failed() == failed, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
     if attempt == "uses_torch_ddp":
-        built = next(r.message for r in result.results if r.check.id == "no_torch_ddp")
+        built = next(r.message for r in result.checks if r.name == "no_torch_ddp")
         assert "you built torch's DistributedDataParallel" in built
 
 

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from grader import render
 from grader.labs import fsdp
 from grader.labs.core import run_lab
 
@@ -15,18 +16,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "fsdp.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "fsdp.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
-ALL = [check.id for check in fsdp.CHECKS]
+ALL = [check.name for check in fsdp.CHECKS]
 
 
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(fsdp.LAB, STUB)
     assert result.failed() == ALL and result.runs == 0
-    assert "Not attempted yet: your MyFSDP still raises NotImplementedError" in result.report()
+    assert "Not attempted yet: your MyFSDP still raises NotImplementedError" in render.lab_feedback(result)
 
 
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(fsdp.LAB, SOLUTION, hidden=True)  # 4 ranks, then 3 and 2 with seeds drawn now
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
 
 
 @pytest.mark.parametrize(("attempt", "failed", "fragment"), [
@@ -36,8 +37,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(fsdp.LAB, os.path.join(ATTEMPTS, f"fsdp_{attempt}.py"))
-    assert result.failed() == failed, result.report()
-    first = next(r.message for r in result.results if not r.passed)
+    assert result.failed() == failed, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
 
 
@@ -46,7 +47,7 @@ def test_torch_fsdp_is_refused_without_starting_a_rank(tmp_path):
     path.write_text("from torch.distributed.fsdp import fully_shard\n\nMyFSDP = fully_shard\n")
     result = run_lab(fsdp.LAB, str(path))
     assert result.failed() == ALL and result.runs == 0
-    assert "your file uses torch.distributed.fsdp.fully_shard" in result.results[0].message
+    assert "your file uses torch.distributed.fsdp.fully_shard" in result.checks[0].message
 
 
 def test_memory_passes_one_layer_and_fails_two():

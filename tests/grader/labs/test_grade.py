@@ -1,4 +1,5 @@
-"""The grader grades labs: found in a student's folder by file name, run in the sandbox, one gradebook column each."""
+"""grader.labs.grade: labs found in a student's folder by file name, run in the sandbox, graded with the assignment
+(grader.grading), one gradebook column, one feedback section and one Gradescope test per check."""
 
 import csv
 import json
@@ -7,11 +8,13 @@ import shutil
 
 import pytest
 
-from grader import cli
+from grader import cli, render
+from grader.labs import LABS
 from grader.labs import grade as labs
 from grader.runner import GradingConfig
 
 pytestmark = pytest.mark.timeout(900)
+RING = LABS["ring"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ring_allreduce.py")
@@ -39,13 +42,17 @@ def test_grading_a_class_gives_each_lab_a_column_feedback_and_gradescope_tests(t
     cli.grade_class(submissions, out, jobs=2, config=GradingConfig(visible_only=True), progress=False)
     with open(out / "gradebook.csv", newline="") as handle:
         rows = {row["submission"]: row for row in csv.DictReader(handle)}
-    assert rows["points possible"]["lab ring"] == "10"
-    assert rows["alice"]["lab ring"] == "10" and rows["bob"]["lab ring"] == "6"
+    full = sum(check.points for check in RING.checks)  # every ring check is visible
+    assert rows["points possible"]["lab ring"] == rows["alice"]["lab ring"] == f"{full:g}"
+    assert rows["bob"]["lab ring"] == f"{full - 4:g}"  # only "equal to dist.all_reduce" (4 points) fails
+    assert rows["alice"]["status"] == "labs only" and rows["alice"]["score"] == ""  # no assignment: no 0 / 100
     feedback = (out / "feedback" / "bob.txt").read_text()
-    assert "Lab ring: 6 / 10 points" in feedback and "it holds the sum, not the average" in feedback
+    assert "Lab 'ring'" in feedback and f"Score: {full - 4:g}/{full:g}" in feedback
+    assert "it holds the sum, not the average" in feedback
+    assert "/ 100" not in feedback and "NOT RUN" not in feedback
     tests = json.loads((out / "gradescope" / "bob" / "results.json").read_text())["tests"]
     lab_tests = {t["name"]: t for t in tests if t["name"].startswith("lab ring: ")}
-    assert len(lab_tests) == 4 and sum(t["score"] for t in lab_tests.values()) == 6
+    assert len(lab_tests) == len(tests) == len(RING.checks) and sum(t["score"] for t in lab_tests.values()) == full - 4
     assert lab_tests["lab ring: equal to dist.all_reduce on every rank (sum and avg; float32, float64, bfloat16)"][
         "status"] == "failed"
 
@@ -65,7 +72,17 @@ def test_on_gradescope_a_lab_submitted_alone_is_graded_alone(tmp_path):
     out = tmp_path / "results.json"
     results = cli.run_autograder(submission, out, config=GradingConfig(visible_only=True))
     data = json.loads(out.read_text())
-    assert results.checks == [] and results.labs["ring"]["score"] == 0
-    assert [t["name"].split(":")[0] for t in data["tests"]] == ["lab ring"] * 4
+    assert results.checks == [] and results.status == "labs only" and results.labs["ring"].score == 0
+    assert [t["name"].split(":")[0] for t in data["tests"]] == ["lab ring"] * len(RING.checks)
     assert data["score"] == 0 and "graded the lab(s) submitted: ring" in data["output"]
     assert "Not attempted yet" in data["tests"][0]["output"]
+
+
+def test_the_notebooks_self_check_prints_what_grader_check_prints(capsys):
+    from course import labs as course_labs
+
+    result = course_labs.check("ring", STUB)
+    printed = capsys.readouterr().out
+    assert not result.passed and printed == render.lab_feedback(result)
+    assert cli.main(["check", "ring", STUB]) == 1
+    assert capsys.readouterr().out == printed  # the stub: no rank started, nothing timed

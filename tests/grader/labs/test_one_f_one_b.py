@@ -5,27 +5,28 @@ import os
 
 import pytest
 
+from grader import render
 from grader.labs import one_f_one_b
 from grader.labs.core import run_lab
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-EVERY = {check.id for check in one_f_one_b.CHECKS}
+EVERY = {check.name for check in one_f_one_b.CHECKS}
 
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(one_f_one_b.LAB, os.path.join(ROOT, "course", "labs", "stubs", "one_f_one_b.py"))
     assert set(result.failed()) == EVERY
-    assert result.results[0].message.startswith("Not attempted yet: your one_f_one_b still raises")
+    assert result.checks[0].message.startswith("Not attempted yet: your one_f_one_b still raises")
 
 
 @pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(one_f_one_b.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "one_f_one_b.py"),
                      hidden=True)
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
 
 
 @pytest.mark.slow
@@ -38,13 +39,13 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_schedule_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", f"one_f_one_b_{attempt}.py"))
-    assert set(result.failed()) == fails, result.report()
-    assert any(fragment in r.message for r in result.results if not r.passed), result.report()
+    assert set(result.failed()) == fails, render.lab_feedback(result)
+    assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 
 
 
 def test_importing_the_course_schedule_is_refused_without_starting_a_rank():
     result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", "one_f_one_b_imports_course.py"))
     assert set(result.failed()) == EVERY and result.runs == 0
-    assert result.results[0].message.startswith("your file uses course.model_parallel.schedules.one_f_one_b, a "
+    assert result.checks[0].message.startswith("your file uses course.model_parallel.schedules.one_f_one_b, a "
                                                 "ready-made version of what this lab asks you to write")

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from grader import render
 from grader.labs import ring
 from grader.labs.core import run_lab
 
@@ -22,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "ring_allreduce.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ring_allreduce.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
-ALL = [check.id for check in ring.CHECKS]
+ALL = [check.name for check in ring.CHECKS]
 # the first visible run (4 ranks) has every dtype and op, and lengths below and not divisible by 4: enough for a mistake
 FIRST_RUN = dataclasses.replace(ring.LAB, runs=ring.LAB.runs[:1])
 
@@ -31,13 +32,13 @@ def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(ring.LAB, STUB)
     assert result.failed() == ALL and result.score == 0
     assert result.runs == 0  # the packaged stub, byte for byte: no rank needs to start to say so
-    assert "Not attempted yet: your ring_allreduce still raises NotImplementedError" in result.report()
+    assert "Not attempted yet: your ring_allreduce still raises NotImplementedError" in render.lab_feedback(result)
 
 
 def test_the_solution_passes_every_check_visible_and_hidden():
     assert run_lab(ring.LAB, SOLUTION).passed
     hidden = run_lab(ring.LAB, SOLUTION, hidden=True)  # world sizes 2, 5 and 8, a seed drawn now
-    assert hidden.passed, hidden.report()
+    assert hidden.passed, render.lab_feedback(hidden)
     assert hidden.runs == len(ring.LAB.runs) + len(ring.LAB.hidden_runs)
 
 
@@ -64,8 +65,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(FIRST_RUN, os.path.join(ATTEMPTS, f"ring_{attempt}.py"))
-    assert result.failed() == failed, result.report()
-    first = next((r.message for r in result.results if not r.passed), "world_size=4: ")
+    assert result.failed() == failed, render.lab_feedback(result)
+    first = next((r.message for r in result.checks if not r.passed), "world_size=4: ")
     assert first.startswith("world_size=4: ") and fragment in first, first
 
 
@@ -79,7 +80,7 @@ def test_the_solution_equals_dist_all_reduce_on_drawn_inputs(world_size, cases, 
     cases = [*cases, [3 * world_size + 1, "float32", "sum"]]  # the steps check needs one case without empty chunks
     lab = dataclasses.replace(ring.LAB, runs=({"world_size": world_size, "seed": seed, "cases": cases},))
     result = run_lab(lab, SOLUTION)
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
 
 
 def test_the_solution_runs_under_torchrun():

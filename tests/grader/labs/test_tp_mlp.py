@@ -5,26 +5,27 @@ import os
 
 import pytest
 
+from grader import render
 from grader.labs import tp_mlp
 from grader.labs.core import run_lab
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-EVERY = {check.id for check in tp_mlp.CHECKS}
+EVERY = {check.name for check in tp_mlp.CHECKS}
 
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "course", "labs", "stubs", "tp_mlp.py"))
     assert set(result.failed()) == EVERY
-    assert result.results[0].message.startswith("Not attempted yet: your ParallelMLP still raises")
+    assert result.checks[0].message.startswith("Not attempted yet: your ParallelMLP still raises")
 
 
 @pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "tp_mlp.py"), hidden=True)
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
 
 
 @pytest.mark.slow
@@ -37,8 +38,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
     result = run_lab(tp_mlp.LAB, os.path.join(HERE, "attempts", f"tp_mlp_{attempt}.py"))
-    assert set(result.failed()) == fails, result.report()
-    assert any(fragment in r.message for r in result.results if not r.passed), result.report()
+    assert set(result.failed()) == fails, render.lab_feedback(result)
+    assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 
 
 
@@ -46,4 +47,4 @@ def test_importing_the_course_classes_is_refused_without_starting_a_rank():
     result = run_lab(tp_mlp.LAB, os.path.join(HERE, "attempts", "tp_mlp_imports_course.py"))
     assert set(result.failed()) == EVERY and result.runs == 0
     assert "your file uses course.model_parallel.tensor_parallel.ParallelMLP, a ready-made version" in \
-        result.results[0].message
+        result.checks[0].message

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+from grader import render
 from grader.labs import zero
 from grader.labs.core import run_lab
 
@@ -23,20 +24,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "zero1_adam.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "zero1_adam.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
-ALL = [check.id for check in zero.CHECKS]
+ALL = [check.name for check in zero.CHECKS]
 
 
 @pytest.mark.timeout(600)
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(zero.LAB, STUB)
     assert result.failed() == ALL and result.score == 0
-    assert "Not attempted yet: your MyZeRO1Adam still raises NotImplementedError" in result.report()
+    assert "Not attempted yet: your MyZeRO1Adam still raises NotImplementedError" in render.lab_feedback(result)
 
 
 @pytest.mark.timeout(900)
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(zero.LAB, SOLUTION, hidden=True)  # 4 ranks, then 3 and 2 with seeds drawn now
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
     assert result.runs == len(zero.LAB.runs) + len(zero.LAB.hidden_runs)
 
 
@@ -54,11 +55,11 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(zero.LAB, os.path.join(ATTEMPTS, f"zero_{attempt}.py"))
-    assert result.failed() == failed, result.report()
-    first = next(r.message for r in result.results if not r.passed)
+    assert result.failed() == failed, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
     if attempt == "no_all_gather":
-        messages = {r.check.id: r.message for r in result.results}
+        messages = {r.name: r.message for r in result.checks}
         assert "only half of ZeRO-1's traffic: all-gather" in messages["communication"]
         assert "not judged until the parameters equal DDP + Adam's" in messages["uneven"]
 

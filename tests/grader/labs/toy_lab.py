@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     double = load_entry(path, "double")
     rank = dist.get_rank()
     tensor = torch.full((3,), float(rank + config.get("offset", 0)))
@@ -17,7 +17,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
     wrong = f"rank {rank} got {out.tolist()}, expected {(2 * tensor).tolist()}"
     found = [Finding("doubles", right, "" if right else wrong),
              Finding("hidden_one", True)]
-    return RankReport(found, {"out": out})
+    return RankFindings(found, {"out": out})
 
 
 def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
@@ -31,7 +31,7 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
 LAB = Lab(
     name="toy", title="double a tensor", notebook="none", student_file="labs/toy.py", entry="double",
     checks=(Check("doubles", "doubles on every rank", 2), Check("cross", "cross-checked outside", 1),
-            Check("hidden_one", "a hidden check", 1, hidden=True)),
+            Check("hidden_one", "a hidden check", 1, "after_published")),
     rank_check="toy_lab:check_on_rank", cross_check="toy_lab:cross_check",
     runs=({"world_size": 2, "label": "offset 0", "timeout_s": 30},),
     hidden_runs=({"world_size": 2, "label": "offset 5", "offset": 5, "timeout_s": 30},),

@@ -1,0 +1,138 @@
+"""Is a job slow or stuck? A rank is stuck only when it makes no progress, never merely because it is behind.
+
+A rank makes progress while its CPU time grows (its own and that of every process it started, such as
+DataLoader workers), or while it does work that can be counted (collectives called, records written, output).
+A rank blocked in a collective that a peer never joins uses no CPU at all; neither does a rank asleep.
+A rank that is behind (a busy machine, more work than its peers) keeps using CPU: it is waited for, up to a
+hard time limit (:mod:`course.runtime.pace` scales it to the machine).
+
+The decision is pure: :func:`judge` takes a history of :class:`Sample` and returns a :class:`Verdict`. A job
+is stuck when every rank still running has made no progress for ``window_s``: then nothing will ever move
+again. One idle rank alone is not enough: it may be waiting for a peer that is still working.
+:class:`Watch` takes the samples from ``/proc`` (:func:`cpu_seconds`). Used by the grader's launcher (through
+:func:`course.runtime.process.finish_together`) and by :func:`course.runtime.launch.launch`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import psutil
+
+from course.runtime import process_tree
+
+#: Seconds without progress after which a job is stuck (every rank still running idle that long).
+WINDOW_S = 20.0
+#: CPU seconds a rank may use in a window and still count as idle (a blocked rank uses 0.00-0.01 s in 10 s).
+IDLE_CPU_S = 0.05
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PROC = os.path.exists("/proc/self/stat")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One look at the ranks still running: when, and each one's progress so far."""
+
+    t: float  # seconds (time.monotonic)
+    cpu_s: Mapping[int, float]  # rank -> CPU seconds used so far by the rank and every process it started
+    events: Mapping[int, int] = field(default_factory=dict)  # rank -> work counted so far (records, output)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`judge` decided."""
+
+    stuck: bool  # every rank still running has been idle for the window
+    idle_s: dict[int, float]  # rank still running -> seconds it has made no progress (0.0: it just did)
+
+    @property
+    def busy(self) -> list[int]:
+        """The ranks still running that made progress since the sample before the last, in rank order."""
+        return sorted(r for r, s in self.idle_s.items() if s == 0.0)
+
+
+def idle_for(samples: Sequence[Sample], rank: int, idle_cpu_s: float = IDLE_CPU_S) -> float:
+    """Seconds ``rank`` has made no progress as of the last sample: how far back the samples go over which its
+    CPU time grew by at most ``idle_cpu_s`` and its events did not change. 0.0 if it progressed since the one before.
+    """
+    last = samples[-1]
+    if rank not in last.cpu_s:
+        return 0.0
+    since = last.t
+    for sample in reversed(samples[:-1]):
+        if rank not in sample.cpu_s:
+            break
+        moved = last.cpu_s[rank] - sample.cpu_s[rank] > idle_cpu_s
+        counted = last.events.get(rank, 0) != sample.events.get(rank, 0)
+        if moved or counted:
+            break
+        since = sample.t
+    return last.t - since
+
+
+def judge(samples: Sequence[Sample], window_s: float = WINDOW_S, idle_cpu_s: float = IDLE_CPU_S) -> Verdict:
+    """Stuck or not, from the history of ``samples`` (oldest first): stuck when every rank in the last sample
+    (those still running) has made no progress for ``window_s`` seconds.
+
+    Raises:
+        ValueError: no samples, or a window that is not a positive number of seconds.
+    """
+    if not samples:
+        raise ValueError("judge() needs at least one Sample of the ranks still running, got none")
+    if not window_s > 0:
+        raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
+    idle = {rank: idle_for(samples, rank, idle_cpu_s) for rank in sorted(samples[-1].cpu_s)}
+    return Verdict(bool(idle) and all(s >= window_s for s in idle.values()), idle)
+
+
+def cpu_seconds(pid: int, table: dict[int, tuple[int, str]] | None = None) -> float:
+    """CPU seconds used so far by ``pid`` and every process below it (children it waited for included)."""
+    table = process_tree.process_table() if table is None else table
+    return sum(_cpu(p) for p in [pid, *process_tree.descendants(pid, table)])
+
+
+def _cpu(pid: int) -> float:
+    """user + system time of ``pid`` and of its children that it has waited for, in seconds; 0.0 if gone."""
+    if _PROC:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and ")"
+            return sum(int(v) for v in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
+        except (OSError, ValueError, IndexError):
+            return 0.0
+    try:
+        times = psutil.Process(pid).cpu_times()
+        return times.user + times.system + times.children_user + times.children_system
+    except psutil.Error:
+        return 0.0
+
+
+class Watch:
+    """Samples ranks' progress and judges it: ``watch.look({rank: pid}, events)`` returns a :class:`Verdict`.
+
+    Keeps only the samples the window needs. A rank left out of ``pids`` (it ended) is no longer judged.
+    """
+
+    def __init__(self, window_s: float = WINDOW_S, idle_cpu_s: float = IDLE_CPU_S) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be a positive number of seconds, got {window_s!r}")
+        self.window_s, self.idle_cpu_s = window_s, idle_cpu_s
+        self.samples: deque[Sample] = deque()
+
+    def add(self, sample: Sample) -> Verdict:
+        """Judge the history with ``sample`` added (the pure half of :meth:`look`)."""
+        self.samples.append(sample)
+        while len(self.samples) > 2 and self.samples[1].t <= sample.t - self.window_s:
+            self.samples.popleft()  # the oldest that still reaches back a whole window is kept
+        return judge(list(self.samples), self.window_s, self.idle_cpu_s)
+
+    def look(self, pids: Mapping[int, int], events: Mapping[int, int] | None = None, now: float | None = None
+             ) -> Verdict:
+        """Sample the CPU time of each rank's process tree (``rank -> pid``) and judge."""
+        table = process_tree.process_table()
+        cpu = {rank: cpu_seconds(pid, table) for rank, pid in pids.items()}
+        return self.add(Sample(time.monotonic() if now is None else now, cpu, dict(events or {})))

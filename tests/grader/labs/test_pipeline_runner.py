@@ -1,0 +1,42 @@
+"""grader.labs.pipeline_runner: the stub fails every check, the solution passes every one, and each wrong runner
+fails exactly the checks its mistake breaks, with a message that names the mistake (a hang within the run's limit)."""
+
+import os
+
+import pytest
+
+from grader import render
+from grader.labs import pipeline_runner
+from grader.labs.core import run_lab
+
+pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
+HERE = os.path.dirname(__file__)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+EVERY = {check.name for check in pipeline_runner.CHECKS}
+
+
+@pytest.mark.slow
+def test_the_stub_fails_every_check_as_not_attempted():
+    result = run_lab(pipeline_runner.LAB, os.path.join(ROOT, "course", "labs", "stubs", "pipeline_runner.py"))
+    assert set(result.failed()) == EVERY
+    assert result.checks[0].message.startswith("Not attempted yet: your run_stage still raises")
+
+
+@pytest.mark.slow
+def test_the_solution_passes_every_check_visible_and_hidden():
+    result = run_lab(pipeline_runner.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "pipeline_runner.py"),
+                     hidden=True)
+    assert result.passed, render.lab_feedback(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("attempt", "fails", "fragment"), [
+    ("no_wait", {"gradients", "waits"}, "never waited its irecv number 1 (from rank"),
+    ("wrong_peer", EVERY, "did not finish"),
+    ("keeps_last_only", EVERY, "keep them per micro-batch"),
+    ("imports_course", EVERY, "your file uses course.model_parallel.pipeline.run"),
+])
+def test_each_wrong_runner_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
+    result = run_lab(pipeline_runner.LAB, os.path.join(HERE, "attempts", f"pipeline_runner_{attempt}.py"))
+    assert set(result.failed()) == fails, render.lab_feedback(result)
+    assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
