@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course import world
 from course.practice.checkpoint import epoch_batches
-from grader.labs.core import Check, Finding, Lab, RankReport, load_entry
+from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 
 #: Not to be used by the student: the course's own checkpoint does what the lab asks.
 SHORTCUTS = ("course.practice.checkpoint:save", "course.practice.checkpoint:load",
@@ -263,7 +263,7 @@ def _shared_folder(config: dict) -> str:
     return folder
 
 
-def check_on_rank(path: str, config: dict) -> RankReport:
+def check_on_rank(path: str, config: dict) -> RankFindings:
     """Run the uninterrupted and the stopped-and-resumed training on this rank; judge what came back."""
     me = world.current()
     folder = _shared_folder(config)
@@ -284,7 +284,7 @@ def check_on_rank(path: str, config: dict) -> RankReport:
         shutil.rmtree(folder, ignore_errors=True)
     gap = (final - expected).abs().max().item()
     same = torch.equal(final, expected)
-    return RankReport([
+    return RankFindings([
         judge_state(measured, me.rank), judge_rng(measured, me.rank, rank0_rng), judge_writer(measured, me.rank),
         judge_atomic(measured, me.rank),
         Finding("bit_for_bit", same, "" if same else f"rank {me.rank}'s final parameters differ from the "

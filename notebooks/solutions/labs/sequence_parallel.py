@@ -4,6 +4,8 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older
+
 
 def all_gather_sequence(x):
     """(B, S/t, d) on each of the t ranks -> (B, S, d): every rank's positions, in rank order.
@@ -13,7 +15,7 @@ def all_gather_sequence(x):
     """
     shard = x.transpose(0, 1).contiguous()  # (S/t, B, d)
     whole = shard.new_empty((shard.shape[0] * dist.get_world_size(), *shard.shape[1:]))
-    dist.all_gather_single(whole, shard)
+    all_gather_single(whole, shard)
     return whole.transpose(0, 1)
 
 
@@ -25,7 +27,7 @@ def reduce_scatter_sequence(x):
     """
     whole = x.transpose(0, 1).contiguous()  # (S, B, d)
     mine = whole.new_empty((whole.shape[0] // dist.get_world_size(), *whole.shape[1:]))
-    dist.reduce_scatter_single(mine, whole)
+    reduce_scatter_single(mine, whole)
     return mine.transpose(0, 1)
 
 
