@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from grader import render
 from grader.labs import checkpoint
 from grader.labs.core import run_lab
 
@@ -15,19 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "checkpoint_resume.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "checkpoint_resume.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
-ALL = [check.id for check in checkpoint.CHECKS]
+ALL = [check.name for check in checkpoint.CHECKS]
 
 
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(checkpoint.LAB, STUB)
     assert result.failed() == ALL and result.score == 0
-    assert "Not attempted yet: your save_checkpoint still raises NotImplementedError" in result.report()
+    assert "Not attempted yet: your save_checkpoint still raises NotImplementedError" in render.lab_feedback(result)
 
 
 @pytest.mark.timeout(300)
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(checkpoint.LAB, SOLUTION, hidden=True)
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
 
 
 @pytest.mark.timeout(300)
@@ -40,8 +41,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(checkpoint.LAB, os.path.join(ATTEMPTS, f"checkpoint_{attempt}.py"))
-    assert result.failed() == failed, result.report()
-    first = next(r.message for r in result.results if not r.passed)
+    assert result.failed() == failed, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=2, ") and fragment in first, first
 
 

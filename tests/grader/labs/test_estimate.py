@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from grader import render
 from grader.labs import estimate
 from grader.labs.core import run_lab
 
@@ -14,19 +15,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "estimate_plan.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "estimate_plan.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
-ALL = [check.id for check in estimate.CHECKS]
+ALL = [check.name for check in estimate.CHECKS]
 
 
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(estimate.LAB, STUB)
     assert result.failed() == ALL and result.score == 0
-    assert "Not attempted yet: your model_states_bytes still raises NotImplementedError" in result.report()
+    assert "Not attempted yet: your model_states_bytes still raises NotImplementedError" in render.lab_feedback(result)
 
 
 @pytest.mark.timeout(300)
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(estimate.LAB, SOLUTION, hidden=True)
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
     assert result.runs == 3
 
 
@@ -38,8 +39,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(estimate.LAB, os.path.join(ATTEMPTS, f"estimate_{attempt}.py"))
-    assert result.failed() == failed, result.report()
-    first = next(r.message for r in result.results if not r.passed)
+    assert result.failed() == failed, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
     assert fragment in first, first
 
 
@@ -48,7 +49,7 @@ def test_a_file_without_a_student_id_is_told_to_set_it(tmp_path):
     path = tmp_path / "estimate_plan.py"
     path.write_text(open(SOLUTION).read().replace('STUDENT_ID = "solution"', 'STUDENT_ID = ""'))
     result = run_lab(estimate.LAB, str(path))
-    assert result.failed() == ALL and "set STUDENT_ID at the top of" in result.results[0].message
+    assert result.failed() == ALL and "set STUDENT_ID at the top of" in result.checks[0].message
 
 
 @pytest.mark.timeout(300)
@@ -58,8 +59,8 @@ def test_one_function_written_is_judged_and_the_other_is_named_not_attempted(tmp
     body = solution[solution.index("    n = tensor_parallel"):solution.index("\n\n\nif __name__")]
     path.write_text(solution.replace(body, '    raise NotImplementedError("two ring all-reduces")'))
     result = run_lab(estimate.LAB, str(path))
-    assert result.failed() == ["tp_allreduce"], result.report()
-    assert "your tp_allreduce_seconds still raises NotImplementedError" in result.results[1].message
+    assert result.failed() == ["tp_allreduce"], render.lab_feedback(result)
+    assert "your tp_allreduce_seconds still raises NotImplementedError" in result.checks[1].message
 
 
 def test_a_variant_is_the_same_for_the_same_id_and_differs_between_ids():

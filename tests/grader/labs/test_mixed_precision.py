@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from grader import render
 from grader.labs import mixed_precision
 from grader.labs.core import run_lab
 
@@ -13,20 +14,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 STUB = os.path.join(ROOT, "course", "labs", "stubs", "loss_scaler.py")
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "loss_scaler.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
-ALL = [check.id for check in mixed_precision.CHECKS]
+ALL = [check.name for check in mixed_precision.CHECKS]
 CONFIG = mixed_precision.LAB.runs[0]
 
 
 def test_the_stub_fails_every_check_as_not_attempted():
     result = run_lab(mixed_precision.LAB, STUB)
     assert result.failed() == ALL and result.score == 0
-    assert "Not attempted yet: your train_step still raises NotImplementedError" in result.report()
+    assert "Not attempted yet: your train_step still raises NotImplementedError" in render.lab_feedback(result)
 
 
 @pytest.mark.timeout(300)
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(mixed_precision.LAB, SOLUTION, hidden=True)
-    assert result.passed, result.report()
+    assert result.passed, render.lab_feedback(result)
 
 
 @pytest.mark.timeout(300)
@@ -38,8 +39,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(mixed_precision.LAB, os.path.join(ATTEMPTS, f"mixed_precision_{attempt}.py"))
-    assert result.failed() == failed, result.report()
-    first = next(r.message for r in result.results if not r.passed)
+    assert result.failed() == failed, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
     assert fragment in first, first
 
 
