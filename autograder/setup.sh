@@ -23,7 +23,7 @@ SOURCE="$ROOT/source"
 VENV="$ROOT/venv"
 # The course's tested range, the same as pyproject.toml's (tests/test_autograder_setup.py checks they agree and
 # that torch 2.13.0, the build the course's CI installs, satisfies it): never an untested newer major version.
-TORCH_REQUIREMENT="torch>=2.4,<3"
+TORCH_REQUIREMENT="torch>=2.13,<3"
 DEFAULT_INDEX="https://download.pytorch.org/whl/cpu"
 if [ -z "${TORCH_INDEX_URL:-}" ] && [ -f "$HERE/torch-index-url" ]; then
     TORCH_INDEX_URL="$(grep -v '^[[:space:]]*\(#\|$\)' "$HERE/torch-index-url" | head -n 1 | tr -d '[:space:]')"

@@ -1,5 +1,7 @@
 """course.practice.drills: each planted bug, run on 2 ranks, is named by the tool the drill teaches."""
 
+import re
+
 import pytest
 
 from course.practice import drills
@@ -50,7 +52,8 @@ def test_unused_branch_trains_with_find_unused_parameters():
 @pytest.mark.timeout(300)
 def test_hang_report_with_a_short_limit_still_names_the_rank_and_its_wait():
     report = drills.hang_report("skip")
-    assert report.startswith("RankTimeout: rank(s) 1 did not finish")
+    # the time limit or the progress rule, whichever comes first on this machine's load: both name rank 1
+    assert re.match(r"RankTimeout: rank\(s\) 1 (did not finish|made no progress)", report), report
     assert drills.WAITING_MARK in report
 
 
