@@ -167,3 +167,28 @@ def listening(listener: Listener, names: Iterable[str]) -> Iterator[None]:
         yield
     finally:
         INTERCEPTOR.remove(listener)
+
+
+@contextmanager
+def replacing(names: Iterable[str], wrap: Callable[[str, Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """Inside the ``with`` block, each ``torch.distributed`` function of ``names`` (those this torch has) is
+    ``wrap(name, current)``, in ``torch.distributed`` and ``distributed_c10d`` alike; both come back on exit.
+
+    For a checker that must change what a call does (not only hear of it, as a listener does); nested inside
+    :func:`listening`, the wrapper wraps the interceptor's function, so listeners still hear the call.
+    """
+    saved = []
+    for name in names:
+        if not hasattr(dist, name):
+            continue
+        current = getattr(dist, name)
+        saved.append((name, current, getattr(c10d, name)))
+        wrapper = wrap(name, current)
+        setattr(dist, name, wrapper)
+        setattr(c10d, name, wrapper)
+    try:
+        yield
+    finally:
+        for name, in_dist, in_c10d in saved:
+            setattr(dist, name, in_dist)
+            setattr(c10d, name, in_c10d)

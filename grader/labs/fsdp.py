@@ -27,11 +27,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
 from course import world
+from course.runtime import intercept
 from course.runtime.collective_names import named
 from course.runtime.recorder import ORIGINAL, Recorder, recording
 from grader.labs.agree import spreads
@@ -107,19 +106,9 @@ class GatherWatch:
 @contextmanager
 def watching_gathers() -> Iterator[GatherWatch]:
     """While open, every all-gather's output tensor is watched (:class:`GatherWatch`)."""
-    watch, saved = GatherWatch(), []
-    for name in GATHERS:
-        if hasattr(dist, name):
-            saved.append((name, getattr(dist, name), getattr(c10d, name)))
-            wrapper = watch.wrap(getattr(dist, name))
-            setattr(dist, name, wrapper)
-            setattr(c10d, name, wrapper)
-    try:
+    watch = GatherWatch()
+    with intercept.replacing(GATHERS, lambda _name, current: watch.wrap(current)):
         yield watch
-    finally:
-        for name, in_dist, in_c10d in saved:
-            setattr(dist, name, in_dist)
-            setattr(c10d, name, in_c10d)
 
 
 def full_parameters(fsdp: nn.Module, linears: list[nn.Linear], me: world.Rank) -> torch.Tensor:

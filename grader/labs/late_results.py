@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
+
+from course.runtime import intercept
 
 #: collective -> the index of the argument its result lands in
 OUTPUTS = {"all_reduce": 0, "reduce_scatter_tensor": 0, "all_gather_into_tensor": 0}
@@ -64,18 +64,5 @@ def _late(original: Callable[..., Any], output: int) -> Callable[..., Any]:
 @contextmanager
 def results_at_wait() -> Iterator[None]:
     """While open, ``async_op=True`` collectives (:data:`OUTPUTS`) write their result only at ``wait()``."""
-    saved = []
-    for name, output in OUTPUTS.items():
-        if not hasattr(dist, name):
-            continue
-        current = getattr(dist, name)
-        saved.append((name, current, getattr(c10d, name)))
-        wrapper = _late(current, output)
-        setattr(dist, name, wrapper)
-        setattr(c10d, name, wrapper)
-    try:
+    with intercept.replacing(OUTPUTS, lambda name, current: _late(current, OUTPUTS[name])):
         yield
-    finally:
-        for name, in_dist, in_c10d in saved:
-            setattr(dist, name, in_dist)
-            setattr(c10d, name, in_c10d)

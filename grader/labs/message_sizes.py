@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from course.runtime import intercept
+
 _SENDS, _RECEIVES = ("send", "isend"), ("recv", "irecv")
 
 
@@ -73,16 +75,5 @@ def matched_sizes(tag: str = "") -> Iterator[None]:
                 inside.depth = 0
         return checked
 
-    saved = []
-    for name in _SENDS + _RECEIVES:
-        current = getattr(dist, name)
-        saved.append((name, current, getattr(c10d, name)))
-        wrapper = wrap(name, current)
-        setattr(dist, name, wrapper)
-        setattr(c10d, name, wrapper)
-    try:
+    with intercept.replacing(_SENDS + _RECEIVES, wrap):
         yield
-    finally:
-        for name, in_dist, in_c10d in saved:
-            setattr(dist, name, in_dist)
-            setattr(c10d, name, in_c10d)
