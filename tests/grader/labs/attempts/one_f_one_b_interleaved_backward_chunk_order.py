@@ -1,0 +1,32 @@
+"""Wrong attempt (one_f_one_b): interleaved backward visits the chunks in forward order (chunk 0 first)."""
+
+
+def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tuple[str, int]]:
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    forwards = [("F", i) for i in range(num_micro_batches)]
+    backwards = [("B", i) for i in range(num_micro_batches)]
+    return phases(forwards, backwards, warmup=num_stages - stage - 1)
+
+
+def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int) -> list[tuple[str, int, int]]:
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    p = num_stages
+    forwards, backwards = [], []
+    for group in range(0, num_micro_batches, p):  # micro-batches group, ..., group + p - 1
+        for chunk in range(chunks):
+            forwards += [("F", i, chunk) for i in range(group, group + p)]
+            backwards += [("B", i, chunk) for i in range(group, group + p)]
+    # micro-batch 0 must pass chunks 0 .. v-2 on every rank ((v-1)·p ops here) and reach the last rank on chunk
+    # v-1 before its first backward can come back; a second p-s-1 lets the steady phase wait for nothing
+    warmup = (chunks - 1) * p + 2 * (p - stage - 1)
+    return phases(forwards, backwards, warmup)
+
+
+def phases(forwards: list, backwards: list, warmup: int) -> list:
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    warmup = min(warmup, len(forwards))
+    schedule = forwards[:warmup]
+    for forward, backward in zip(forwards[warmup:], backwards, strict=False):
+        schedule += [forward, backward]
+    return schedule + backwards[len(forwards) - warmup:]
+
