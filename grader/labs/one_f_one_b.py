@@ -1,5 +1,5 @@
-"""Lab (notebook 08): the student writes the 1F1B pipeline schedule and its interleaved variant; they are simulated
-together, and 1F1B runs for real in the course's pipeline.
+"""Lab (notebook 08): the student writes the 1F1B pipeline schedule, its interleaved variant and a simulation of the
+stages; the schedules are simulated together, and 1F1B runs for real in the course's pipeline.
 
 On every rank :func:`check_on_rank` asks the student's ``one_f_one_b(p, m, stage)`` and
 ``interleaved(p, m', stage, v)`` for every stage (pure functions: each rank sees every stage), then judges both
@@ -13,7 +13,10 @@ with pure functions of the ops (:func:`analyse`):
   stage ``s`` under 1F1B (GPipe holds all ``m``); interleaved, no more (micro-batch, chunk) pairs than Megatron-LM's
   schedule holds, ``2(p-s-1) + (v-1)p + 1``;
 * ``bubble``: the simulated idle share of the step (equal stages, a backward twice a forward) equals the closed form,
-  ``(p-1)/(m+p-1)`` for 1F1B and ``(p-1)/(v·m+p-1)`` interleaved.
+  ``(p-1)/(m+p-1)`` for 1F1B and ``(p-1)/(v·m+p-1)`` interleaved;
+* ``simulator``: the student's own simulation, ``idle_fraction(plans)``, gives the idle share ``schedules.simulate``
+  gives on GPipe's plans, on a schedule without warm-up and on the student's 1F1B, and raises ``ValueError`` on a
+  schedule that deadlocks (the warm-up counted from the wrong end). Only wrong schedules and GPipe are shown to it.
 
 A schedule that is not well formed is not simulated (its other checks say "not run"); one that deadlocks has no
 bubble. The course's own schedules are refused (``shortcuts``).
@@ -38,6 +41,8 @@ CHECKS = (
     Check("in_flight", "stage s holds at most p - s micro-batches under 1F1B (GPipe: m), interleaved no more than "
           "Megatron-LM's schedule", 3),
     Check("bubble", "the simulated bubble is the closed form: (p-1)/(m+p-1), interleaved (p-1)/(v·m+p-1)", 2),
+    Check("simulator", "your idle_fraction finds the bubble of GPipe, of no warm-up and of your 1F1B, and raises on a "
+          "deadlock", 2),
 )
 #: largest |gradient difference| from the unsplit model accepted after the pipelined step (float32)
 TOLERANCE = 1e-5
@@ -88,8 +93,12 @@ def analyse(function: Callable, name: str, num_stages: int, num_micro_batches: i
     """Ask ``function`` for every stage; check each stage's ops, then simulate them together."""
     attempt = Attempt(name, num_stages, num_micro_batches, chunks)
     for stage in range(num_stages):
-        raw = function(num_stages, num_micro_batches, stage, chunks) if chunks > 1 else function(
-            num_stages, num_micro_batches, stage)
+        try:
+            raw = function(num_stages, num_micro_batches, stage, chunks) if chunks > 1 else function(
+                num_stages, num_micro_batches, stage)
+        except NotImplementedError:
+            attempt.problem = f"not written yet: your {name} still raises NotImplementedError"
+            return attempt
         try:
             ops = _ops(raw, chunks > 1)
             schedules.check_ops(ops, num_micro_batches, chunks)
@@ -171,14 +180,77 @@ def judge_bubble(attempts: list[Attempt]) -> Finding:
         if attempt.bubble is None:
             return Finding("bubble", False, f"not run: {attempt.label} deadlocks (see no_deadlock)")
         if abs(attempt.bubble - attempt.closed_form) > 1e-9:
-            p, v = attempt.num_stages, attempt.chunks
-            form = "(p-1)/(m+p-1)" if v == 1 else "(p-1)/(v·m+p-1)"
+            form = "(p-1)/(m+p-1)" if attempt.chunks == 1 else "(p-1)/(v·m+p-1)"
             return Finding("bubble", False, f"{attempt.label}: each stage is idle {attempt.bubble:.1%} of the step "
                            f"(simulated: equal stages, a backward twice a forward), {form} = "
                            f"{attempt.closed_form:.1%} for this schedule; your stages run "
                            f"{_warmups(attempt)} forwards before their first backward: a stage that waits for a "
                            "backward while it could still run a forward leaves the pipeline idle")
     return Finding("bubble", True)
+
+
+Plans = list[list[tuple[str, int]]]
+
+
+def simulator_cases(plain: Attempt) -> list[tuple[str, Plans]]:
+    """What the student's ``idle_fraction`` is asked to simulate: GPipe, no warm-up, the student's own 1F1B (if it is
+    well formed) and a warm-up counted from the wrong end (it deadlocks when p > 1 and m > 1)."""
+    p, m = plain.num_stages, plain.num_micro_batches
+
+    def warming_up(warmup: Callable[[int], int]) -> Plans:
+        plans = []
+        for stage in range(p):
+            w = min(warmup(stage), m)
+            ops = [("F", i) for i in range(w)]
+            for i in range(m - w):
+                ops += [("F", w + i), ("B", i)]
+            plans.append(ops + [("B", i) for i in range(m - w, m)])
+        return plans
+
+    cases = [("GPipe", [[(op.kind, op.micro_batch) for op in schedules.gpipe(p, m, s)] for s in range(p)]),
+             ("a schedule without warm-up (F i, B i in turn)", warming_up(lambda stage: 0)),
+             ("a warm-up counted from the wrong end (stage s runs s forwards first)", warming_up(lambda stage: stage))]
+    if not plain.problem:
+        cases.append(("your one_f_one_b", [[(op.kind, op.micro_batch) for op in ops] for ops in plain.plans]))
+    return cases
+
+
+def _reference(plans: Plans) -> float | None:
+    """``schedules.simulate``'s idle share of ``plans``; None if they deadlock."""
+    def given(_p: int, _m: int, stage: int) -> list[schedules.Op]:
+        return [schedules.Op(kind, i) for kind, i in plans[stage]]
+    try:
+        return measured_bubble(schedules.simulate(given, len(plans), 1 + max(i for ops in plans for _, i in ops)))
+    except schedules.Deadlock:
+        return None
+
+
+def judge_simulator(idle_fraction: Callable, cases: list[tuple[str, Plans]]) -> Finding:
+    """Finding for ``simulator``: the student's ``idle_fraction`` on each case against ``schedules.simulate``."""
+    for label, plans in cases:
+        expected = _reference(plans)
+        where = f"on {label} ({len(plans)} stages, {len(plans[0]) // 2} micro-batches)"
+        try:
+            got = idle_fraction([list(ops) for ops in plans])
+        except NotImplementedError:
+            return Finding("simulator", False, "not written yet: your idle_fraction still raises NotImplementedError")
+        except ValueError as error:
+            if expected is None:
+                continue
+            return Finding("simulator", False, f"{where} your idle_fraction raised ValueError ({error}), but every op "
+                           f"of it can run (idle {expected:.4f}): a stage waits only for the neighbour it receives "
+                           "from, and only while that neighbour has not run the op it needs")
+        except Exception as error:  # noqa: BLE001 - the student's code: any error is explained, not raised
+            return Finding("simulator", False, f"{where} your idle_fraction raised {type(error).__name__}: {error}")
+        if expected is None:
+            return Finding("simulator", False, f"{where} every stage ends up waiting for another (a deadlock), yet "
+                           f"your idle_fraction returned {got!r}: raise ValueError when a round over the stages "
+                           "runs nothing")
+        if not isinstance(got, (int, float)) or abs(got - expected) > 1e-9:
+            return Finding("simulator", False, f"{where} your idle_fraction says {got!r}, the simulation "
+                           f"{expected:.4f}: a forward waits for the previous stage's forward, a backward for the "
+                           "next stage's backward, and every op for its own stage to finish the one before")
+    return Finding("simulator", True)
 
 
 # -- on every rank ----------------------------------------------------------------------------------------------
@@ -208,7 +280,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
                       config["chunks"])
     attempts = [plain, chunked]
     findings = [judge_well_formed(attempts), judge_no_deadlock(attempts), judge_in_flight(attempts),
-                judge_bubble(attempts)]
+                judge_bubble(attempts), judge_simulator(load_entry(path, "idle_fraction"), simulator_cases(plain))]
     if not plain.problem and not plain.deadlock:  # every rank decides alike: each saw every stage
         findings.append(_run_for_real(config, plain))
     return findings
@@ -234,8 +306,9 @@ LAB = Lab(
     hidden_runs=(_run(4, 3, 2, 12, "jitter"), _run(3, 7, 2, 6, "jitter"), _run(3, 1, 4, 3, "jitter")),
     shortcuts=("course.model_parallel.schedules:one_f_one_b", "course.model_parallel.schedules:interleaved"),
     hang_hint=("A pipeline hangs when a stage waits to receive what its neighbour will only send later: check "
-               "that every stage runs its micro-batches forward in order 0, 1, 2, ... and backward in that order."),
+               "that every stage runs its micro-batches forward in order 0, 1, 2, ... and backward in that order. "
+               "Or your idle_fraction loops for ever on a deadlock: stop when a round over the stages runs nothing."),
 )
 
 __all__ = ["LAB", "Attempt", "analyse", "check_on_rank", "judge_bubble", "judge_in_flight", "judge_no_deadlock",
-           "judge_well_formed"]
+           "judge_simulator", "judge_well_formed", "simulator_cases"]

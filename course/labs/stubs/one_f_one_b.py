@@ -3,6 +3,7 @@
 A schedule says, for one stage (one rank) of a pipeline of num_stages stages, in which order it runs the forward
 ("F") and backward ("B") of each micro-batch 0 .. num_micro_batches-1. The check asks your functions for every
 stage, simulates the stages together (a forward takes 1 time unit, a backward 2), and runs 1F1B for real.
+You also write that simulation, idle_fraction: it finds your schedule's bubble, or its deadlock.
 """
 
 
@@ -23,6 +24,20 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tup
     raise NotImplementedError("the warm-up forwards, then one forward one backward in turn, then the backwards left")
 
 
+def idle_fraction(plans: list[list[tuple[str, int]]], forward_s: float = 1.0, backward_s: float = 2.0) -> float:
+    """Simulate the stages running `plans` together; return the share of the step each stage sits idle (the bubble).
+
+    plans[s] is stage s's order, as one_f_one_b(p, m, s) returns it. A forward takes forward_s, a backward
+    backward_s; sending is free. An op starts once its stage has finished its previous op and what it needs has
+    arrived: forward i on stage s needs forward i of stage s-1, backward i needs backward i of stage s+1.
+
+    Go round the stages, running each one's next op whenever it can, until every op has run. A round that runs
+    nothing means every stage waits for another: raise ValueError (a deadlock). Then the idle share is
+    1 - (time all stages were busy) / (p x the step's time).
+    """
+    raise NotImplementedError("go round the stages, running each next op that can run, and count the busy time")
+
+
 def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int) -> list[tuple[str, int, int]]:
     """Interleaved 1F1B: the order of ("F", i, c) and ("B", i, c) ops of micro-batch i on model chunk c of `stage`.
 
@@ -40,6 +55,7 @@ def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int
 
 
 if __name__ == "__main__":  # python labs/one_f_one_b.py: print your schedules for 4 stages and 8 micro-batches
+    print(f"1F1B, 4 stages, 8 micro-batches: idle {idle_fraction([one_f_one_b(4, 8, s) for s in range(4)]):.1%}")
     for stage in range(4):
         print(f"stage {stage}, 1F1B:        ", " ".join(f"{k}{i}" for k, i in one_f_one_b(4, 8, stage)))
         print(f"stage {stage}, interleaved: ", " ".join(f"{k}{i}/{c}" for k, i, c in interleaved(4, 8, stage, 2)))

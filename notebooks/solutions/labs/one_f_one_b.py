@@ -3,6 +3,7 @@
 A schedule says, for one stage (one rank) of a pipeline of num_stages stages, in which order it runs the forward
 ("F") and backward ("B") of each micro-batch 0 .. num_micro_batches-1. The check asks your functions for every
 stage, simulates the stages together (a forward takes 1 time unit, a backward 2), and runs 1F1B for real.
+You also write that simulation, idle_fraction: it finds your schedule's bubble, or its deadlock.
 """
 
 
@@ -23,6 +24,38 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tup
     forwards = [("F", i) for i in range(num_micro_batches)]
     backwards = [("B", i) for i in range(num_micro_batches)]
     return phases(forwards, backwards, warmup=num_stages - stage - 1)
+
+
+def idle_fraction(plans: list[list[tuple[str, int]]], forward_s: float = 1.0, backward_s: float = 2.0) -> float:
+    """Simulate the stages running `plans` together; return the share of the step each stage sits idle (the bubble).
+
+    plans[s] is stage s's order, as one_f_one_b(p, m, s) returns it. A forward takes forward_s, a backward
+    backward_s; sending is free. An op starts once its stage has finished its previous op and what it needs has
+    arrived: forward i on stage s needs forward i of stage s-1, backward i needs backward i of stage s+1.
+
+    Go round the stages, running each one's next op whenever it can, until every op has run. A round that runs
+    nothing means every stage waits for another: raise ValueError (a deadlock). Then the idle share is
+    1 - (time all stages were busy) / (p x the step's time).
+    """
+    p = len(plans)
+    finished = {}  # (kind, stage, micro_batch) -> when it ended
+    position, free, busy = [0] * p, [0.0] * p, 0.0  # each stage's next op and when it is free
+    while any(position[s] < len(plans[s]) for s in range(p)):
+        ran = False
+        for s in range(p):
+            if position[s] == len(plans[s]):
+                continue
+            kind, i = plans[s][position[s]]
+            needs = (kind, s - 1 if kind == "F" else s + 1, i)  # from the neighbour it receives from
+            if 0 <= needs[1] < p and needs not in finished:
+                continue
+            seconds = forward_s if kind == "F" else backward_s
+            free[s] = finished[(kind, s, i)] = max(free[s], finished.get(needs, 0.0)) + seconds
+            busy += seconds
+            position[s], ran = position[s] + 1, True
+        if not ran:
+            raise ValueError(f"deadlock: every stage waits; the stages are at ops {position}")
+    return 1 - busy / (p * max(free))
 
 
 def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int) -> list[tuple[str, int, int]]:
@@ -60,6 +93,7 @@ def phases(forwards: list, backwards: list, warmup: int) -> list:
 
 
 if __name__ == "__main__":  # python labs/one_f_one_b.py: print your schedules for 4 stages and 8 micro-batches
+    print(f"1F1B, 4 stages, 8 micro-batches: idle {idle_fraction([one_f_one_b(4, 8, s) for s in range(4)]):.1%}")
     for stage in range(4):
         print(f"stage {stage}, 1F1B:        ", " ".join(f"{k}{i}" for k, i in one_f_one_b(4, 8, stage)))
         print(f"stage {stage}, interleaved: ", " ".join(f"{k}{i}/{c}" for k, i, c in interleaved(4, 8, stage, 2)))

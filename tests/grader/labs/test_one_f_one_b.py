@@ -18,7 +18,7 @@ HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "one_f_one_b.py")
 EVERY = {check.name for check in one_f_one_b.CHECKS}
-MALFORMED = EVERY  # the other checks say "not run"
+MALFORMED = EVERY - {"simulator"}  # the schedule's other checks say "not run"; the simulator is judged alone
 
 # attempt -> (the checks it fails over the visible and hidden runs, a fragment of the first failure's message)
 WRONG = {
@@ -35,6 +35,9 @@ WRONG = {
                                          "B0/1"),
     "interleaved_one_more_warmup": ({"in_flight"}, "stage 0 holds 12 at once"),
     "interleaved_plain_warmup": (MALFORMED, "stage 0: op 4 runs B0/1 before F0/1: a backward needs its forward"),
+    "simulator_backward_never_waits": ({"simulator"}, "on GPipe (4 stages, 8 micro-batches) your idle_fraction says"),
+    "simulator_misses_deadlock": ({"simulator"}, "every stage ends up waiting for another (a deadlock), yet your "
+                                  "idle_fraction returned"),
 }
 
 
@@ -52,9 +55,10 @@ def _verdicts(path):
         attempts = [one_f_one_b.analyse(module.one_f_one_b, "one_f_one_b", run["world_size"], run["micro_batches"]),
                     one_f_one_b.analyse(module.interleaved, "interleaved", run["world_size"],
                                         run["interleaved_micro_batches"], run["chunks"])]
-        for judge in (one_f_one_b.judge_well_formed, one_f_one_b.judge_no_deadlock, one_f_one_b.judge_in_flight,
-                      one_f_one_b.judge_bubble):
-            finding = judge(attempts)
+        findings = [judge(attempts) for judge in (one_f_one_b.judge_well_formed, one_f_one_b.judge_no_deadlock,
+                                                  one_f_one_b.judge_in_flight, one_f_one_b.judge_bubble)]
+        findings.append(one_f_one_b.judge_simulator(module.idle_fraction, one_f_one_b.simulator_cases(attempts[0])))
+        for finding in findings:
             if not finding.passed:
                 failed.setdefault(finding.check, finding.message)
     return failed
@@ -95,12 +99,18 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attempt", ["gpipe", "no_warmup", "reversed_warmup", "interleaved_backward_chunk_order",
-                                     "uncapped_warmup"])
+                                     "uncapped_warmup", "simulator_misses_deadlock"])
 def test_each_wrong_schedule_fails_the_same_checks_on_ranks(attempt):
     fails, fragment = WRONG[attempt]
     result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", f"one_f_one_b_{attempt}.py"))
     assert set(result.failed()) == fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
+
+
+def test_the_simulator_is_shown_no_right_schedule_but_its_own():
+    plain = one_f_one_b.analyse(_load(SOLUTION).one_f_one_b, "one_f_one_b", 4, 8)
+    labels = [label for label, _ in one_f_one_b.simulator_cases(plain)]
+    assert labels[-1] == "your one_f_one_b" and not any("1F1B" in label for label in labels)
 
 
 def test_importing_the_course_schedule_is_refused_without_starting_a_rank():

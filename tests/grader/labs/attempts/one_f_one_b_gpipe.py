@@ -8,6 +8,29 @@ def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tup
     return forwards + backwards
 
 
+def idle_fraction(plans: list[list[tuple[str, int]]], forward_s: float = 1.0, backward_s: float = 2.0) -> float:
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    p = len(plans)
+    finished = {}  # (kind, stage, micro_batch) -> when it ended
+    position, free, busy = [0] * p, [0.0] * p, 0.0  # each stage's next op and when it is free
+    while any(position[s] < len(plans[s]) for s in range(p)):
+        ran = False
+        for s in range(p):
+            if position[s] == len(plans[s]):
+                continue
+            kind, i = plans[s][position[s]]
+            needs = (kind, s - 1 if kind == "F" else s + 1, i)  # from the neighbour it receives from
+            if 0 <= needs[1] < p and needs not in finished:
+                continue
+            seconds = forward_s if kind == "F" else backward_s
+            free[s] = finished[(kind, s, i)] = max(free[s], finished.get(needs, 0.0)) + seconds
+            busy += seconds
+            position[s], ran = position[s] + 1, True
+        if not ran:
+            raise ValueError(f"deadlock: every stage waits; the stages are at ops {position}")
+    return 1 - busy / (p * max(free))
+
+
 def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int) -> list[tuple[str, int, int]]:
     """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
     p = num_stages
