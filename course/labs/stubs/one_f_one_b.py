@@ -51,7 +51,7 @@ def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int
     1F1B, warm up with forwards, alternate one forward and one backward, and finish the backwards. The warm-up
     is longer than 1F1B's: the first backward needs micro-batch 0 through every chunk first.
     """
-    raise NotImplementedError("the forward order over (group, chunk), the backward order, then warm-up, 1F1B, cool-down")
+    raise NotImplementedError("the forward order by group and chunk, the backward order, then the three phases")
 
 
 if __name__ == "__main__":  # python labs/one_f_one_b.py: print your schedules for 4 stages and 8 micro-batches
