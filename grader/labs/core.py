@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,9 @@ class Lab:
     #: "module:name" of ready-made versions of what the student writes (the course's own, torch's): a file that
     #: uses one is refused, every check failing with a message that names it (see grader.labs.shortcuts)
     shortcuts: tuple[str, ...] = ()
+    #: config key of ``runs[0]`` -> the values it may take: each student's first visible run draws its own from
+    #: their id (see grader.labs.variant); ``runs[0]`` itself is the published default
+    variant: Mapping[str, tuple] = field(default_factory=dict)
 
 
 NOT_ATTEMPTED = ("Not attempted yet: your {entry} still raises NotImplementedError. Replace the raise in "
