@@ -105,3 +105,20 @@ def student_id_of(path: str) -> str:
             value = getattr(node, "value", None)
             found = value.value if isinstance(value, ast.Constant) and isinstance(value.value, str) else ""
     return found.strip()
+
+
+def whose(path: str, known_ids: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...]]:
+    """The id a check of the file at ``path`` draws its variant from, and the notes to print about it.
+
+    ``known_ids``: who the grader knows the submission is from (Gradescope's submitter, the class folder's name),
+    every spelling of one student; empty in the self-check. The file's ``STUDENT_ID`` is used when it is one of
+    them (or none is known); otherwise the first known id, with a note naming both. No id at all: the published
+    parameters, with a note saying how to get one's own variant."""
+    given = student_id_of(path)
+    known = tuple(i.strip() for i in known_ids if i and i.strip())
+    if known and normalised(given) not in {normalised(i) for i in known}:
+        notes = (OTHER_ID.format(path=path, given=given, known=known[0]),) if given else ()
+        return known[0], notes
+    if not given:
+        return "", (NO_ID.format(path=path),)
+    return given, ()
