@@ -33,11 +33,21 @@ OTHER_ID = (f"INFO: {{path}} sets {ID_NAME} = {{given!r}}, but this submission i
 PHRASES: dict[str, Callable[[Any], str]] = {
     "world_size": lambda n: f"world size {n}",
     "steps": lambda n: f"{n} steps",
+    "seed": lambda n: f"seed {n}",
+    "cases": lambda cases: "lengths " + _and(sorted({case[0] for case in cases})),  # the ring's [numel, dtype, op]
     "bucket_cap_bytes": lambda n: f"bucket cap {n:,} bytes",
-    "lengths": lambda ns: "lengths " + _and(ns),
     "d_ff": lambda n: f"d_ff={n}",
-    "positions": lambda n: f"{n} positions",
+    "seq_len": lambda n: f"sequence length {n}",
     "micro_batches": lambda n: f"{n} micro-batches",
+    "overflow_at": lambda n: f"an overflow at step {n}",
+    "growth_interval": lambda n: f"growth_interval={n}",
+    "stop_at": lambda n: f"stopped after step {n}",
+    "layers": lambda n: f"{n} layers",
+    "hidden": lambda n: f"hidden size {n}",
+    "micro_batch": lambda n: f"micro-batch {n}",
+    "tensor_parallel": lambda n: f"t={n}",
+    "data_parallel": lambda n: f"d={n}",
+    "link": str,
 }
 
 
