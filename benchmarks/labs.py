@@ -11,7 +11,7 @@ loaded machine a FAIL may say more about the load than about the lab. The grader
 
 First it prints how much code a student writes (issue 34: at least 300 lines across the labs): for each lab, the
 lines of its solution (``notebooks/solutions/labs/``) that are not in its stub (``course/labs/stubs/``), matched
-line by line with ``difflib``, counting neither blank lines, comments nor docstrings.
+line by line with ``difflib``, counting neither blank lines, comments, docstrings nor the ``STUDENT_ID`` line.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from grader.labs import LABS, run_lab
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 30.0
 TARGET_LINES = 300  # lines of code a student writes across the labs
+ID_LINE = "STUDENT_ID ="  # the student's id (grader.labs.variant): typed, not written, so not counted
 
 
 def code_lines(source: str) -> list[str]:
@@ -40,7 +41,7 @@ def code_lines(source: str) -> list[str]:
                     first.value.value, str):
                 docstrings.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
     return [line.strip() for number, line in enumerate(source.splitlines(), start=1)
-            if line.strip() and not line.strip().startswith("#") and number not in docstrings]
+            if line.strip() and not line.strip().startswith(("#", ID_LINE)) and number not in docstrings]
 
 
 def student_lines(stub: str, solution: str) -> int:

@@ -60,11 +60,17 @@ CHECKS = (
 GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base")
 
 
-def _model(seed: int) -> nn.Sequential:
-    """64 -> 32 -> 32 -> 32 -> 12: four layers, the middle two of 1,056 parameters each."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                         nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+def _model(config: dict) -> nn.Sequential:
+    """64 -> hidden -> ... -> hidden -> 12 in ``layers`` Linear layers (published: 64 -> 32 -> 32 -> 32 -> 12, four
+    layers, the middle two of 1,056 parameters each), seeded by ``config["seed"]``."""
+    hidden, layers = config.get("hidden", 32), config.get("layers", 4)
+    torch.manual_seed(config["seed"])
+    modules: list[nn.Module] = [nn.Flatten()]
+    for index in range(layers):
+        modules.append(nn.Linear(64 if index == 0 else hidden, CLASSES if index == layers - 1 else hidden))
+        if index < layers - 1:
+            modules.append(nn.ReLU())
+    return nn.Sequential(*modules)
 
 
 def _linears(model: nn.Sequential) -> list[nn.Linear]:
@@ -193,7 +199,7 @@ def _train_student(my_fsdp: type, config: dict, recorder: Recorder, me: world.Ra
     """Train with the student's class; full parameters after each step, bytes sent per step, the shards' bytes,
     the peak bytes of gathered parameters alive at once, whether any gather was asynchronous, and each pass's
     gathers and matmuls."""
-    model = _model(config["seed"]).to(me.device)
+    model = _model(config).to(me.device)
     linears = _linears(model)
     with watching_gathers() as watch:
         fsdp = my_fsdp(model)
@@ -301,13 +307,13 @@ def judge_prefetch(passes: list[Overlap]) -> Finding:
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Run the student's ``MyFSDP`` from ``path`` on this rank as ``config`` says; one Finding per check."""
     me = world.current()
-    reference = reference_trajectory(_model(config["seed"]).to(me.device), config, me)
-    linears = _linears(_model(config["seed"]))
+    reference = reference_trajectory(_model(config).to(me.device), config, me)
+    linears = _linears(_model(config))
     with recording(me.world_size) as recorder:
         my_fsdp = load_entry(path, ENTRY)
         trajectory, sent, kept, peak, prefetched, passes = _train_student(my_fsdp, config, recorder, me)
     padded = sorted(_piece(linear, me.world_size) * me.world_size * 4 for linear in linears)
-    model_bytes = sum(p.numel() * p.element_size() for p in _model(config["seed"]).parameters())
+    model_bytes = sum(p.numel() * p.element_size() for p in _model(config).parameters())
     return [judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank),
             judge_memory(kept, peak, sum(padded), padded[-1], me.world_size, prefetched, sum(padded[-2:])),
             judge_communication(sent, model_bytes, len(linears), me.world_size),
@@ -318,7 +324,10 @@ LAB = Lab(
     name="fsdp", title="FSDP (ZeRO-3) by hand: gather per layer, free, reduce-scatter gradients",
     notebook="07_memory", student_file="labs/fsdp.py", entry=ENTRY, checks=CHECKS,
     rank_check="grader.labs.fsdp:check_on_rank",
-    runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "3 Adam steps of a 4-layer MLP"},),
+    runs=({"world_size": 4, "seed": 0, "steps": 3, "hidden": 32, "layers": 4, "timeout_s": 120,
+           "label": "{steps} Adam steps of a {layers}-layer MLP of width {hidden}"},),
+    # each student's own layer sizes and number of layers (grader.labs.variant)
+    variant={"hidden": (32, 24, 40, 48), "layers": (4, 3, 5)},
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 2, "timeout_s": 120, "label": "2 Adam steps"}),
     shortcuts=("torch.distributed.fsdp:fully_shard", "torch.distributed.fsdp:FullyShardedDataParallel",

@@ -276,7 +276,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     """On every rank: both of the student's schedules for every stage, judged; 1F1B then runs for real."""
     p = dist.get_world_size()
     plain = analyse(load_entry(path, "one_f_one_b"), "one_f_one_b", p, config["micro_batches"])
-    chunked = analyse(load_entry(path, "interleaved"), "interleaved", p, config["interleaved_micro_batches"],
+    chunked = analyse(load_entry(path, "interleaved"), "interleaved", p, config["interleaved_groups"] * p,
                       config["chunks"])
     attempts = [plain, chunked]
     findings = [judge_well_formed(attempts), judge_no_deadlock(attempts), judge_in_flight(attempts),
@@ -286,11 +286,12 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     return findings
 
 
-def _run(world_size: int, micro_batches: int, chunks: int, interleaved_micro_batches: int, seed: int | str) -> dict:
+def _run(world_size: int, micro_batches: int, chunks: int, interleaved_groups: int, seed: int | str) -> dict:
+    """A run: 1F1B on ``micro_batches``, interleaved on ``interleaved_groups`` groups of p micro-batches."""
     return {"world_size": world_size, "micro_batches": micro_batches, "chunks": chunks,
-            "interleaved_micro_batches": interleaved_micro_batches, "seed": seed, "timeout_s": 120.0,
-            "label": f"{world_size} stages, {micro_batches} micro-batches (interleaved: {interleaved_micro_batches}, "
-                     f"{chunks} chunks per rank)"}
+            "interleaved_groups": interleaved_groups, "seed": seed, "timeout_s": 120.0,
+            "label": "{world_size} stages, {micro_batches} micro-batches (interleaved: {interleaved_groups}·p "
+                     "micro-batches, {chunks} chunks per rank)"}
 
 
 LAB = Lab(
@@ -302,8 +303,10 @@ LAB = Lab(
     checks=CHECKS,
     rank_check="grader.labs.one_f_one_b:check_on_rank",
     # fewer micro-batches than stages in a visible run: a warm-up of p-stage-1 forwards needs its cap at m
-    runs=(_run(4, 8, 2, 8, 0), _run(4, 2, 3, 4, 1)),
-    hidden_runs=(_run(4, 3, 2, 12, "jitter"), _run(3, 7, 2, 6, "jitter"), _run(3, 1, 4, 3, "jitter")),
+    runs=(_run(4, 8, 2, 2, 0), _run(4, 2, 3, 1, 1)),
+    # each student's own pipeline (grader.labs.variant); the second run keeps m < p whatever the variant
+    variant={"world_size": (4, 3), "micro_batches": (8, 6, 5, 7), "chunks": (2, 3), "interleaved_groups": (2, 3)},
+    hidden_runs=(_run(4, 3, 2, 3, "jitter"), _run(3, 7, 2, 2, "jitter"), _run(3, 1, 4, 1, "jitter")),
     shortcuts=("course.model_parallel.schedules:one_f_one_b", "course.model_parallel.schedules:interleaved"),
     hang_hint=("A pipeline hangs when a stage waits to receive what its neighbour will only send later: check "
                "that every stage runs its micro-batches forward in order 0, 1, 2, ... and backward in that order. "

@@ -30,6 +30,7 @@ def test_only_the_code_the_solution_adds_counts():
     assert labs.code_lines(SOLUTION) == ["def f(x):", "y = x + x", "return y"]
     assert labs.student_lines(STUB, SOLUTION) == 2  # the raise is replaced by two lines
     assert labs.student_lines(SOLUTION, SOLUTION) == 0
+    assert labs.student_lines('STUDENT_ID = ""\n' + STUB, 'STUDENT_ID = "me"\n' + SOLUTION) == 2  # an id is no code
 
 
 def test_the_labs_ask_for_at_least_the_target_across_them():

@@ -17,6 +17,8 @@ import torch.distributed as dist  # noqa: F401 - you will need it
 from torch import nn
 from torch.nn import functional as F  # noqa: F401 - you will need it
 
+STUDENT_ID = ""  # your student id (the one you log in with): the check draws your own variant from it
+
 
 class MyFSDP(nn.Module):
     """Wraps ``model``, an ``nn.Sequential`` of ``nn.Linear`` layers and parameter-free layers (ReLU, Flatten).

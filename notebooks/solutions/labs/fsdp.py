@@ -19,6 +19,8 @@ from torch.nn import functional as F
 
 from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older
 
+STUDENT_ID = "solution"  # your student id (the one you log in with): the check draws your own variant from it
+
 
 class MyFSDP(nn.Module):
     """Wraps ``model``, an ``nn.Sequential`` of ``nn.Linear`` layers and parameter-free layers (ReLU, Flatten).

@@ -57,6 +57,16 @@ def test_torch_fsdp_is_refused_without_starting_a_rank(tmp_path):
     assert "your file uses torch.distributed.fsdp.fully_shard" in result.checks[0].message
 
 
+def test_each_variant_is_an_mlp_of_its_own_width_and_depth():
+    from grader.labs import variant
+
+    model = fsdp._model({"seed": 0, "hidden": 40, "layers": 5})
+    linears = fsdp._linears(model)
+    assert [(m.in_features, m.out_features) for m in linears] == [(64, 40)] + [(40, 40)] * 3 + [(40, fsdp.CLASSES)]
+    assert len(fsdp._linears(fsdp._model({"seed": 0}))) == 4  # the published model
+    assert variant.variant_runs(fsdp.LAB, "solution")[0]["hidden"] != fsdp.LAB.runs[0]["hidden"]
+
+
 def test_memory_passes_one_layer_and_fails_two():
     assert fsdp.judge_memory(4588, 8320, 18352, 8320, 4).passed
     two = fsdp.judge_memory(4588, 12544, 18352, 8320, 4)

@@ -29,8 +29,9 @@ WRONG = {
     "reversed_warmup": ({"no_deadlock", "in_flight", "bubble"}, "stage 0 waits at its op 1 (B0) for stage 1's B0; "
                         "stage 1 waits at its op 1 (F1) for stage 0's F1"),
     "no_cooldown": (MALFORMED, "stage 0: the schedule never runs B5, B6, B7"),
-    "uncapped_warmup": (MALFORMED, "world_size=4, 4 stages, 2 micro-batches (interleaved: 4, 3 chunks per rank): "
-                        "one_f_one_b(4 stages, 2 micro-batches): stage 0: op 2 (F2) is not a forward"),
+    "uncapped_warmup": (MALFORMED, "world_size=4, 4 stages, 2 micro-batches (interleaved: 1·p micro-batches, 3 "
+                        "chunks per rank): one_f_one_b(4 stages, 2 micro-batches): stage 0: op 2 (F2) is not a "
+                        "forward"),
     "interleaved_backward_chunk_order": ({"no_deadlock", "bubble"}, "stage 3 waits at its op 5 (B0) for stage 0's "
                                          "B0/1"),
     "interleaved_one_more_warmup": ({"in_flight"}, "stage 0 holds 12 at once"),
@@ -54,7 +55,7 @@ def _verdicts(path):
     for run in one_f_one_b.LAB.runs + one_f_one_b.LAB.hidden_runs:
         attempts = [one_f_one_b.analyse(module.one_f_one_b, "one_f_one_b", run["world_size"], run["micro_batches"]),
                     one_f_one_b.analyse(module.interleaved, "interleaved", run["world_size"],
-                                        run["interleaved_micro_batches"], run["chunks"])]
+                                        run["interleaved_groups"] * run["world_size"], run["chunks"])]
         findings = [judge(attempts) for judge in (one_f_one_b.judge_well_formed, one_f_one_b.judge_no_deadlock,
                                                   one_f_one_b.judge_in_flight, one_f_one_b.judge_bubble)]
         findings.append(one_f_one_b.judge_simulator(module.idle_fraction, one_f_one_b.simulator_cases(attempts[0])))
@@ -74,6 +75,25 @@ def test_each_wrong_schedule_fails_exactly_the_verdicts_its_mistake_breaks(attem
     failed = _verdicts(os.path.join(HERE, "attempts", f"one_f_one_b_{attempt}.py"))
     assert set(failed) == fails, failed
     assert any(fragment.split(": ")[-1] in message for message in failed.values()), failed
+
+
+def test_the_solution_passes_every_verdict_in_every_students_variant():
+    import itertools
+
+    from grader.labs import variant
+
+    keys = sorted(one_f_one_b.LAB.variant)
+    for values in itertools.product(*(one_f_one_b.LAB.variant[key] for key in keys)):
+        drawn = {**one_f_one_b.LAB.runs[0], **dict(zip(keys, values, strict=True))}
+        module = _load(SOLUTION)
+        p = drawn["world_size"]
+        attempts = [one_f_one_b.analyse(module.one_f_one_b, "one_f_one_b", p, drawn["micro_batches"]),
+                    one_f_one_b.analyse(module.interleaved, "interleaved", p, drawn["interleaved_groups"] * p,
+                                        drawn["chunks"])]
+        for judge in (one_f_one_b.judge_well_formed, one_f_one_b.judge_no_deadlock, one_f_one_b.judge_in_flight,
+                      one_f_one_b.judge_bubble):
+            assert judge(attempts).passed, (drawn, judge(attempts).message)
+    assert variant.variant_runs(one_f_one_b.LAB, "solution")[0] != one_f_one_b.LAB.runs[0]
 
 
 def test_the_in_flight_bounds_are_one_f_one_b_and_megatron_interleaved():
