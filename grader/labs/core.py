@@ -57,7 +57,7 @@ class RankFindings:
 
 @dataclass(frozen=True)
 class Lab:
-    """A lab: what the student writes, where, and how it is checked (see ``LABS_CONTRACT``)."""
+    """A lab: what the student writes, where, and how it is checked (see ``docs/contributing.md``, "Adding a lab")."""
 
     name: str  # "ring", "ddp", "zero", ...
     title: str

@@ -5,9 +5,11 @@ A lab declares which keys of its first visible run vary and the values each may 
 default). :func:`variant_runs` replaces them with values drawn from a stable hash of ``"<lab>:<key>:<id>"``
 (sha256, never Python's ``hash()``, which changes from one process to the next), so the self-check and the
 grader test the student's own variant and a number that fits someone else's fails. The other visible runs and
-the hidden runs stay as published. The id is ``STUDENT_ID`` at the top of the student's file, read by
+the hidden runs stay as published. :func:`whose` picks the id: the one the grader knows the submission is from
+(Gradescope's submitter, the class folder's name), else ``STUDENT_ID`` at the top of the student's file, read by
 :func:`student_id_of` without running the file (the grader's driver runs no student code); an empty id keeps
-the published run. :func:`describe` says a variant in words ("world size 3, bucket cap 2048 bytes").
+the published run. :func:`describe` says a variant in words ("world size 3, bucket cap 2,048 bytes"), which
+:func:`grader.labs.core.run_lab` puts in the lab's result, with :func:`whose` 's notes, for the feedback.
 """
 
 from __future__ import annotations
