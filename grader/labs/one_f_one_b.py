@@ -307,7 +307,8 @@ LAB = Lab(
     # each student's own pipeline (grader.labs.variant); the second run keeps m < p whatever the variant
     variant={"world_size": (4, 3), "micro_batches": (8, 6, 5, 7), "chunks": (2, 3), "interleaved_groups": (2, 3)},
     hidden_runs=(_run(4, 3, 2, 3, "jitter"), _run(3, 7, 2, 2, "jitter"), _run(3, 1, 4, 1, "jitter")),
-    shortcuts=("course.model_parallel.schedules:one_f_one_b", "course.model_parallel.schedules:interleaved"),
+    shortcuts=("course.model_parallel.schedules:one_f_one_b", "course.model_parallel.schedules:interleaved",
+               "course.model_parallel.schedules:simulate", "course.model_parallel.schedules:simulated_bubble"),
     hang_hint=("A pipeline hangs when a stage waits to receive what its neighbour will only send later: check "
                "that every stage runs its micro-batches forward in order 0, 1, 2, ... and backward in that order. "
                "Or your idle_fraction loops for ever on a deadlock: stop when a round over the stages runs nothing."),

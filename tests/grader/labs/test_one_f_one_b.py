@@ -138,3 +138,12 @@ def test_importing_the_course_schedule_is_refused_without_starting_a_rank():
     assert set(result.failed()) == EVERY and result.runs == 0
     assert result.checks[0].message.startswith("your file uses course.model_parallel.schedules.one_f_one_b, a "
                                                 "ready-made version of what this lab asks you to write")
+
+
+def test_the_course_simulation_is_refused_for_idle_fraction(tmp_path):
+    path = tmp_path / "one_f_one_b.py"
+    path.write_text("from course.model_parallel import schedules\n\n\ndef idle_fraction(plans):\n"
+                    "    return schedules.simulated_bubble(lambda p, m, s: plans[s], len(plans), 1)\n")
+    result = run_lab(one_f_one_b.LAB, str(path))
+    assert set(result.failed()) == EVERY and result.runs == 0
+    assert "course.model_parallel.schedules.simulated_bubble" in result.checks[0].message
