@@ -50,6 +50,8 @@ PHRASES: dict[str, Callable[[Any], str]] = {
     "tensor_parallel": lambda n: f"t={n}",
     "data_parallel": lambda n: f"d={n}",
     "link": str,
+    "chunks": lambda n: f"{n} chunks per rank",
+    "interleaved_groups": lambda n: f"interleaved on {n}·p micro-batches",
 }
 
 

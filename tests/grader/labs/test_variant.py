@@ -22,7 +22,12 @@ IDS = st.text(min_size=1, max_size=16).filter(lambda text: text.strip())
 
 def test_the_labs_declare_their_variants():
     assert set(VARIED) >= {"ring", "ddp", "zero", "tp_mlp", "sequence_parallel", "pipeline_runner",
-                           "mixed_precision", "checkpoint", "trace_overlap", "estimate"}
+                           "mixed_precision", "checkpoint", "trace_overlap", "estimate", "one_f_one_b", "fsdp"} == set(LABS)
+
+
+@pytest.mark.parametrize("name", VARIED)
+def test_every_varied_key_reads_as_words(name):
+    assert all(key in variant.PHRASES for key in LABS[name].variant)
 
 
 @pytest.mark.parametrize("name", VARIED)
