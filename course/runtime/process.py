@@ -140,8 +140,9 @@ class Running:
                 procs = process_tree.below(self.process.pid, self._own_depth, process_tree.process_table())
                 if len(procs) > limits.max_processes:
                     return "processes"
-                if sum(process_tree.private_rss(p) for p in procs) > limits.memory_total_bytes:
-                    return "memory"
+                if sum(process_tree.private_rss(p) for p in procs) > limits.memory_total_bytes and \
+                        sum(process_tree.shared_fairly(p) for p in procs) > limits.memory_total_bytes:
+                    return "memory"  # pages shared by forks counted once in all, not once per fork
             with contextlib.suppress(subprocess.TimeoutExpired):  # returns as soon as the command ends
                 self.process.wait(min(_POLL_S[0] + elapsed / 10, _POLL_S[1], max(limits.wall_s - elapsed, 0.001)))
         return None

@@ -163,3 +163,24 @@ def test_commands_run_together_stop_all_at_the_time_limit():
     assert "timeout" in statuses and set(statuses) <= {"timeout", "interrupted"}  # the second may be stopped first
     with pytest.raises(ValueError, match="at least one command"):
         process.run_together([], 10)
+
+
+# a parent that wrote 64 MiB, then 7 forks of it that never write: 8 x 64 MiB by each process's own count
+FORKS_OF_A_BIG_PARENT = (
+    "import os, time\n"
+    "heap = bytearray(64 * 2**20)\n"
+    "for i in range(0, len(heap), 4096):\n    heap[i] = 1\n"
+    "for _ in range(7):\n"
+    "    if os.fork() == 0:\n        time.sleep(3)\n        os._exit(0)\n"
+    "for _ in range(7):\n    os.wait()\n")
+
+
+def test_pages_that_forks_share_count_once_against_the_memory_limit():
+    done = process.run(python(FORKS_OF_A_BIG_PARENT), 60, Limits(memory_total_bytes=256 * 2**20, wall_s=60))
+    assert (done.status, done.returncode) == ("ok", 0), done.detail
+
+
+def test_memory_that_forks_write_themselves_counts_for_each():
+    written = FORKS_OF_A_BIG_PARENT.replace("time.sleep(3)", "heap[:] = b'y' * len(heap)\n        time.sleep(3)")
+    done = process.run(python(written), 60, Limits(memory_total_bytes=256 * 2**20, wall_s=60))
+    assert done.status == "out of memory"
