@@ -105,7 +105,7 @@ class Probes:
         torch.nn.modules.module.register_module_forward_pre_hook(self._guard("forward", self.batches.forward))
         listen = self._guard("torch.distributed", self._listen)
         intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group", *COLLECTIVES,
-                                           *intercept.METHODS))
+                                           *intercept.MESSAGES))
         self._wrap(report, "report", self._report)
         self._wrap(torch, "save", self._save)
         for name in ("spawn", "start_processes"):
@@ -183,7 +183,7 @@ class Probes:
         """The probes' listener on torch.distributed (:mod:`course.runtime.intercept`): the process group joined
         and left, every collective the script called (before it runs: a rank hung in one shows it), and every
         point-to-point message, tallied by peer."""
-        if call.name in intercept.METHODS:
+        if call.name in intercept.MESSAGES:
             self._message(call)
             return None
         if call.nested:  # torch's own inner call (send calls isend): the outer one counts
