@@ -41,8 +41,11 @@ def vanish_on(bad_rank: int) -> int:
     return me.rank
 
 
-def spawn_worker_then_hang() -> int:
-    """Start a DataLoader worker process (a grandchild of the launcher), then hang."""
+def spawn_worker_then_hang(on_rank: int = 0) -> int:
+    """On ``on_rank``: start a DataLoader worker process (a grandchild of the launcher), then hang. The other ranks
+    return at once, and wait for it."""
+    if world.current().rank != on_rank:
+        return world.current().rank
     loader = torch.utils.data.DataLoader(range(1000), batch_size=1, num_workers=1)
     iterator = iter(loader)
     next(iterator)
