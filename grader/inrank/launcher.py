@@ -57,9 +57,10 @@ def _relay(stream, writer_fd: int, lock: threading.Lock, counts: list[int], rank
                     view = view[os.write(writer_fd, view):]
 
 
-PRELOADED = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data.distributed", "course.models",
-             "course.train", "course.world", "grader.inrank.harness", "grader.inrank.probes")
-"""What every rank imports anyway: imported once by the launcher, whose forks the ranks are (1.5 s of CPU a rank)."""
+PRELOADED = ("torch", "torch.distributed", "torch.nn.parallel", "torch.utils.data.distributed", "torch._dynamo",
+             "course.models", "course.train", "course.world", "grader.inrank.harness", "grader.inrank.probes")
+"""What every rank imports anyway: imported once by the launcher, whose forks the ranks are (1.5 s of CPU a rank).
+torch._dynamo is among them because DDP's constructor imports it: another 2 s of CPU a rank, on the first wrap."""
 
 
 def rank_main(script: str) -> None:
