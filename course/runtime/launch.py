@@ -174,7 +174,8 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
     with open(stderr_path, "ab") as target:
         os.dup2(target.fileno(), 2)
     rank_stacks.answer_requests(stacks_path)
-    waits.Recorder(waits_path).start()  # before fn's module is loaded: `from torch.distributed import irecv` is seen
+    # before fn's module is loaded, so that its `from torch.distributed import irecv` is heard too
+    waits.Recorder(waits.to_file(waits_path)).start()
     fn = pickle.loads(fn)
     args, kwargs = pickle.loads(arguments)
     os.environ.update(

@@ -23,7 +23,7 @@ def call(name: str, *args: object, nested: bool = False) -> intercept.Call:
 
 def test_the_recorder_writes_the_messages_posted_and_the_one_waited_for(tmp_path):
     path = str(tmp_path / "rank-0.waits")
-    recorder = waits.Recorder(path)
+    recorder = waits.Recorder(waits.to_file(path))
     assert waits.read(path) == Record()
     first, second = Work(), Work()
     for work in (first, second):  # two irecvs from rank 1, as the learner calls them: irecv, then the group's recv
