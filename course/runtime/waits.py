@@ -5,8 +5,10 @@ in ``dist.recv`` or ``dist.send``, or in ``wait()`` on what ``isend``, ``irecv``
 Its stack names a collective (:mod:`course.runtime.rank_stacks`), but not a message's peer. So each rank of
 :func:`course.runtime.launch.launch` runs a :class:`Recorder`. It listens, through :mod:`course.runtime.intercept`
 (the one listener on ``torch.distributed``), to every message the rank posts (``ProcessGroup.send`` and ``recv``, where
-every point-to-point call ends) and to every ``Work.wait``. It keeps a :class:`Record` in a small file that the
-launcher reads (:func:`read`): the messages sent to and received from each peer, and those the rank waits for now.
+every point-to-point call ends) and to every ``Work.wait``. It keeps a :class:`Record`: the messages sent to and
+received from each peer, and those the rank waits for now. Launch's ranks keep it in a small file that the launcher
+reads (:func:`to_file`, :func:`read`); the grader's probes send it as a signed ``wait`` record as each wait begins
+(:mod:`grader.inrank.probes`), read by the grader's hang report.
 :func:`where` and :func:`wrong_peers` say it in the learner's terms: "rank 2 was waiting to receive from rank 3 (its
 irecv number 1 from rank 3; rank 3 had sent it 0)", "rank 3 sent 2 message(s) to rank 0, which never receives from
 rank 3". Taught in ``notebooks/00_start_here.ipynb`` with the hang report.
