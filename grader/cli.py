@@ -28,6 +28,7 @@ from grader.gradebook import graded_before, output_keys, rebuild, save, scan, su
 from grader.grading import grade_submission
 from grader.results import Results
 from grader.runner import GRADER_STOPPED, GradingConfig, not_run
+from grader.submission import submitter_ids
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -110,7 +111,7 @@ def _grade_all(folder: Path, out: Path, jobs: int, config: GradingConfig, progre
     todo = [p for p in submissions if p.name not in graded]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, \
             tqdm(total=len(todo), desc="grading", unit="submission", disable=not progress) as bar:
-        futures = [pool.submit(grade_submission, path, config) for path in todo]
+        futures = [pool.submit(grade_submission, path, config, submitter_ids(path)) for path in todo]
         for future in as_completed(futures):
             if config.stop is not None and config.stop.is_set():
                 for waiting in futures:  # not started yet: left ungraded (--resume grades them)
@@ -133,9 +134,12 @@ def _grade_all(folder: Path, out: Path, jobs: int, config: GradingConfig, progre
 def run_autograder(submission: Path = Path("/autograder/submission"),
                    results_path: Path = Path("/autograder/results/results.json"),
                    config: GradingConfig | None = None) -> Results:
-    """Gradescope's entry: grade the submission folder, write ``results.json`` there; always writes it."""
+    """Gradescope's entry: grade the submission folder, write ``results.json`` there; always writes it.
+
+    The labs are checked on the submitter's variant, named in ``submission_metadata.json`` beside the folder."""
+    who = submitter_ids(Path(submission), Path(submission).parent / "submission_metadata.json")
     with stopping_on_signals(config) as config:
-        results = grade_submission(Path(submission), config) or not_run(Path(submission).name, GRADER_STOPPED,
+        results = grade_submission(Path(submission), config, who) or not_run(Path(submission).name, GRADER_STOPPED,
                                                                          "the grader was stopped before it started")
     render.write_gradescope(results, Path(results_path))
     return results

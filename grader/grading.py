@@ -20,13 +20,15 @@ from grader.results import LABS_ONLY, Results
 from grader.runner import GradingConfig, grade, not_run
 
 
-def grade_submission(path: Path, config: GradingConfig) -> Results | None:
+def grade_submission(path: Path, config: GradingConfig, student_ids: tuple[str, ...] = ()) -> Results | None:
     """Grade ``path`` (a script, a lab file, or a folder of them); None if ``config.stop`` was set before it began.
 
     Args:
         path: the submission.
         config: the grading's settings; ``visible_only`` runs the visible checks (the self-check), and the labs'
             visible runs only.
+        student_ids: who the submission is from, when the grader knows (:func:`grader.submission.submitter_ids`):
+            each lab is checked on that student's variant; empty: on the variant its file's ``STUDENT_ID`` names.
 
     Returns:
         The submission's Results: the assignment's check results (none for lab files only) and each lab's.
@@ -43,7 +45,8 @@ def grade_submission(path: Path, config: GradingConfig) -> Results | None:
     except Exception as error:  # noqa: BLE001  (one submission must never stop the batch)
         results = not_run(path.name, GRADER_ERROR, f"{type(error).__name__}: {error}", config)
     try:
-        results.labs = grade_labs(path, hidden=not config.visible_only, isolation=config.isolation, stop=config.stop)
+        results.labs = grade_labs(path, hidden=not config.visible_only, isolation=config.isolation, stop=config.stop,
+                                  student_ids=student_ids)
     except Exception as error:  # noqa: BLE001  (a lab's grader failure must not lose the assignment's grade)
         results.detail += f" (the labs could not be graded: {type(error).__name__}: {error})"
     results.elapsed_s = time.monotonic() - start

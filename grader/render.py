@@ -61,6 +61,8 @@ def lab_feedback(lab: LabResult, visible_only: bool = False) -> str:
     """A lab's feedback, as the self-check prints it and as its section of a graded submission's: one line per
     check with its first failure, then the score and what to do next."""
     lines = [f"Lab {lab.lab!r}: {lab.title} ({lab.path}), {lab.runs} run(s) in {lab.elapsed_s:.1f} s"]
+    lines += [f"  Checked on {lab.variant}."] if lab.variant else []
+    lines += [f"  {note}" for note in lab.notes]
     shown = [c for c in lab.checks if not visible_only or c.visibility == "visible"]
     messages = {c.message for c in shown}
     once = len(shown) > 1 and len(messages) == 1 and "" not in messages  # e.g. the stub: say it once
@@ -81,6 +83,15 @@ def withheld(results: Results) -> str:
             f"(run status: {results.status}).")
 
 
+def variant_lines(results: Results) -> list[str]:
+    """Each lab's variant and notes (grader.labs.variant), one line each: "Lab ring: checked on your variant: ..."."""
+    lines = []
+    for name, lab in results.labs.items():
+        lines += [f"Lab {name}: checked on {lab.variant}."] if lab.variant else []
+        lines += [f"Lab {name}: {note}" for note in lab.notes]
+    return lines
+
+
 def gradescope(results: Results) -> dict:
     """The Gradescope autograder ``results.json`` for one submission: one test per check, the assignment's (if it
     was submitted) then each lab's (named ``lab <name>: <title>``); the score is theirs together."""
@@ -90,7 +101,7 @@ def gradescope(results: Results) -> dict:
         "score": results.total,
         "execution_time": round(results.elapsed_s, 1),
         "output": (f"status: {results.grade_status}. " + (f"{withheld(results)} " if results.violation else "")
-                   + results.detail),
+                   + results.detail + "".join(f" {line}" for line in variant_lines(results))),
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": [{"name": prefix + c.title, "number": str(i + 1), "score": c.score, "max_score": c.max_score,

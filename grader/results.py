@@ -99,6 +99,8 @@ class LabResult:
     runs: int = 0
     hidden: bool = False
     status: str = "ok"
+    variant: str = ""  # the student's variant in words ("world size 3, bucket cap 2,048 bytes"); "" if none
+    notes: tuple[str, ...] = ()  # INFO lines about the check (no STUDENT_ID, an id other than the submitter's)
 
     @property
     def score(self) -> float:
@@ -122,7 +124,8 @@ class LabResult:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> LabResult:
         raw = {k: v for k, v in raw.items() if k not in ("score", "max_score")}
-        return cls(**{**raw, "checks": tuple(CheckResult(**c) for c in raw.get("checks", ()))})
+        return cls(**{**raw, "checks": tuple(CheckResult(**c) for c in raw.get("checks", ())),
+                      "notes": tuple(raw.get("notes", ()))})
 
 
 @dataclass

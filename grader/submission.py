@@ -9,6 +9,7 @@ script.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from grader.assignment import ASSIGNMENT, Assignment
@@ -82,3 +83,26 @@ def _unchanged(source: str, original: Path) -> bool:
     def lines(text: str) -> list[str]:
         return [line.rstrip() for line in text.strip().splitlines()]
     return lines(source) == lines(original.read_text())
+
+
+def submitter_ids(path: Path, metadata: Path | None = None) -> tuple[str, ...]:
+    """Who the submission at ``path`` is from, as the grader knows it: every spelling of their id, first the one
+    a lab's variant is drawn from when the file names someone else (see :mod:`grader.labs.variant`).
+
+    With Gradescope's ``submission_metadata.json`` (``metadata``): each submitter's student id (``sid``), e-mail
+    and its part before the ``@``, in that order. Without it (``grader grade`` of a class folder): the name of the
+    student's folder or file, ``alice/`` or ``alice.py`` -> ``alice``. An unreadable metadata file gives ``()``.
+    """
+    if metadata is None:
+        path = Path(path)
+        return (path.stem if path.is_file() else path.name,)
+    try:
+        users = json.loads(Path(metadata).read_text(encoding="utf-8")).get("users") or []
+    except (OSError, ValueError, AttributeError):
+        return ()
+    ids: list[str] = []
+    for user in users if isinstance(users, list) else []:
+        email = str(user.get("email") or "") if isinstance(user, dict) else ""
+        found = (str(user.get("sid") or ""), email, email.partition("@")[0]) if isinstance(user, dict) else ()
+        ids += [i for i in found if i and i not in ids]
+    return tuple(ids)

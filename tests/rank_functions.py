@@ -157,6 +157,11 @@ def environment_variable(name: str) -> str | None:
     return os.environ.get(name)
 
 
+def parent_pid() -> int:
+    """The pid of the process this rank was started by: the fork server's, or the launching process's if spawned."""
+    return os.getppid()
+
+
 def debug_level() -> str:
     """torch.distributed's debug level, which it read from TORCH_DISTRIBUTED_DEBUG when it was imported."""
     return dist.get_debug_level().name

@@ -40,6 +40,14 @@ class Op:
 Schedule = Callable[[int, int, int], list[Op]]
 
 
+class Deadlock(ValueError):
+    """Every stage of a simulated schedule waits for another; ``waits`` says where each waits, for what."""
+
+    def __init__(self, name: str, waits: list[str]) -> None:
+        super().__init__(f"{name} deadlocks: every stage waits for another ({'; '.join(waits)}).")
+        self.waits = waits
+
+
 def _check(num_stages: int, num_micro_batches: int, stage: int) -> tuple[int, int, int]:
     p = check_count("num_stages", num_stages, unit="number of stages (p)")
     m = check_count("num_micro_batches", num_micro_batches, unit="number of micro-batches (m)")
@@ -142,11 +150,12 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
         every stage's ops as ``course.model_parallel.bubble.Event`` s (``measured_bubble`` gives the idle fraction).
 
     Raises:
-        ValueError: a schedule in which every stage waits for another (a deadlock).
+        Deadlock: (a ValueError) a schedule in which every stage waits for another, saying where each waits.
     """
     p, m = num_stages, num_micro_batches
     plans = [schedule(p, m, s) for s in range(p)]
     v = 1 + max(op.chunk for plan in plans for op in plan)
+    waits: dict[int, str] = {}  # stage -> what it waits for, in this sweep
     end: dict[tuple[str, int, int], float] = {}
     position, free, events = [0] * p, [0.0] * p, []
     while any(position[s] < len(plans[s]) for s in range(p)):
@@ -159,14 +168,19 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
             needs = [("F", here - 1, op.micro_batch)] if op.kind == "F" else [
                 ("B", here + 1, op.micro_batch), ("F", here, op.micro_batch)]
             needs = [need for need in needs if 0 <= need[1] < p * v]
-            if any(need not in end for need in needs):
+            missing = [need for need in needs if need not in end]
+            if missing:
+                kind, virtual, i = missing[0]
+                waits[s] = (f"stage {s} waits at its op {position[s]} ({op}) for stage {virtual % p}'s "
+                            f"{Op(kind, i, virtual // p)}")
                 continue
             start = max([free[s], *(end[need] for need in needs)])
             free[s] = end[(op.kind, here, op.micro_batch)] = start + (forward_s if op.kind == "F" else backward_s) / v
             events.append(Event(s, op.kind, op.micro_batch, start, free[s]))
             position[s], progressed = position[s] + 1, True
         if not progressed:
-            raise ValueError(f"{getattr(schedule, '__name__', schedule)} deadlocks: every stage waits for another.")
+            raise Deadlock(getattr(schedule, "__name__", str(schedule)), [waits[s] for s in sorted(waits)])
+        waits.clear()
     return events
 
 

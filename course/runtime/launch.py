@@ -119,8 +119,10 @@ def _why(ranks: list[int], waiting: dict[int, str]) -> str:
 # ~1.5 s of CPU, 4 ranks per launch on 2 cores), started by the first launch. The server imports nothing a learner
 # edits, and nothing that touches a GPU, so a rank sees the learner's latest files and may use CUDA. torch reads
 # some variables when it is imported (TORCH_DISTRIBUTED_DEBUG, TORCH_CPP_LOG_LEVEL, ...): a launch whose
-# environment differs from the server's in any variable torch may read spawns fresh interpreters instead, as
-# every launch does where there is no fork server (Windows). Slower to start, otherwise the same.
+# environment differs from the server's in any of them replaces the server by one started under its own
+# environment (one start, where spawning would cost every later launch a fresh torch in each rank). A server
+# started by someone else is left alone: those launches spawn fresh interpreters, as every launch does where
+# there is no fork server (Windows). Slower to start, otherwise the same.
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 # torch._dynamo: DDP imports it on first use (about 1 s of CPU per rank)
 PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "course.runtime.launch"]
@@ -141,18 +143,32 @@ def _server_pid(unknown: object) -> object:
 
 
 def _context() -> Any:
-    """The fork server's context if its torch was imported under this launch's environment, else spawn's."""
+    """The fork server's context, its torch imported under this launch's environment; spawn's where it cannot be."""
     if START_METHOD != "forkserver":
         return mp.get_context("spawn")
     pid = _server_pid("unknown")
+    if pid is not None and pid == _SERVER.get("pid") and _environment_read_by_torch() != _SERVER.get("environment"):
+        pid = _stop_server(pid)  # ours, but its torch read other variables
     if pid is None:  # not running: this launch starts it, with this environment
         context = mp.get_context("forkserver")
         context.set_forkserver_preload(PRELOADED)
         _SERVER.update(pid=None, environment=_environment_read_by_torch())
         return context
-    if pid == _SERVER.get("pid") and _environment_read_by_torch() == _SERVER.get("environment"):
+    if pid == _SERVER.get("pid"):
         return mp.get_context("forkserver")
     return mp.get_context("spawn")
+
+
+def _stop_server(pid: object) -> object:
+    """Stop the fork server this module started; return the pid now running (``None``: stopped)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
+    if stop is None:  # a Python without it: the server stays, and launches under other variables spawn
+        return pid
+    stop()
+    _SERVER.clear()
+    return _server_pid(None)
 
 
 def _note_server(context: Any) -> None:

@@ -295,7 +295,7 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
 
 def _run(stop_at: int, seed: int | str, where: str) -> dict:
     return {"world_size": 2, "seed": seed, "epochs": 3, "stop_at": stop_at, "timeout_s": 90,
-            "label": f"stopped after step {stop_at} ({where}) of 12, resumed"}
+            "label": f"stopped after step {{stop_at}} ({where}) of 12, resumed"}
 
 
 LAB = Lab(
@@ -303,6 +303,7 @@ LAB = Lab(
     notebook="09_real_gpu_practice", student_file="labs/checkpoint_resume.py", entry="save_checkpoint", checks=CHECKS,
     rank_check="grader.labs.checkpoint:check_on_rank", shortcuts=SHORTCUTS,
     runs=(_run(6, 0, "mid-epoch"),),
+    variant={"stop_at": (6, 5, 7, 9, 10)},  # each student's own, every one mid-epoch (grader.labs.variant)
     hidden_runs=(_run(8, "jitter", "at an epoch's end"),),
     hang_hint=("A hang here usually means one rank called a collective (a barrier, all_gather_object) that the "
                "other did not, e.g. inside an `if rank == 0:`."),

@@ -26,12 +26,14 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from course.labs import stubs
 from course.runtime.launch import RankFailed, RankTimeout, launch
+from grader.labs import variant
 from grader.labs.shortcuts import REFUSED, Refused, guarded, uses
 from grader.results import Check, CheckResult, LabResult
 
@@ -55,7 +57,7 @@ class RankFindings:
 
 @dataclass(frozen=True)
 class Lab:
-    """A lab: what the student writes, where, and how it is checked (see ``LABS_CONTRACT``)."""
+    """A lab: what the student writes, where, and how it is checked (see ``docs/contributing.md``, "Adding a lab")."""
 
     name: str  # "ring", "ddp", "zero", ...
     title: str
@@ -71,6 +73,9 @@ class Lab:
     #: "module:name" of ready-made versions of what the student writes (the course's own, torch's): a file that
     #: uses one is refused, every check failing with a message that names it (see grader.labs.shortcuts)
     shortcuts: tuple[str, ...] = ()
+    #: config key of ``runs[0]`` -> the values it may take: each student's first visible run draws its own from
+    #: their id (see grader.labs.variant); ``runs[0]`` itself is the published default
+    variant: Mapping[str, tuple] = field(default_factory=dict)
 
 
 NOT_ATTEMPTED = ("Not attempted yet: your {entry} still raises NotImplementedError. Replace the raise in "
@@ -146,8 +151,9 @@ def _import(dotted: str) -> Any:
 
 
 def _label(config: dict) -> str:
-    """``"world_size=4, 1001 float32 elements"``: the prefix of every message from this run."""
-    label = config.get("label")
+    """``"world_size=4, 1001 float32 elements"``: the prefix of every message from this run (a label may name
+    the run's keys, ``"{steps} SGD steps"``, so that a student's variant reads with its own numbers)."""
+    label = str(config.get("label", "")).format_map(config)
     return f"world_size={config['world_size']}" + (f", {label}" if label else "")
 
 
@@ -206,29 +212,34 @@ def _is_the_stub(lab: Lab, path: str) -> bool:
     return os.path.isfile(path) and stub.is_file() and Path(path).read_bytes() == stub.read_bytes()
 
 
-def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
+def run_lab(lab: Lab, path: str, hidden: bool = False, student_ids: tuple[str, ...] = ()) -> LabResult:
     """Run every run of ``lab`` on the student's file ``path`` and merge the findings into a :class:`LabResult`.
 
     Args:
         lab: the lab (see :mod:`grader.labs`).
         path: the student's file, e.g. ``"labs/ring_allreduce.py"`` (relative to the current directory).
         hidden: also the hidden runs and hidden checks (the grader's ``grade``; never the self-check).
+        student_ids: who the grader knows the file is from (every spelling of one id); empty in the self-check,
+            where the file's ``STUDENT_ID`` picks the variant (:func:`grader.labs.variant.whose`).
     """
     checks = [check for check in lab.checks if hidden or not check.hidden]
+    student_id, notes = variant.whose(path, student_ids) if lab.variant else ("", ())
+    mine = f"{'your' if student_id else 'the published'} variant: {variant.describe(lab, student_id)}" \
+        if lab.variant else ""
     if _is_the_stub(lab, path):  # every check would fail the same way: say so without starting any rank
         message = NOT_ATTEMPTED.format(entry=lab.entry, path=path)
         return LabResult(lab.name, lab.title, path, tuple(CheckResult.of(check, False, message) for check in checks),
-                         0.0, 0, hidden)
+                         0.0, 0, hidden, variant=mine, notes=notes)
     if used := uses(path, lab.shortcuts):  # refused as the stub is: no rank needs to start to say so
         message = REFUSED.format(name=" and ".join(used), entry=lab.entry)
         return LabResult(lab.name, lab.title, path, tuple(CheckResult.of(check, False, message) for check in checks),
-                         0.0, 0, hidden)
+                         0.0, 0, hidden, variant=mine, notes=notes)
     first_failure: dict[str, str] = {}
     measures: dict[str, str] = {}  # the first passing message of each check that shows_measure
     shown = {check.name for check in checks if check.shows_measure}
     seen: set[str] = set()
     start, runs = time.monotonic(), 0
-    for config in lab.runs + (lab.hidden_runs if hidden else ()):
+    for config in variant.variant_runs(lab, student_id) + (lab.hidden_runs if hidden else ()):
         runs += 1
         if config.get("seed") == "jitter":  # a new seed at every grading: no answer can be learned by heart
             config = {**config, "seed": random.randrange(2**31)}
@@ -248,4 +259,5 @@ def run_lab(lab: Lab, path: str, hidden: bool = False) -> LabResult:
                                    first_failure.get(check.name, measures.get(check.name, "" if check.name in seen
                                                                               else unchecked)))
                     for check in checks)
-    return LabResult(lab.name, lab.title, path, results, time.monotonic() - start, runs, hidden)
+    return LabResult(lab.name, lab.title, path, results, time.monotonic() - start, runs, hidden, variant=mine,
+                     notes=notes)

@@ -67,7 +67,10 @@ LAB = Lab(
     notebook="04b_distributed_optimizer", student_file="labs/ddp_by_hand.py", entry=ENTRY, checks=CHECKS,
     rank_check="grader.labs.ddp:check_on_rank",
     runs=({"world_size": 4, "seed": 0, "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
-           "label": "3 SGD steps of a 4-layer MLP, buckets of at most 4224 bytes"},),
+           "label": "{steps} SGD steps of a 4-layer MLP, buckets of at most {bucket_cap_bytes} bytes"},),
+    # each student's own world size and bucket cap (grader.labs.variant); every cap here still fills a later
+    # bucket before an earlier one, whichever of a layer's two gradients is ready first
+    variant={"world_size": (4, 3), "bucket_cap_bytes": (4224, 2048, 3000, 4200)},
     hidden_runs=({"world_size": 2, "seed": "jitter", "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
                   "label": "3 SGD steps, buckets of at most 4224 bytes"},
                  {"world_size": 3, "seed": "jitter", "steps": 4, "bucket_cap_bytes": 9000, "timeout_s": 120,

@@ -3,8 +3,9 @@
 The student's ``labs/estimate_plan.py`` (stub: ``course/labs/stubs/estimate_plan.py``, taught in
 ``notebooks/05c_performance_model.ipynb``) defines ``model_states_bytes(params, tensor_parallel, data_parallel,
 zero_stage)`` and ``tp_allreduce_seconds(seq_len, micro_batch, hidden, tensor_parallel, alpha_s, bytes_per_s)``,
-and sets ``STUDENT_ID``. The numbers they are called with are the student's own variant (:func:`problem`, drawn
-from a hash of ``STUDENT_ID``), so a number copied from someone else's notebook answers another question.
+and sets ``STUDENT_ID``. The numbers they are called with are the student's own variant (``LAB.variant``, drawn
+from their id by :mod:`grader.labs.variant` as every lab's is), so a number copied from someone else's notebook
+answers another question.
 :func:`check_on_rank` (one rank: nothing here is distributed) compares them with ``course.perf``:
 
 * ``memory``: the model states one GPU holds under mixed-precision Adam, at ZeRO stages 0 to 3, equal the second
@@ -19,12 +20,12 @@ instead of 2(n-1)/n, one all-reduce instead of two), never by printing the expec
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
 from course.perf import catalog, comm, parallel, planner
-from grader.labs.core import NOT_ATTEMPTED, Check, Finding, Lab, StudentError, load_entry
+from grader.labs import variant
+from grader.labs.core import NOT_ATTEMPTED, Check, Finding, Lab, load_entry
 
 ENTRIES = ("model_states_bytes", "tp_allreduce_seconds")
 #: Relative difference accepted (the same formula in another order differs by ~1e-16).
@@ -35,8 +36,11 @@ SHORTCUTS = ("course.perf.planner:memory_per_gpu", "course.memory.budget:model_s
              "course.collectives.cost_model:predict")
 #: Catalog links a variant's node may have (one per variant).
 LINKS = ("NVSwitch (A100, NVLink 3)", "NVSwitch (H100, NVLink 4)", "NVLink 2 (V100, 6 links)", "PCIe 4.0 x16")
-NO_ID = ("set STUDENT_ID at the top of {path} to your student id (the one you log in with): your numbers are "
-         "drawn from it.")
+#: The numbers a variant draws from (grader.labs.variant); the first of each is the published problem's.
+#: t=2 is left out: there a ring all-reduce sends 2(n-1)/n = 1 times its bytes, so counting them once is not wrong.
+CHOICES = {"layers": (24, 32, 40, 48, 64, 80), "hidden": (2048, 2560, 3072, 4096, 5120, 6144, 8192),
+           "seq_len": (2048, 1024, 4096), "micro_batch": (1, 2, 4, 8), "tensor_parallel": (4, 8),
+           "data_parallel": (4, 2, 8, 16, 32, 64), "link": LINKS}
 
 CHECKS = (
     Check("memory", "model states per GPU at ZeRO stages 0-3 equal course.perf's", 5),
@@ -54,25 +58,13 @@ class Problem:
     data_parallel: int
     link: str  # the catalog name of the link between the GPUs of a node
 
-    def describe(self) -> str:
-        """The variant in one line, for messages."""
-        m = self.model
-        return (f"{m.layers} layers, hidden {m.hidden}, sequence {m.seq}, micro-batch {self.micro_batch}, "
-                f"t={self.tensor_parallel}, d={self.data_parallel}, {self.link}")
 
-
-def problem(student_id: str) -> Problem:
-    """The variant of ``student_id``: the same id gives the same numbers on every machine."""
-    digest = hashlib.sha256(student_id.strip().lower().encode()).digest()
-
-    def pick(index: int, options: tuple) -> object:
-        return options[digest[index] % len(options)]
-
-    hidden = pick(1, (2048, 2560, 3072, 4096, 5120, 6144, 8192))
-    model = parallel.Transformer(f"variant {digest.hex()[:6]}", layers=pick(0, (24, 32, 40, 48, 64, 80)),
-                                 hidden=hidden, heads=hidden // 128, seq=pick(2, (1024, 2048, 4096)))
-    return Problem(model, pick(3, (1, 2, 4, 8)), pick(4, (2, 4, 8)), pick(5, (2, 4, 8, 16, 32, 64)),
-                   pick(6, LINKS))
+def problem(config: dict) -> Problem:
+    """The problem a run's ``config`` states (its variant's layers, hidden size, ..., link)."""
+    hidden = config["hidden"]
+    model = parallel.Transformer(f"{config['layers']} layers, hidden {hidden}", layers=config["layers"],
+                                 hidden=hidden, heads=hidden // 128, seq=config["seq_len"])
+    return Problem(model, config["micro_batch"], config["tensor_parallel"], config["data_parallel"], config["link"])
 
 
 def reference_states(p: Problem, zero_stage: int) -> float:
@@ -158,27 +150,22 @@ def judge_tp(got: float, p: Problem) -> Finding:
 
 
 # -- on the rank -------------------------------------------------------------------------------------------------
-def _student_problem(path: str, config: dict) -> Problem:
+def student_problem(student_id: str) -> Problem:
+    """The problem ``student_id`` is checked on (the published one for an empty id)."""
+    return problem(variant.variant_runs(LAB, student_id)[0])
+
+
+def _run_problem(config: dict) -> Problem:
+    """The student's problem, or in a hidden run (a seed) the problem of an id nobody has."""
     if config.get("seed") is not None:
-        return problem(f"hidden variant {config['seed']}")
-    student_id = load_entry(path, "STUDENT_ID") if _defines(path, "STUDENT_ID") else ""
-    if not isinstance(student_id, str) or not student_id.strip():
-        raise StudentError(NO_ID.format(path=path))
-    return problem(student_id)
-
-
-def _defines(path: str, name: str) -> bool:
-    try:
-        load_entry(path, name)
-    except StudentError:
-        return False
-    return True
+        config = {**config, **variant.draw("estimate", f"hidden variant {config['seed']}", CHOICES)}
+    return problem(config)
 
 
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Call the student's two functions on their variant (or a hidden one) and judge them against course.perf."""
     states, seconds = (load_entry(path, entry) for entry in ENTRIES)
-    p = _student_problem(path, config)
+    p = _run_problem(config)
     link = comm.alpha_beta(catalog.link(p.link))
     findings = []
     try:
@@ -200,7 +187,8 @@ LAB = Lab(
     name="estimate", title="estimate a plan: model states per GPU and tensor-parallel all-reduce time",
     notebook="05c_performance_model", student_file="labs/estimate_plan.py", entry="model_states_bytes",
     checks=CHECKS, rank_check="grader.labs.estimate:check_on_rank", shortcuts=SHORTCUTS,
-    runs=({"world_size": 1, "timeout_s": 60, "label": "your variant (from STUDENT_ID)"},),
+    runs=({"world_size": 1, "timeout_s": 60, **{key: values[0] for key, values in CHOICES.items()}},),
+    variant=CHOICES,
     hidden_runs=({"world_size": 1, "seed": "jitter", "timeout_s": 60, "label": "another variant"},
                  {"world_size": 1, "seed": "jitter", "timeout_s": 60, "label": "another variant"}),
 )

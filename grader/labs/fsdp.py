@@ -11,30 +11,41 @@ backward and reduce-scatters the gradients into the shards' ``.grad``; ``torch.o
   same data within :data:`TOLERANCE`;
 * ``memory``: the shards are 1/world_size of the model (padded), and at every all-gather the gathered parameters
   still alive (tensors the gathers wrote into, kept by the student or by autograd) are at most one layer's: the
-  measured peak of parameter bytes per rank is 1/N of the model plus one layer;
+  measured peak of parameter bytes per rank is 1/N of the model plus one layer. A student who prefetches (any
+  ``async_op=True`` gather) holds two layers at once, the one computing and the one arriving: the bound is then
+  the two largest layers;
 * ``communication``: the bytes a bandwidth-optimal algorithm sends per rank in a step are 1.5x DDP's allreduce
   (two all-gathers and one reduce-scatter of the parameters, each (N-1)/N of them, against the allreduce's
-  2(N-1)/N), within the padding.
+  2(N-1)/N), within the padding;
+* ``prefetch`` (the stretch goal): in forward, and again in backward, every layer's all-gather but the first was
+  issued (``async_op=True``) before a matrix multiply of the layer before it and waited for after it: timestamps of
+  every matrix multiply on the rank (a ``TorchDispatchMode``) against each gather's launch and ``wait()``, as the DDP
+  lab checks its allreduces against backward's gradients. An asynchronous gather's result lands in the student's
+  tensor only at ``wait()`` (:class:`grader.labs.late_results.Late`), so reading it earlier is wrong every time.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from course import world
 from course.runtime import intercept
 from course.runtime.collective_names import named
-from course.runtime.recorder import ORIGINAL, Recorder, recording
+from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, StudentError, load_entry
+from grader.labs.late_results import Late
 from grader.labs.zero import BETAS, EPS, LR, TOLERANCE, _batch, _loss, reference_trajectory
 
 ENTRY = "MyFSDP"
@@ -43,15 +54,23 @@ CHECKS = (
     Check("matches_adam", f"parameters equal DDP + torch.optim.Adam's after every step (±{TOLERANCE:g})", 4),
     Check("memory", "each rank holds 1/world_size of the parameters plus at most one gathered layer", 3),
     Check("communication", "bytes sent per step are 1.5x DDP's allreduce (gather twice, reduce-scatter once)", 2),
+    Check("prefetch", "stretch goal: the next layer's all-gather runs while this layer computes (forward and "
+          "backward)", 2),
 )
 GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base")
 
 
-def _model(seed: int) -> nn.Sequential:
-    """64 -> 32 -> 32 -> 32 -> 12: four layers, the middle two of 1,056 parameters each."""
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                         nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+def _model(config: dict) -> nn.Sequential:
+    """64 -> hidden -> ... -> hidden -> 12 in ``layers`` Linear layers (published: 64 -> 32 -> 32 -> 32 -> 12, four
+    layers, the middle two of 1,056 parameters each), seeded by ``config["seed"]``."""
+    hidden, layers = config.get("hidden", 32), config.get("layers", 4)
+    torch.manual_seed(config["seed"])
+    modules: list[nn.Module] = [nn.Flatten()]
+    for index in range(layers):
+        modules.append(nn.Linear(64 if index == 0 else hidden, CLASSES if index == layers - 1 else hidden))
+        if index < layers - 1:
+            modules.append(nn.ReLU())
+    return nn.Sequential(*modules)
 
 
 def _linears(model: nn.Sequential) -> list[nn.Linear]:
@@ -66,11 +85,13 @@ def _piece(linear: nn.Linear, world_size: int) -> int:
 class GatherWatch:
     """Every tensor an all-gather wrote into, weakly held: the bytes still alive at each gather, and their peak.
 
-    Only blocking gathers with the output as first positional argument are watched (what the lab's text asks)."""
+    Gathers with the output as first positional argument are watched (what the lab's text asks). An asynchronous
+    one (``async_op=True``, a prefetch) is noted in ``prefetched``; its result lands at ``wait()``."""
 
     def __init__(self) -> None:
         self.outputs: list[weakref.ref] = []
         self.peak = 0
+        self.prefetched = False  # some gather was asynchronous: two layers may be alive at once
         self._inside = threading.local()  # a deprecated name calling its new one: watch the outer call only
 
     def alive(self) -> int:
@@ -86,10 +107,11 @@ class GatherWatch:
         @functools.wraps(original)
         def watched(*args: Any, **kwargs: Any) -> Any:
             output = args[0] if args else None
-            if not isinstance(output, torch.Tensor) or kwargs.get("async_op") or getattr(self._inside, "on", False):
+            if not isinstance(output, torch.Tensor) or getattr(self._inside, "on", False):
                 return original(*args, **kwargs)
             self.outputs.append(weakref.ref(output))
             self.peak = max(self.peak, self.alive())
+            self.prefetched |= bool(kwargs.get("async_op"))
             # gather into the checker's own buffer, then copy: gloo may hold its output a while after returning,
             # and what it holds must not count as the student's
             private = torch.empty_like(output)
@@ -98,9 +120,26 @@ class GatherWatch:
                 result = original(private, *args[1:], **kwargs)
             finally:
                 self._inside.on = False
+            if kwargs.get("async_op"):
+                return Late(result, private, output)  # copied into the student's tensor at wait(), not before
             output.copy_(private)
             return result
         return watched
+
+
+class MatmulClock(TorchDispatchMode):
+    """When each matrix multiply ran on this rank (``time.perf_counter()``), the student's layers among them."""
+
+    KERNELS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func.overloadpacket.__name__ in self.KERNELS:
+            self.times.append(time.perf_counter())
+        return func(*args, **(kwargs or {}))
 
 
 @contextmanager
@@ -131,27 +170,56 @@ def full_parameters(fsdp: nn.Module, linears: list[nn.Linear], me: world.Rank) -
     return torch.cat(flat)
 
 
+@dataclass
+class Overlap:
+    """One pass (forward or backward) of one step: its gathers' (launched, waited) times and its matmuls'."""
+
+    step: int
+    direction: str  # "forward" or "backward"
+    gathers: list[tuple[float, float, bool]]  # (launched, waited, async_op); waited inf if never waited
+    matmuls: list[float]
+
+    def overlapped(self) -> int:
+        """Gathers during which a matrix multiply ran (launched before it, waited for after it)."""
+        return sum(any(launched < t < waited for t in self.matmuls) for launched, waited, _ in self.gathers)
+
+
+def _passes(step: int, calls: list[Call], matmuls: list[float], backward_start: float) -> list[Overlap]:
+    """The step's gathers and matmuls, split into its forward and its backward."""
+    gathers = [(c.launched, c.waited if c.waited is not None else float("inf"), c.async_op) for c in calls
+               if c.name in GATHERS]
+    return [Overlap(step, "forward", [g for g in gathers if g[0] < backward_start],
+                    [t for t in matmuls if t < backward_start]),
+            Overlap(step, "backward", [g for g in gathers if g[0] >= backward_start],
+                    [t for t in matmuls if t >= backward_start])]
+
+
 def _train_student(my_fsdp: type, config: dict, recorder: Recorder, me: world.Rank
-                   ) -> tuple[list[torch.Tensor], list[float], int, int]:
-    """Train with the student's class; full parameters after each step, bytes sent per step, the shards' bytes
-    and the peak bytes of gathered parameters alive at once."""
-    model = _model(config["seed"]).to(me.device)
+                   ) -> tuple[list[torch.Tensor], list[float], int, int, bool, list[Overlap]]:
+    """Train with the student's class; full parameters after each step, bytes sent per step, the shards' bytes,
+    the peak bytes of gathered parameters alive at once, whether any gather was asynchronous, and each pass's
+    gathers and matmuls."""
+    model = _model(config).to(me.device)
     linears = _linears(model)
     with watching_gathers() as watch:
         fsdp = my_fsdp(model)
         del model  # the student's shards are what is left; the full layers go unless the student keeps them
         optimizer = torch.optim.Adam(fsdp.parameters(), lr=LR, betas=BETAS, eps=EPS)
-        trajectory, sent = [full_parameters(fsdp, linears, me)], []
+        trajectory, sent, passes = [full_parameters(fsdp, linears, me)], [], []
         watch.peak = 0  # from here on: what training holds
-        for step in range(config["steps"]):
+        for step in range(1, config["steps"] + 1):
             optimizer.zero_grad(set_to_none=True)
             recorder.clear()
-            _loss(fsdp, *_batch(step, config["seed"], me)).backward()
+            with MatmulClock() as clock:
+                loss = _loss(fsdp, *_batch(step - 1, config["seed"], me))
+                backward_start = time.perf_counter()
+                loss.backward()
             optimizer.step()
             sent.append(recorder.sent_bytes())
+            passes += _passes(step, recorder.calls, clock.times, backward_start)
             trajectory.append(full_parameters(fsdp, linears, me))
     kept = sum(p.numel() * p.element_size() for p in fsdp.parameters())
-    return trajectory, sent, kept, watch.peak
+    return trajectory, sent, kept, watch.peak, watch.prefetched, passes
 
 
 # -- verdicts (pure functions of what was measured) ---------------------------------------------------------------
@@ -176,20 +244,26 @@ def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], sprea
     return Finding("matches_adam", True, f"parameters equal DDP + Adam's after each of {len(reference) - 1} steps")
 
 
-def judge_memory(kept: int, peak: int, model_bytes: int, layer_bytes: int, world_size: int) -> Finding:
-    """Finding for ``memory``: shards ``kept`` bytes against 1/N of ``model_bytes``; gathered ``peak`` against one
-    layer's ``layer_bytes`` (both padded)."""
+def judge_memory(kept: int, peak: int, model_bytes: int, layer_bytes: int, world_size: int,
+                 prefetched: bool = False, two_layers_bytes: int = 0) -> Finding:
+    """Finding for ``memory``: shards ``kept`` bytes against 1/N of ``model_bytes``; gathered ``peak`` against the
+    largest layer's ``layer_bytes`` or, for a student who ``prefetched``, the two largest layers' (all padded)."""
     share = model_bytes / world_size
     if kept > share + 4 * world_size * 4:  # padding: under one element per rank per layer
         return Finding("memory", False, f"each rank keeps {kept:,} bytes of parameters, {kept / share:.2f}x its "
                        f"share (1/{world_size} of {model_bytes:,}): keep only your pieces as parameters, not the "
                        "full layers")
-    if peak > layer_bytes:
+    if prefetched and peak > two_layers_bytes:
+        return Finding("memory", False, f"{peak:,} bytes of gathered parameters were alive at once; prefetching "
+                       f"holds two layers, the one computing and the one arriving (at most {two_layers_bytes:,} "
+                       "bytes here): let each layer's full parameters go once it is computed")
+    if not prefetched and peak > layer_bytes:
         return Finding("memory", False, f"{peak:,} bytes of gathered parameters were alive at once, "
                        f"{peak / layer_bytes:.1f} layers' worth (the largest layer is {layer_bytes:,} bytes): let a "
                        "layer's full parameters go after its forward (keep no reference, save only the input and "
                        "your piece for backward) and gather them again in backward")
-    return Finding("memory", True, f"{kept:,} bytes of shards per rank and at most {peak:,} gathered (one layer)")
+    held = "two layers: this one and the one prefetched" if prefetched else "one layer"
+    return Finding("memory", True, f"{kept:,} bytes of shards per rank and at most {peak:,} gathered ({held})")
 
 
 def judge_communication(sent: list[float], model_bytes: int, layers: int, world_size: int) -> Finding:
@@ -210,27 +284,50 @@ def judge_communication(sent: list[float], model_bytes: int, layers: int, world_
     return Finding("communication", True, f"{sent[0]:,.0f} bytes per step, 1.5x DDP's allreduce")
 
 
+def judge_prefetch(passes: list[Overlap]) -> Finding:
+    """Finding for ``prefetch``: in each pass every gather but the first overlapped a matrix multiply."""
+    for one in passes:
+        if one.overlapped() >= len(one.gathers) - 1:
+            continue
+        order = "the next layer's" if one.direction == "forward" else "the previous layer's (backward runs in reverse)"
+        if not any(async_op for _, _, async_op in one.gathers):
+            why = "every all-gather was blocking, so each layer waited for its parameters"
+        else:
+            why = ("you waited for each asynchronous all-gather before any layer computed: issuing it and waiting at "
+                   "once overlaps nothing")
+        return Finding("prefetch", False, f"step {one.step}, {one.direction}: {one.overlapped()} of "
+                       f"{len(one.gathers)} all-gathers ran while a layer computed; {why}. Stretch goal: start "
+                       f"{order} all-gather (async_op=True) before computing this layer, and wait() for it just "
+                       "before that layer needs it")
+    return Finding("prefetch", True, "every layer's all-gather but the first ran while the layer before it computed, "
+                   "in forward and in backward")
+
+
 # -- on every rank ----------------------------------------------------------------------------------------------
 def check_on_rank(path: str, config: dict) -> list[Finding]:
     """Run the student's ``MyFSDP`` from ``path`` on this rank as ``config`` says; one Finding per check."""
     me = world.current()
-    reference = reference_trajectory(_model(config["seed"]).to(me.device), config, me)
-    linears = _linears(_model(config["seed"]))
+    reference = reference_trajectory(_model(config).to(me.device), config, me)
+    linears = _linears(_model(config))
     with recording(me.world_size) as recorder:
         my_fsdp = load_entry(path, ENTRY)
-        trajectory, sent, kept, peak = _train_student(my_fsdp, config, recorder, me)
-    padded = [_piece(linear, me.world_size) * me.world_size * 4 for linear in linears]
-    model_bytes = sum(p.numel() * p.element_size() for p in _model(config["seed"]).parameters())
+        trajectory, sent, kept, peak, prefetched, passes = _train_student(my_fsdp, config, recorder, me)
+    padded = sorted(_piece(linear, me.world_size) * me.world_size * 4 for linear in linears)
+    model_bytes = sum(p.numel() * p.element_size() for p in _model(config).parameters())
     return [judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank),
-            judge_memory(kept, peak, sum(padded), max(padded), me.world_size),
-            judge_communication(sent, model_bytes, len(linears), me.world_size)]
+            judge_memory(kept, peak, sum(padded), padded[-1], me.world_size, prefetched, sum(padded[-2:])),
+            judge_communication(sent, model_bytes, len(linears), me.world_size),
+            judge_prefetch(passes)]
 
 
 LAB = Lab(
     name="fsdp", title="FSDP (ZeRO-3) by hand: gather per layer, free, reduce-scatter gradients",
     notebook="07_memory", student_file="labs/fsdp.py", entry=ENTRY, checks=CHECKS,
     rank_check="grader.labs.fsdp:check_on_rank",
-    runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "3 Adam steps of a 4-layer MLP"},),
+    runs=({"world_size": 4, "seed": 0, "steps": 3, "hidden": 32, "layers": 4, "timeout_s": 120,
+           "label": "{steps} Adam steps of a {layers}-layer MLP of width {hidden}"},),
+    # each student's own layer sizes and number of layers (grader.labs.variant)
+    variant={"hidden": (32, 24, 40, 48), "layers": (4, 3, 5)},
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 2, "timeout_s": 120, "label": "2 Adam steps"}),
     shortcuts=("torch.distributed.fsdp:fully_shard", "torch.distributed.fsdp:FullyShardedDataParallel",
@@ -239,4 +336,5 @@ LAB = Lab(
                "sizes: every rank must gather every layer, in the same order, with pieces of the same length."),
 )
 
-__all__ = ["LAB", "check_on_rank", "full_parameters", "judge_communication", "judge_matches", "judge_memory"]
+__all__ = ["LAB", "Overlap", "check_on_rank", "full_parameters", "judge_communication", "judge_matches",
+           "judge_memory", "judge_prefetch"]

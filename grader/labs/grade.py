@@ -55,13 +55,16 @@ def only_labs(submission: Path) -> bool:
 
 
 def grade_labs(submission: Path, hidden: bool = True, isolation: str = "auto",
-               stop: threading.Event | None = None) -> dict[str, LabResult]:
-    """Grade every lab found in ``submission``; lab name -> its result."""
-    return {name: grade_lab(LABS[name], path, hidden, isolation, stop) for name, path in lab_files(submission).items()}
+               stop: threading.Event | None = None, student_ids: tuple[str, ...] = ()) -> dict[str, LabResult]:
+    """Grade every lab found in ``submission``; lab name -> its result. ``student_ids``: who it is from, if the
+    grader knows (each lab is then checked on that student's variant, see :mod:`grader.labs.variant`)."""
+    return {name: grade_lab(LABS[name], path, hidden, isolation, stop, student_ids=student_ids)
+            for name, path in lab_files(submission).items()}
 
 
 def grade_lab(lab: Lab, path: Path, hidden: bool = True, isolation: str = "auto",
-              stop: threading.Event | None = None, limits: sandbox.Limits = LAB_LIMITS) -> LabResult:
+              stop: threading.Event | None = None, limits: sandbox.Limits = LAB_LIMITS,
+              student_ids: tuple[str, ...] = ()) -> LabResult:
     """Check one lab file in the sandbox; always returns a result (every check failed if the run broke)."""
     with tempfile.TemporaryDirectory(prefix="grade-lab-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -73,6 +76,7 @@ def grade_lab(lab: Lab, path: Path, hidden: bool = True, isolation: str = "auto"
         reader = threading.Thread(target=lambda: received.append(_read_all(read)), daemon=True)
         reader.start()
         argv = [*python_argv(), "-m", "grader.labs.in_sandbox", lab.name, name, "--result-fd", str(write)]
+        argv += [f"--student-id={student_id}" for student_id in student_ids]
         try:
             result = sandbox.run(argv + (["--hidden"] if hidden else []), cwd=run_dir, env=run_env(), limits=limits,
                                  pass_fds=(write,), isolation=isolation, stop=stop,

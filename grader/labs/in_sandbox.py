@@ -1,6 +1,6 @@
 """Inside the sandbox: check one lab file and write the verdict to a pipe only the grader reads.
 
-    python -m grader.labs.in_sandbox ring ring_allreduce.py --result-fd 5 [--hidden]
+    python -m grader.labs.in_sandbox ring ring_allreduce.py --result-fd 5 [--hidden] [--student-id ID ...]
 
 Runs :func:`grader.labs.run_lab` (which starts the ranks and cross-checks their outputs here, in this process,
 where no student code runs) and writes its :meth:`~grader.results.LabResult.to_dict` as one JSON document
@@ -23,10 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file")
     parser.add_argument("--result-fd", type=int, required=True)
     parser.add_argument("--hidden", action="store_true")
+    parser.add_argument("--student-id", action="append", default=[], help="who the submission is from (repeatable)")
     args = parser.parse_args(argv)
     with os.fdopen(args.result_fd, "w") as out:
         os.set_inheritable(args.result_fd, False)  # never passed on to a process this one starts
-        result = run_lab(get(args.lab), args.file, hidden=args.hidden)
+        result = run_lab(get(args.lab), args.file, hidden=args.hidden, student_ids=tuple(args.student_id))
         json.dump(result.to_dict(), out)
     return 0
 

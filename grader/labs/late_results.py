@@ -23,7 +23,7 @@ from course.runtime import intercept
 OUTPUTS = {"all_reduce": 0, "reduce_scatter_tensor": 0, "all_gather_into_tensor": 0}
 
 
-class _Late:
+class Late:
     """A work handle whose result is copied into the student's tensor when it is waited for."""
 
     def __init__(self, work: Any, private: torch.Tensor, target: torch.Tensor) -> None:
@@ -57,7 +57,7 @@ def _late(original: Callable[..., Any], output: int) -> Callable[..., Any]:
         if not kwargs.get("async_op") or not isinstance(target, torch.Tensor):
             return original(*args, **kwargs)  # blocking: the result is there when the call returns anyway
         private = target.detach().clone()  # all_reduce's input is its output: the copy is reduced
-        return _Late(original(*args[:output], private, *args[output + 1:], **kwargs), private, target)
+        return Late(original(*args[:output], private, *args[output + 1:], **kwargs), private, target)
     return late
 
 

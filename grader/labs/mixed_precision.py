@@ -173,7 +173,8 @@ LAB = Lab(
     notebook="09_real_gpu_practice", student_file="labs/loss_scaler.py", entry="train_step", checks=CHECKS,
     rank_check="grader.labs.mixed_precision:check_on_rank", shortcuts=SHORTCUTS,
     runs=({"world_size": 1, "seed": 0, "steps": 6, "overflow_at": 4, "growth_interval": 2, "timeout_s": 60,
-           "label": "6 steps, an overflow at step 4, growth_interval=2"},),
+           "label": "{steps} steps, an overflow at step {overflow_at}, growth_interval={growth_interval}"},),
+    variant={"overflow_at": (4, 3, 5), "growth_interval": (2, 3)},  # each student's own (grader.labs.variant)
     hidden_runs=({"world_size": 1, "seed": "jitter", "steps": 6, "overflow_at": 3, "growth_interval": 3,
                   "timeout_s": 60, "label": "6 steps, an overflow at step 3, growth_interval=3"},),
 )

@@ -154,8 +154,13 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
     return [Finding("matches", True)]
 
 
-CASES_4 = [[1001, "float32", "sum"], [1001, "float64", "avg"], [4099, "bfloat16", "avg"], [64, "bfloat16", "sum"],
-           [3, "float32", "sum"], [2, "float64", "avg"]]
+def cases_4(long: int, longer: int) -> list[list]:
+    """The cases of the 4-rank run: two lengths that 4 does not divide, then lengths below and near 4 ranks."""
+    return [[long, "float32", "sum"], [long, "float64", "avg"], [longer, "bfloat16", "avg"], [64, "bfloat16", "sum"],
+            [3, "float32", "sum"], [2, "float64", "avg"]]
+
+
+CASES_4 = cases_4(1001, 4099)
 CASES_3 = [[1000, "float32", "avg"], [7, "float64", "sum"], [301, "bfloat16", "sum"], [1, "float32", "avg"]]
 LAB = Lab(
     name="ring",
@@ -169,6 +174,10 @@ LAB = Lab(
     # timeouts: starting the ranks is most of a run, and a loaded 2-core machine can take a minute for it
     runs=({"world_size": 4, "seed": 0, "cases": CASES_4, "timeout_s": 120},
           {"world_size": 3, "seed": 1, "cases": CASES_3, "timeout_s": 120}),
+    # each student's 4-rank run has its own lengths (grader.labs.variant); the 3-rank run keeps the world sizes
+    # spanned, so a ring written for one world size fails the self-check whatever the variant
+    variant={"cases": tuple(cases_4(long, longer) for long, longer in (
+        (1001, 4099), (37, 1001), (998, 4097), (1003, 2050), (517, 3001), (255, 4094)))},
     hidden_runs=tuple({"world_size": n, "seed": "jitter", "cases": cases, "timeout_s": 180} for n, cases in (
         (2, [[999, "float32", "avg"], [1, "float64", "sum"], [10_000, "bfloat16", "sum"]]),
         (5, [[12_345, "float64", "sum"], [4, "float32", "avg"], [77, "bfloat16", "avg"]]),

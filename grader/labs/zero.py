@@ -55,7 +55,8 @@ CHECKS = (
 LAB = Lab(
     name="zero", title="ZeRO-1: Adam with its state sharded over the ranks", notebook="07_memory",
     student_file="labs/zero1_adam.py", entry=ENTRY, checks=CHECKS, rank_check="grader.labs.zero:check_on_rank",
-    runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},),
+    runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "{steps} Adam steps"},),
+    variant={"world_size": (4, 3), "steps": (3, 4)},  # each student's own; at 3 the 22-parameter model is padded
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 4, "timeout_s": 120, "label": "4 Adam steps"}),
     shortcuts=("torch.distributed.optim:ZeroRedundancyOptimizer",),

@@ -3,6 +3,7 @@
 
 import ast
 import operator
+import os
 import re
 import subprocess
 import sys
@@ -199,9 +200,20 @@ def test_in_turn_runs_each_call_in_order_and_returns_every_result():
     assert in_turn((operator.add, (2, 3)), (max, (1, 4, 2)), (list, ())) == [5, 4, []]
 
 
+def test_a_launch_under_other_torch_variables_restarts_the_fork_server_and_later_ones_fork_again(monkeypatch):
+    def forked() -> bool:  # a spawned rank's parent is this process; a forked one's is the server
+        return launch(rf.parent_pid, 1, timeout_s=120)[0] != os.getpid()
+
+    assert forked()
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "INFO")
+    assert forked() and launch(rf.debug_level, 1, timeout_s=120) == ["INFO"]
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG")
+    assert forked() and launch(rf.debug_level, 1, timeout_s=120) == ["OFF"]
+
+
 def test_ranks_see_the_environment_of_the_launch_not_of_the_first_one(monkeypatch):
     launch(rf.environment_variable, 1, "COURSE_TEST_LAUNCH_VARIABLE", timeout_s=60)  # the fork server is up by now
     monkeypatch.setenv("COURSE_TEST_LAUNCH_VARIABLE", "set later")
     assert launch(rf.environment_variable, 2, "COURSE_TEST_LAUNCH_VARIABLE", timeout_s=60) == ["set later"] * 2
-    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "INFO")  # read by torch at import: these ranks are spawned anew
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "INFO")  # read by torch at import: a new fork server reads it
     assert launch(rf.debug_level, 2, timeout_s=120) == ["INFO"] * 2

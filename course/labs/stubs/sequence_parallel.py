@@ -4,6 +4,8 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+STUDENT_ID = ""  # your student id (the one you log in with): the check draws your own variant from it
+
 
 def all_gather_sequence(x):
     """(B, S/t, d) on each of the t ranks -> (B, S, d): every rank's positions, in rank order.

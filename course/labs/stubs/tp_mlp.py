@@ -5,6 +5,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+STUDENT_ID = ""  # your student id (the one you log in with): the check draws your own variant from it
+
 
 class CopyToTensorParallel(torch.autograd.Function):
     """f: forward, the identity; backward, sum the gradient over the ranks (dist.all_reduce)."""

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+STUDENT_ID = "solution"  # your student id (the one you log in with): the check draws your own variant from it
+
 
 class MyDDP(nn.Module):
     """Wraps ``module`` (kept as ``self.module`` and trained in place) for data-parallel training.

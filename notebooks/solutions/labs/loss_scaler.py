@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+STUDENT_ID = "solution"  # your student id (the one you log in with): the check draws your own variant from it
+
 
 class LossScaler:
     """torch.amp.GradScaler by hand: scale the loss, unscale the gradients, skip a step that overflowed."""

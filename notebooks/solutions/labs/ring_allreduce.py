@@ -3,6 +3,8 @@
 import torch
 import torch.distributed as dist
 
+STUDENT_ID = "solution"  # your student id (the one you log in with): the check draws your own variant from it
+
 
 def ring_allreduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """Sum (op="sum") or average (op="avg") `tensor` over every rank, in place, with a ring; return it.

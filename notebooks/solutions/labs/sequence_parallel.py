@@ -6,6 +6,8 @@ from torch.nn import functional as F
 
 from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older
 
+STUDENT_ID = "solution"  # your student id (the one you log in with): the check draws your own variant from it
+
 
 def all_gather_sequence(x):
     """(B, S/t, d) on each of the t ranks -> (B, S, d): every rank's positions, in rank order.

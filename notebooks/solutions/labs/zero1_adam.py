@@ -16,6 +16,8 @@ import torch.distributed as dist  # noqa: F401 - you will need it
 
 from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older
 
+STUDENT_ID = "solution"  # your student id (the one you log in with): the check draws your own variant from it
+
 
 class MyZeRO1Adam:
     """Adam (``torch.optim.Adam``'s update, no weight decay) with its state sharded over the ranks.

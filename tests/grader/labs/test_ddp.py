@@ -35,11 +35,13 @@ def test_the_stub_fails_every_check_as_not_attempted():
 
 @pytest.mark.timeout(900)
 def test_the_solution_passes_every_check_visible_and_hidden():
-    result = run_lab(ddp.LAB, SOLUTION, hidden=True)  # 4 ranks, then 2 and 3 with seeds drawn now
+    result = run_lab(ddp.LAB, SOLUTION, hidden=True)  # the id "solution"'s variant, then 2 and 3 ranks
     assert result.passed, render.lab_feedback(result)
     assert result.runs == len(ddp.LAB.runs) + len(ddp.LAB.hidden_runs)
+    assert result.variant == "your variant: world size 3, bucket cap 3,000 bytes"  # STUDENT_ID = "solution"
     speed = next(r for r in result.checks if r.name == "modelled_speed")  # a passing check's measure is kept
-    assert speed.message.startswith("world_size=4, ") and "MODELLED step time" in speed.message
+    assert speed.message.startswith("world_size=3, 3 SGD steps of a 4-layer MLP, buckets of at most 3000 bytes: ")
+    assert "MODELLED step time" in speed.message
 
 
 @pytest.mark.timeout(600)

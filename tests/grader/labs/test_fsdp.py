@@ -1,6 +1,8 @@
 """The FSDP lab (grader.labs.fsdp): the stub fails every check, the solution passes all, each mistake its own.
 
-The verdicts are also tested alone on numbers built by hand (no ranks).
+The solution prefetches (the stretch goal). The three older mistakes are made on a solution that does not, so each
+also misses the stretch goal; the solution without prefetch passes every other check. The verdicts are also tested
+alone on numbers built by hand (no ranks).
 """
 
 import os
@@ -31,9 +33,14 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 
 
 @pytest.mark.parametrize(("attempt", "failed", "fragment"), [
-    ("keeps_gathered", ["memory", "communication"], "18,352 bytes of gathered parameters were alive at once"),
-    ("allreduce_grads", ["communication"], "2.00x DDP's allreduce of the same model (27,528); FSDP sends 1.5x"),
-    ("sums", ["matches_adam"], "divide the reduce-scattered sum by world_size"),
+    ("keeps_gathered", ["memory", "communication", "prefetch"], "18,352 bytes of gathered parameters were alive at "
+     "once"),
+    ("allreduce_grads", ["communication", "prefetch"], "2.00x DDP's allreduce of the same model (27,528); FSDP sends "
+     "1.5x"),
+    ("sums", ["matches_adam", "prefetch"], "divide the reduce-scattered sum by world_size"),
+    ("no_prefetch", ["prefetch"], "every all-gather was blocking, so each layer waited for its parameters"),
+    ("waits_at_once", ["prefetch"], "step 1, forward: 0 of 4 all-gathers ran while a layer computed; you waited for "
+     "each asynchronous all-gather before any layer computed"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(fsdp.LAB, os.path.join(ATTEMPTS, f"fsdp_{attempt}.py"))
@@ -50,11 +57,37 @@ def test_torch_fsdp_is_refused_without_starting_a_rank(tmp_path):
     assert "your file uses torch.distributed.fsdp.fully_shard" in result.checks[0].message
 
 
+def test_each_variant_is_an_mlp_of_its_own_width_and_depth():
+    from grader.labs import variant
+
+    model = fsdp._model({"seed": 0, "hidden": 40, "layers": 5})
+    linears = fsdp._linears(model)
+    assert [(m.in_features, m.out_features) for m in linears] == [(64, 40)] + [(40, 40)] * 3 + [(40, fsdp.CLASSES)]
+    assert len(fsdp._linears(fsdp._model({"seed": 0}))) == 4  # the published model
+    assert variant.variant_runs(fsdp.LAB, "solution")[0]["hidden"] != fsdp.LAB.runs[0]["hidden"]
+
+
 def test_memory_passes_one_layer_and_fails_two():
     assert fsdp.judge_memory(4588, 8320, 18352, 8320, 4).passed
     two = fsdp.judge_memory(4588, 12544, 18352, 8320, 4)
     assert not two.passed and "1.5 layers' worth" in two.message
     assert "keep only your pieces" in fsdp.judge_memory(18352, 8320, 18352, 8320, 4).message
+
+
+def test_memory_allows_two_layers_to_a_prefetch_and_no_more():
+    assert fsdp.judge_memory(4588, 12544, 18352, 8320, 4, prefetched=True, two_layers_bytes=12544).passed
+    three = fsdp.judge_memory(4588, 16768, 18352, 8320, 4, prefetched=True, two_layers_bytes=12544)
+    assert not three.passed and "prefetching holds two layers" in three.message
+
+
+def test_prefetch_counts_the_gathers_a_matmul_ran_inside():
+    overlapped = [(0.0, 1.0, True), (1.0, 3.0, True), (3.0, 5.0, True)]  # matmuls at 2 and 4: the last two overlap
+    assert fsdp.judge_prefetch([fsdp.Overlap(1, "forward", overlapped, [0.5, 2.0, 4.0])]).passed
+    waited = [(0.0, 0.1, True), (1.0, 1.1, True), (3.0, 3.1, True)]
+    missed = fsdp.judge_prefetch([fsdp.Overlap(2, "backward", waited, [0.5, 2.0, 4.0])])
+    assert not missed.passed and missed.message.startswith("step 2, backward: 0 of 3 all-gathers")
+    blocking = fsdp.judge_prefetch([fsdp.Overlap(1, "forward", [(0.0, 0.1, False)] * 2, [2.0])])
+    assert "every all-gather was blocking" in blocking.message
 
 
 def test_communication_is_one_and_a_half_ddp_within_the_padding():

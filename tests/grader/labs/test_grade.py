@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from grader import cli, render
-from grader.labs import LABS
+from grader.labs import LABS, variant
 from grader.labs import grade as labs
 from grader.runner import GradingConfig
 
@@ -50,6 +50,12 @@ def test_grading_a_class_gives_each_lab_a_column_feedback_and_gradescope_tests(t
     assert "Lab 'ring'" in feedback and f"Score: {full - 4:g}/{full:g}" in feedback
     assert "it holds the sum, not the average" in feedback
     assert "/ 100" not in feedback and "NOT RUN" not in feedback
+    # the class folder's name is who a submission is from: each lab is checked on that student's variant
+    assert f"Checked on your variant: {variant.describe(RING, 'bob')}." in feedback
+    alices = (out / "feedback" / "alice.txt").read_text()  # the solution's file says STUDENT_ID = "solution"
+    assert f"Checked on your variant: {variant.describe(RING, 'alice')}." in alices
+    assert "sets STUDENT_ID = 'solution', but this submission is from 'alice': it was checked on 'alice''s " \
+        "variant." in alices
     tests = json.loads((out / "gradescope" / "bob" / "results.json").read_text())["tests"]
     lab_tests = {t["name"]: t for t in tests if t["name"].startswith("lab ring: ")}
     assert len(lab_tests) == len(tests) == len(RING.checks) and sum(t["score"] for t in lab_tests.values()) == full - 4
@@ -68,6 +74,7 @@ def test_the_terminal_self_check_of_a_lab(tmp_path, capsys):
 def test_on_gradescope_a_lab_submitted_alone_is_graded_alone(tmp_path):
     submission = tmp_path / "submission"
     submission.mkdir()
+    (tmp_path / "submission_metadata.json").write_text(json.dumps({"users": [{"email": "ada@uni.edu", "sid": "7"}]}))
     shutil.copyfile(STUB, submission / "ring_allreduce.py")
     out = tmp_path / "results.json"
     results = cli.run_autograder(submission, out, config=GradingConfig(visible_only=True))
@@ -76,6 +83,7 @@ def test_on_gradescope_a_lab_submitted_alone_is_graded_alone(tmp_path):
     assert [t["name"].split(":")[0] for t in data["tests"]] == ["lab ring"] * len(RING.checks)
     assert data["score"] == 0 and "graded the lab(s) submitted: ring" in data["output"]
     assert "Not attempted yet" in data["tests"][0]["output"]
+    assert f"Lab ring: checked on your variant: {variant.describe(RING, '7')}." in data["output"]  # the submitter's
 
 
 def test_the_notebooks_self_check_prints_what_grader_check_prints(capsys):

@@ -36,7 +36,7 @@ def test_the_stub_fails_every_check_as_not_attempted():
 
 @pytest.mark.timeout(900)
 def test_the_solution_passes_every_check_visible_and_hidden():
-    result = run_lab(zero.LAB, SOLUTION, hidden=True)  # 4 ranks, then 3 and 2 with seeds drawn now
+    result = run_lab(zero.LAB, SOLUTION, hidden=True)  # the id "solution"'s variant, then 3 and 2 ranks
     assert result.passed, render.lab_feedback(result)
     assert result.runs == len(zero.LAB.runs) + len(zero.LAB.hidden_runs)
 

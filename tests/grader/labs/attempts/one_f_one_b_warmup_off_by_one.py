@@ -1,29 +1,55 @@
-"""Wrong attempt (one_f_one_b): one warm-up forward too many: stage 0 holds p + 1 micro-batches."""
+"""Wrong attempt (one_f_one_b): one warm-up forward too many: stage s holds p - s + 1 micro-batches."""
 
 
 def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tuple[str, int]]:
-    """The order in which `stage` runs the forwards ("F", i) and backwards ("B", i) of micro-batches 0..m-1.
-
-    1F1B: first some warm-up forwards (how many, so that the last stage can start its first backward as soon
-    as possible?), then one forward and one backward in turn, then the remaining backwards. Micro-batches go
-    forward in order 0, 1, 2, ... and backward in the same order. A stage holds a micro-batch's activations from
-    its forward to its backward: never hold more than num_stages of them.
-    """
-    warmup = min(num_stages - stage, num_micro_batches)  # the last stage starts backward at once
-    schedule = [("F", i) for i in range(warmup)]
-    for i in range(num_micro_batches - warmup):
-        schedule += [("F", warmup + i), ("B", i)]
-    return schedule + [("B", i) for i in range(num_micro_batches - warmup, num_micro_batches)]
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    forwards = [("F", i) for i in range(num_micro_batches)]
+    backwards = [("B", i) for i in range(num_micro_batches)]
+    return phases(forwards, backwards, warmup=num_stages - stage)
 
 
-if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/one_f_one_b.py
-    from course import world
-    from course.model_parallel import pipeline, schedules, transformer
+def idle_fraction(plans: list[list[tuple[str, int]]], forward_s: float = 1.0, backward_s: float = 2.0) -> float:
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    p = len(plans)
+    finished = {}  # (kind, stage, micro_batch) -> when it ended
+    position, free, busy = [0] * p, [0.0] * p, 0.0  # each stage's next op and when it is free
+    while any(position[s] < len(plans[s]) for s in range(p)):
+        ran = False
+        for s in range(p):
+            if position[s] == len(plans[s]):
+                continue
+            kind, i = plans[s][position[s]]
+            needs = (kind, s - 1 if kind == "F" else s + 1, i)  # from the neighbour it receives from
+            if 0 <= needs[1] < p and needs not in finished:
+                continue
+            seconds = forward_s if kind == "F" else backward_s
+            free[s] = finished[(kind, s, i)] = max(free[s], finished.get(needs, 0.0)) + seconds
+            busy += seconds
+            position[s], ran = position[s] + 1, True
+        if not ran:
+            raise ValueError(f"deadlock: every stage waits; the stages are at ops {position}")
+    return 1 - busy / (p * max(free))
 
-    me = world.init_from_env()
-    config = transformer.Config(num_layers=me.world_size)
-    ops = [schedules.Op(kind, i) for kind, i in one_f_one_b(me.world_size, 8, me.rank)]
-    inputs, targets = transformer.sample_batch(config, batch_size=8)
-    record = pipeline.run(pipeline.split(transformer.build(config), me.world_size)[me.rank], ops, inputs, targets, 8)
-    print(f"stage {me.rank}: {' '.join(record.ops)}; at most {max(record.in_flight)} micro-batches held")
-    world.shutdown()
+
+def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int) -> list[tuple[str, int, int]]:
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    p = num_stages
+    forwards, backwards = [], []
+    for group in range(0, num_micro_batches, p):  # micro-batches group, ..., group + p - 1
+        for chunk in range(chunks):
+            forwards += [("F", i, chunk) for i in range(group, group + p)]
+            backwards += [("B", i, chunks - 1 - chunk) for i in range(group, group + p)]
+    # micro-batch 0 must pass chunks 0 .. v-2 on every rank ((v-1)·p ops here) and reach the last rank on chunk
+    # v-1 before its first backward can come back; a second p-s-1 lets the steady phase wait for nothing
+    warmup = (chunks - 1) * p + 2 * (p - stage - 1)
+    return phases(forwards, backwards, warmup)
+
+
+def phases(forwards: list, backwards: list, warmup: int) -> list:
+    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    warmup = min(warmup, len(forwards))
+    schedule = forwards[:warmup]
+    for forward, backward in zip(forwards[warmup:], backwards, strict=False):
+        schedule += [forward, backward]
+    return schedule + backwards[len(forwards) - warmup:]
+
