@@ -42,6 +42,7 @@ from grader.inrank.records import (
     Shutdown,
     Step,
     Tamper,
+    Wait,
     Write,
     parse,
 )
@@ -49,7 +50,8 @@ from grader.inrank.records import (
 # RunRecords attribute -> the record kind it holds, per rank, in order
 _BY_KIND = {"steps": Step, "inits": Init, "ends": End, "reports": Report, "saves": Save, "writes": Write,
             "collectives": CollectiveRecord, "tampers": Tamper, "shutdowns": Shutdown, "initials": Initial,
-            "forgeries": Forgery, "probe_errors": ProbeError, "calls": CallRecord, "messages": Messages}
+            "forgeries": Forgery, "probe_errors": ProbeError, "calls": CallRecord, "messages": Messages,
+            "waits": Wait}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +63,8 @@ class RunRecords:
         steps, inits, ends, reports, saves, writes, collectives, tampers, shutdowns, initials, forgeries,
             probe_errors, calls, messages: the probes' records per rank, in order (``forgeries``: calls into the
             probes from outside the grader; ``probe_errors``: the grader's own code failed in the rank's process;
-            ``messages``: the point-to-point messages each rank sent and received, a record per stretch).
+            ``messages``: the point-to-point messages each rank sent and received, a record per stretch;
+            ``waits``: each wait for point-to-point messages, written as it began).
         exits: the launcher's record of each rank's exit code, output size and output.
         last_record: each rank's last record (of the kinds above).
         rejected_records: lines on the record channel refused (no valid signature, or out of sequence).
@@ -84,6 +87,7 @@ class RunRecords:
     probe_errors: Mapping[int, tuple[ProbeError, ...]] = field(default_factory=dict)
     calls: Mapping[int, tuple[CallRecord, ...]] = field(default_factory=dict)
     messages: Mapping[int, tuple[Messages, ...]] = field(default_factory=dict)
+    waits: Mapping[int, tuple[Wait, ...]] = field(default_factory=dict)
     exits: Mapping[int, RankExit] = field(default_factory=dict)
     last_record: Mapping[int, Record] = field(default_factory=dict)
     rejected_records: int = 0

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from course import data, world
-from course.runtime import outcome, progress
+from course.runtime import outcome, progress, waits
 from course.runtime.pace import Pace, machine_pace
 from grader import crashes, rubric, sandbox
 from grader import secret as instructor_secret
@@ -275,28 +275,51 @@ def _launcher_killed(ev: Evidence, signum: int) -> str:
 
 
 def _waits_in_collective(ev: Evidence, rank: int) -> bool:
-    return ev.last_record.get(rank, {}).get("kind") == "collective"
+    """The rank's last record says it went to wait: in a collective, or for point-to-point messages."""
+    return ev.last_record.get(rank, {}).get("kind") in ("collective", "wait")
 
 
-def _where(ev: Evidence, rank: int) -> str:
-    """``rank 0 waits in barrier() (its collective #3)``."""
+def _message_records(ev: Evidence) -> dict[int, waits.Record]:
+    """The ranks whose last record is a ``wait``: the record of their messages (course.runtime.waits) then."""
+    found = {}
+    for rank in ev.ranks:
+        last = ev.last_record.get(rank)
+        if last is not None and last.get("kind") == "wait":
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # written by the rank's process
+                found[rank] = waits.Record.from_dict(last["messages"])
+    return found
+
+
+def _where(ev: Evidence, rank: int, messages: dict[int, waits.Record]) -> str:
+    """``rank 0 waits in barrier() (its collective #3)``, or ``rank 1 waits to receive from rank 0 (its irecv number
+    1 from rank 0; rank 0 had sent it 0)``."""
     record = ev.last_record[rank]
+    if record.get("kind") == "wait":
+        return f"rank {rank} waits {waits.where(rank, messages) or 'for a point-to-point message'}"
     return f"rank {rank} waits in {record['op']}() (its collective #{record['seq']})"
 
 
 def _hang(ev: Evidence, stopped: list[int], idle_s: float) -> tuple[str, str]:
     """``hang on rank k``: the ranks the launcher stopped had all made no progress for ``idle_s``; those not
-    waiting in a collective are at fault (the others waited for them), or all of them if each waits in one."""
+    waiting in a collective or for a message are at fault (the others waited for them), or all of them if each
+    waits."""
     at_fault = [r for r in stopped if not _waits_in_collective(ev, r)] or stopped
-    waiting = [_where(ev, r) for r in ev.ranks if _waits_in_collective(ev, r)]
+    messages = _message_records(ev)
+    waiting = [_where(ev, r, messages) for r in ev.ranks if _waits_in_collective(ev, r)]
     names = ", ".join(str(r) for r in at_fault)
     quiet = (f"no rank made progress for {idle_s:g} s (none used processor time or called a collective), so the "
              "run was stopped. ")
     if all(_waits_in_collective(ev, r) for r in at_fault):
-        detail = quiet + f"Rank(s) {names} each wait in a collective the others never join: " + "; ".join(waiting)
+        what = "for what the others never send or join" if messages else "in a collective the others never join"
+        detail = quiet + f"Rank(s) {names} each wait {what}: " + "; ".join(waiting)
     else:
         detail = (quiet + f"Rank(s) {names} never got to where the other ranks were"
                   + (": " + "; ".join(waiting) if waiting else ""))
+    if messages:
+        wrong = waits.wrong_peers(messages)
+        return f"hang on rank {names}", (detail + (f". {'; '.join(wrong)}" if wrong else "")
+                                         + ". Every message a rank waits for must be sent to it: check the peer "
+                                         "ranks of your sends and receives.")
     return f"hang on rank {names}", detail + ". Every rank must reach every collective, in the same order."
 
 
@@ -305,7 +328,7 @@ def _still_working(ev: Evidence, config: GradingConfig) -> str:
     working and those that waited for them, and the limit used and why."""
     unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
     working = [r for r in unfinished if not _waits_in_collective(ev, r)]
-    waiting = [_where(ev, r) for r in unfinished if _waits_in_collective(ev, r)]
+    waiting = [_where(ev, r, _message_records(ev)) for r in unfinished if _waits_in_collective(ev, r)]
     if working and len(working) < ev.world_size:
         who = (f"rank {working[0]} was" if len(working) == 1 else f"ranks {', '.join(map(str, working))} were")
     else:

@@ -41,8 +41,11 @@ def vanish_on(bad_rank: int) -> int:
     return me.rank
 
 
-def spawn_worker_then_hang() -> int:
-    """Start a DataLoader worker process (a grandchild of the launcher), then hang."""
+def spawn_worker_then_hang(on_rank: int = 0) -> int:
+    """On ``on_rank``: start a DataLoader worker process (a grandchild of the launcher), then hang. The other ranks
+    return at once, and wait for it."""
+    if world.current().rank != on_rank:
+        return world.current().rank
     loader = torch.utils.data.DataLoader(range(1000), batch_size=1, num_workers=1)
     iterator = iter(loader)
     next(iterator)
@@ -170,3 +173,28 @@ def stay_until(release_file: str, limit_s: float) -> int:
     while not os.path.exists(release_file) and time.monotonic() < deadline:
         time.sleep(0.05)
     return world.current().rank
+
+
+def receive_from_each_other(how: str) -> int:
+    """Each of 2 ranks first receives from the other (``how``: "recv", or "irecv" then wait): nobody ever sends."""
+    me, tensor = world.current(), torch.zeros(3)
+    peer = 1 - me.rank
+    if how == "recv":
+        dist.recv(tensor, peer)
+    else:
+        dist.irecv(tensor, peer).wait()
+    dist.send(tensor, peer)
+    return me.rank
+
+
+def send_to_the_wrong_peer() -> int:
+    """3 ranks: rank 0 sends to rank 2, which waits for nothing from it; rank 1 waits to receive from rank 0."""
+    me, tensor = world.current(), torch.ones(3)
+    if me.rank == 0:
+        dist.isend(tensor, 2)  # meant for rank 1
+        dist.recv(tensor, 1)
+    elif me.rank == 1:
+        dist.recv(tensor, 0)
+    else:
+        dist.recv(tensor, 1)
+    return me.rank

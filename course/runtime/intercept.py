@@ -19,7 +19,9 @@ function, for a checker's reference call, never seen by listeners.
 
 Every point-to-point message ends in a method of the process group itself, ``ProcessGroup.send`` or
 ``ProcessGroup.recv`` (``dist.isend`` does, and so does :class:`course.collectives.protocol.Comm`, which calls them
-directly): listening to those names (:data:`METHODS`) sees each message, however it was sent.
+directly): listening to those names (:data:`MESSAGES`) sees each message, however it was sent. Waiting for one
+ends in ``Work.wait`` (``dist.recv`` calls it too): listening to it sees a rank block on a message
+(:mod:`course.runtime.waits`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed import ProcessGroup
 
-#: Methods listened to by a qualified name: ``name -> (owner, attribute)``. Their calls get the group as ``args[0]``.
-METHODS = {"ProcessGroup.send": (ProcessGroup, "send"), "ProcessGroup.recv": (ProcessGroup, "recv")}
+#: Methods listened to by a qualified name: ``name -> (owner, attribute)``. Their calls get the object (the group,
+#: the work handle) as ``args[0]``.
+METHODS = {"ProcessGroup.send": (ProcessGroup, "send"), "ProcessGroup.recv": (ProcessGroup, "recv"),
+           "Work.wait": (c10d.Work, "wait")}
+#: The methods that every point-to-point message ends in: ``ProcessGroup.send(tensors, group_peer, tag)``, ``recv``.
+MESSAGES = ("ProcessGroup.send", "ProcessGroup.recv")
 
 
 @dataclass(frozen=True)

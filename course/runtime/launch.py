@@ -6,9 +6,10 @@ order. Output printed by a rank (stdout and stderr) appears in the notebook pref
 rank raises, every other rank is stopped and :class:`RankFailed` names the rank and shows its traceback (or,
 for a rank that died without a word, how it ended and the end of its stderr); if ranks are stuck (none has made
 progress for 20 s while one waits for another, :mod:`course.runtime.progress`) or do not finish in time,
-:class:`RankTimeout` names the ones that were not waiting in a collective, and says which ranks waited for
-them and where. A rank that is only slow keeps using processor time, and is waited for. No process is left
-behind either way. Taught in ``notebooks/00_start_here.ipynb``.
+:class:`RankTimeout` names the ones that were not waiting in a collective or for a message, and says which ranks
+waited for them and where, and whom a rank waiting for a message waited for (:mod:`course.runtime.waits`). A
+rank that is only slow keeps using processor time, and is waited for. No process is left behind either way.
+Taught in ``notebooks/00_start_here.ipynb``.
 
 ``fn`` must be importable (defined in a module, not in a notebook cell): each rank is a fresh process.
 
@@ -38,7 +39,7 @@ import psutil
 import torch.multiprocessing as mp
 
 from course import world
-from course.runtime import progress, rank_stacks
+from course.runtime import progress, rank_stacks, waits
 from course.runtime.pace import machine_pace
 from course.runtime.ports import free_port
 from course.runtime.process_tree import kill_tree
@@ -61,28 +62,36 @@ class RankTimeout(TimeoutError):
     """Some ranks were stuck (no progress for a while) or did not finish within the time limit; ``ranks`` lists
     the ones at fault.
 
-    A rank blocked in a collective (``all_reduce``, ``barrier``, ...) is waiting for a peer, not at fault: ``ranks``
-    names the ranks that were elsewhere (sleeping, computing, stuck), and ``waiting`` maps each rank that waited
-    to where (the collective's name, or ``"finished"`` for a rank that had returned its result). If every
-    unfinished rank was in a collective (they called different ones), all of them are at fault. ``idle_s`` is set
-    when the ranks were stopped because none had made progress for that long (:mod:`course.runtime.progress`);
-    else the time limit ran out, ``timeout_s`` seconds (``note`` says why it was longer than asked, if it was).
+    A rank blocked in a collective (``all_reduce``, ``barrier``, ...) or on a message (``recv``, an ``irecv``'s
+    ``wait()``) is waiting for a peer, not at fault: ``ranks`` names the ranks that were elsewhere (sleeping,
+    computing, stuck), and ``waiting`` maps each rank that waited to where (the collective's name, ``"to receive
+    from rank 3 (its irecv number 1 from rank 3)"``, or ``"finished"`` for a rank that had returned its result).
+    If every unfinished rank was waiting (in different collectives, or for messages nobody sends), all of them are
+    at fault; ``wrong_peers`` then says which messages went to a rank that never receives from their sender
+    (:func:`course.runtime.waits.wrong_peers`). ``idle_s`` is set when the ranks were stopped because none had
+    made progress for that long (:mod:`course.runtime.progress`); else the time limit ran out, ``timeout_s``
+    seconds (``note`` says why it was longer than asked, if it was).
     """
 
     def __init__(self, ranks: list[int], timeout_s: float, waiting: dict[int, str] | None = None,
-                 idle_s: float | None = None, note: str = "") -> None:
+                 idle_s: float | None = None, note: str = "", wrong_peers: list[str] | None = None) -> None:
         self.ranks = ranks
         self.waiting = dict(waiting or {})
         self.idle_s = idle_s
+        self.wrong_peers = list(wrong_peers or [])
         names = ", ".join(str(r) for r in ranks)
         if idle_s is not None:
             what = f"rank(s) {names} made no progress for {idle_s:g} s (no processor time used)"
         else:
             what = f"rank(s) {names} did not finish within {timeout_s:g} s{f' ({note})' if note else ''}"
-        super().__init__(
-            f"{what}{_why(ranks, self.waiting)}, and every rank was stopped. A rank that waits in a collective "
-            "(all_reduce, barrier, broadcast) that another rank never calls hangs like this."
-        )
+        if any(where.startswith("to ") for where in self.waiting.values()):
+            hint = ("A rank that waits for a message no rank sends it hangs like this"
+                    + (f": {'; '.join(self.wrong_peers)}. Check the peer ranks of your sends and receives."
+                       if self.wrong_peers else ": check the peer ranks of your sends and receives."))
+        else:
+            hint = ("A rank that waits in a collective (all_reduce, barrier, broadcast) that another rank never calls "
+                    "hangs like this.")
+        super().__init__(f"{what}{_why(ranks, self.waiting)}, and every rank was stopped. {hint}")
 
 
 def _why(ranks: list[int], waiting: dict[int, str]) -> str:
@@ -95,7 +104,9 @@ def _why(ranks: list[int], waiting: dict[int, str]) -> str:
     for (at_fault, where), group in grouped.items():
         names = f"rank {group[0]}" if len(group) == 1 else f"ranks {', '.join(map(str, group))}"
         was = "was" if len(group) == 1 else "were"
-        if at_fault:  # every unfinished rank waits in a collective: none of them can be the one that never came
+        if where.startswith("to "):  # for a message: whom it waited for is in ``where``
+            parts.append(f"{names} {was} waiting {where}")
+        elif at_fault:  # every unfinished rank waits in a collective: none of them can be the one that never came
             parts.append(f"{names} {was} waiting in {where}, a collective no other rank joined")
         elif where == "finished":
             parts.append(f"{names} had finished and {was} waiting for {target}")
@@ -167,7 +178,7 @@ def _note_server(context: Any) -> None:
 
 
 def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float, arguments: bytes,
-              channel: Any, stacks_path: str, stderr_path: str, environment: dict[str, str]) -> None:
+              channel: Any, stacks_path: str, stderr_path: str, environment: dict[str, str], waits_path: str) -> None:
     """Body of one rank's process: join the group, call ``fn``, report the outcome on ``channel``.
 
     A rank forked from the server has the server's environment and stderr: it takes the launching process's
@@ -179,6 +190,8 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
     with open(stderr_path, "ab") as target:
         os.dup2(target.fileno(), 2)
     rank_stacks.answer_requests(stacks_path)
+    # before fn's module is loaded, so that its `from torch.distributed import irecv` is heard too
+    waits.Recorder(waits.to_file(waits_path)).start()
     fn = pickle.loads(fn)
     args, kwargs = pickle.loads(arguments)
     os.environ.update(
@@ -208,11 +221,28 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
 
 def _timeout(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, timeout_s: float,
              note: str = "") -> RankTimeout:
-    """Blame the unfinished ranks that are not waiting in a collective: the others are waiting for them."""
+    """Blame the unfinished ranks that are not waiting in a collective or for a message: the others wait for them."""
     unfinished = sorted(set(range(len(processes))) - set(results))
-    waiting = rank_stacks.where_blocked(processes, unfinished, run_dir)
+    records = _records(len(processes), run_dir)
+    waiting = _where_waiting(processes, unfinished, run_dir, records)
     at_fault = [rank for rank in unfinished if rank not in waiting] or unfinished
-    return RankTimeout(at_fault, timeout_s, {**waiting, **_finished(processes, results, left)}, note=note)
+    return RankTimeout(at_fault, timeout_s, {**waiting, **_finished(processes, results, left)}, note=note,
+                       wrong_peers=waits.wrong_peers(records))
+
+
+def _records(world_size: int, run_dir: str) -> dict[int, waits.Record]:
+    """Each rank's record of its messages (:mod:`course.runtime.waits`), for the ranks that have written one."""
+    found = {rank: waits.read(os.path.join(run_dir, f"rank-{rank}.waits")) for rank in range(world_size)}
+    return {rank: record for rank, record in found.items() if record is not None}
+
+
+def _where_waiting(processes: list[Any], ranks: list[int], run_dir: str, records: dict[int, waits.Record]
+                   ) -> dict[int, str]:
+    """Where each of ``ranks`` that waits does: for a message (its record says so), else in a collective (its
+    stack says so)."""
+    on_messages = {rank: where for rank in ranks if (where := waits.where(rank, records)) is not None}
+    others = [rank for rank in ranks if rank not in on_messages]
+    return {**rank_stacks.where_blocked(processes, others, run_dir), **on_messages}
 
 
 def _finished(processes: list[Any], results: dict[int, Any], left: set[int]) -> dict[int, str]:
@@ -223,17 +253,27 @@ def _finished(processes: list[Any], results: dict[int, Any], left: set[int]) -> 
 def _stuck(processes: list[Any], results: dict[int, Any], left: set[int], run_dir: str, watch: progress.Watch
            ) -> RankTimeout | None:
     """A RankTimeout if no unfinished rank has made progress for the watch's window while some rank waits for
-    another (in a collective, or having finished); else None. Nobody waiting: the time limit decides."""
+    another (in a collective, for a message, or having finished); else None. Nobody waiting: the time limit decides.
+
+    Progress is processor time, or a message posted or waited for (each rank's record, :mod:`course.runtime.waits`);
+    a rank blocked in one wait for a message for the whole window made none, whatever its processor time (on GPUs
+    a rank blocked in nccl may spin a processor: the wait is the evidence that counts)."""
     unfinished = {rank: p.pid for rank, p in enumerate(processes) if rank not in results and p.pid is not None}
-    if not unfinished or not watch.look(unfinished).stuck:
+    if not unfinished:
         return None
-    waiting = rank_stacks.where_blocked(processes, sorted(unfinished), run_dir)
+    records = _records(len(processes), run_dir)
+    serials = {rank: records[rank].serial for rank in unfinished if rank in records}
+    blocked = frozenset(rank for rank in unfinished if rank in records and records[rank].waiting)
+    if not watch.look(unfinished, serials, blocked=blocked).stuck:
+        return None
+    waiting = _where_waiting(processes, sorted(unfinished), run_dir, records)
     finished = _finished(processes, results, left)
     if not waiting and not finished:
         watch.samples.clear()  # look again after another whole window
         return None
     at_fault = [rank for rank in sorted(unfinished) if rank not in waiting] or sorted(unfinished)
-    return RankTimeout(at_fault, watch.window_s, {**waiting, **finished}, idle_s=watch.window_s)
+    return RankTimeout(at_fault, watch.window_s, {**waiting, **finished}, idle_s=watch.window_s,
+                       wrong_peers=waits.wrong_peers(records))
 
 
 def _stop(processes: list[Any]) -> None:
@@ -272,8 +312,8 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         TypeError: arguments that cannot be pickled.
         RankFailed: a rank raised or died; the others were stopped.
         RankTimeout: ranks stuck (no progress while another waits for them) or still running after the time
-            limit; all were stopped. ``ranks`` names those not waiting in a collective (the ones the others
-            waited for).
+            limit; all were stopped. ``ranks`` names those not waiting in a collective or for a message (the ones
+            the others waited for).
     """
     hardware = world.detect_hardware()
     world_size = world.check_world_size(world_size, hardware)
@@ -305,7 +345,8 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     processes = [
         context.Process(target=_run_rank, name=f"course-rank-{rank}",
                         args=(function, rank, world_size, port, group_timeout_s, arguments, channel,
-                              os.path.join(run_dir, f"rank-{rank}.stacks"), stderr.paths[rank], dict(os.environ)))
+                              os.path.join(run_dir, f"rank-{rank}.stacks"), stderr.paths[rank], dict(os.environ),
+                              os.path.join(run_dir, f"rank-{rank}.waits")))
         for rank in range(world_size)
     ]
     results: dict[int, Any] = {}

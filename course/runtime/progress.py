@@ -1,8 +1,11 @@
 """Is a job slow or stuck? A rank is stuck only when it makes no progress, never merely because it is behind.
 
 A rank makes progress while its CPU time grows (its own and that of every process it started, such as
-DataLoader workers), or while it does work that can be counted (collectives called, records written, output).
-A rank blocked in a collective that a peer never joins uses no CPU at all; neither does a rank asleep.
+DataLoader workers), or while it does work that can be counted (collectives called, messages posted, records
+written, output). A rank blocked in a collective that a peer never joins uses no CPU at all; neither does a rank
+asleep, nor one waiting for a message nobody sends. A rank seen blocked in the same wait for a message at both ends
+of a stretch (``Sample.blocked``, from :mod:`course.runtime.waits`) made no progress in it, whatever its CPU time:
+the wait is the primary evidence, since on GPUs a rank blocked in nccl may spin a processor.
 A rank that is behind (a busy machine, more work than its peers) keeps using CPU: it is waited for, up to a
 hard time limit (:mod:`course.runtime.pace` scales it to the machine).
 
@@ -40,6 +43,7 @@ class Sample:
     t: float  # seconds (time.monotonic)
     cpu_s: Mapping[int, float]  # rank -> CPU seconds used so far by the rank and every process it started
     events: Mapping[int, int] = field(default_factory=dict)  # rank -> work counted so far (records, output)
+    blocked: frozenset[int] = frozenset()  # ranks seen blocked in a wait for a message (their events tell which)
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ class Verdict:
 
 def idle_for(samples: Sequence[Sample], rank: int, idle_cpu_s: float = IDLE_CPU_S) -> float:
     """Seconds ``rank`` has made no progress as of the last sample: how far back the samples go over which its
-    CPU time grew by at most ``idle_cpu_s`` and its events did not change. 0.0 if it progressed since the one before.
+    CPU time grew by at most ``idle_cpu_s`` (or it was blocked in a wait at both ends) and its events did not
+    change. 0.0 if it progressed since the one before.
     """
     last = samples[-1]
     if rank not in last.cpu_s:
@@ -66,7 +71,8 @@ def idle_for(samples: Sequence[Sample], rank: int, idle_cpu_s: float = IDLE_CPU_
     for sample in reversed(samples[:-1]):
         if rank not in sample.cpu_s:
             break
-        moved = last.cpu_s[rank] - sample.cpu_s[rank] > idle_cpu_s
+        waited = rank in last.blocked and rank in sample.blocked  # in one wait throughout: events unchanged too
+        moved = last.cpu_s[rank] - sample.cpu_s[rank] > idle_cpu_s and not waited
         counted = last.events.get(rank, 0) != sample.events.get(rank, 0)
         if moved or counted:
             break
@@ -130,9 +136,10 @@ class Watch:
             self.samples.popleft()  # the oldest that still reaches back a whole window is kept
         return judge(list(self.samples), self.window_s, self.idle_cpu_s)
 
-    def look(self, pids: Mapping[int, int], events: Mapping[int, int] | None = None, now: float | None = None
-             ) -> Verdict:
-        """Sample the CPU time of each rank's process tree (``rank -> pid``) and judge."""
+    def look(self, pids: Mapping[int, int], events: Mapping[int, int] | None = None, now: float | None = None,
+             blocked: frozenset[int] = frozenset()) -> Verdict:
+        """Sample the CPU time of each rank's process tree (``rank -> pid``) and judge; ``events`` and ``blocked``
+        as in :class:`Sample`."""
         table = process_tree.process_table()
         cpu = {rank: cpu_seconds(pid, table) for rank, pid in pids.items()}
-        return self.add(Sample(time.monotonic() if now is None else now, cpu, dict(events or {})))
+        return self.add(Sample(time.monotonic() if now is None else now, cpu, dict(events or {}), frozenset(blocked)))

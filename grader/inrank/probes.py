@@ -35,7 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import data, report
-from course.runtime import intercept
+from course.runtime import intercept, waits
 from grader.inrank import probed_data, records
 from grader.inrank.channel import Writer
 from grader.inrank.fingerprints import digests, encode, fingerprint, full_tensors, has_shards, projection
@@ -105,7 +105,8 @@ class Probes:
         torch.nn.modules.module.register_module_forward_pre_hook(self._guard("forward", self.batches.forward))
         listen = self._guard("torch.distributed", self._listen)
         intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group", *COLLECTIVES,
-                                           *intercept.METHODS))
+                                           *intercept.MESSAGES))
+        waits.Recorder(self._guard("point-to-point waits", self._wait)).start()
         self._wrap(report, "report", self._report)
         self._wrap(torch, "save", self._save)
         for name in ("spawn", "start_processes"):
@@ -183,7 +184,7 @@ class Probes:
         """The probes' listener on torch.distributed (:mod:`course.runtime.intercept`): the process group joined
         and left, every collective the script called (before it runs: a rank hung in one shows it), and every
         point-to-point message, tallied by peer."""
-        if call.name in intercept.METHODS:
+        if call.name in intercept.MESSAGES:
             self._message(call)
             return None
         if call.nested:  # torch's own inner call (send calls isend): the outer one counts
@@ -198,6 +199,13 @@ class Probes:
         by_torch = call.caller.startswith(TORCH)
         self.emit("collective", op=call.name, step=self.steps, by_torch=by_torch)  # seq: the record number
         return None
+
+    def _wait(self, record: waits.Record, change: str) -> None:
+        """A ``wait`` record as the rank begins to wait for point-to-point messages (:mod:`course.runtime.waits`,
+        the record launch's ranks keep too): a rank hung on one shows whom it waits for, as one hung in a collective
+        shows the collective."""
+        if change == "waits":
+            self.emit("wait", step=self.steps, messages=record.to_dict())
 
     def _after_init(self, result: Any) -> Any:
         self._guard("torch.distributed", self._joined)()

@@ -176,6 +176,17 @@ class Messages(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Wait(Record):
+    """The rank is about to block on point-to-point messages (``recv``, an ``irecv``'s ``wait()``): written before it
+    blocks, as a ``collective`` record is, so that a rank hung on a message shows whom it waits for."""
+
+    kind: ClassVar[str] = "wait"
+    step: int
+    messages: dict[str, Any]  # the rank's course.runtime.waits.Record (Record.to_dict): its messages so far, and
+    # those it waits for
+
+
+@dataclass(frozen=True, kw_only=True)
 class Tamper(Record):
     """A function the probes wrapped was replaced by the script."""
 
@@ -239,8 +250,8 @@ class RankExit(Record):
 
 
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (Init, Initial, Step, End, Report, Save, Write,
-                                                           Collective, Messages, Tamper, Shutdown, Forgery, ProbeError,
-                                                           Call, RankExit)}
+                                                           Collective, Messages, Wait, Tamper, Shutdown, Forgery,
+                                                           ProbeError, Call, RankExit)}
 
 
 def make(kind: str, **values: Any) -> Record:

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit6
 N, W, B, STEPS_PER_EPOCH, EPOCHS = 1197, 4, 32, 10, 2
 KINDS = {"steps": "step", "inits": "init", "ends": "end", "reports": "report", "saves": "save", "writes": "write",
          "collectives": "collective", "tampers": "tamper", "shutdowns": "shutdown", "initials": "initial",
-         "forgeries": "forgery", "probe_errors": "probe_error", "calls": "call", "messages": "messages"}
+         "forgeries": "forgery", "probe_errors": "probe_error", "calls": "call", "messages": "messages",
+         "waits": "wait"}
 
 
 class Run(SimpleNamespace):

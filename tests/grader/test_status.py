@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from course.runtime import waits
 from course.runtime.pace import Pace
 from grader import runner
 from grader.environment import python_argv, run_env
@@ -120,6 +121,25 @@ def test_ranks_each_waiting_in_a_different_collective_are_all_named():
     assert got == "hang on rank 0, 1"
     assert "Rank(s) 0, 1 each wait in a collective the others never join: rank 0 waits in all_reduce() (its " \
            "collective #5); rank 1 waits in barrier() (its collective #5)." in detail
+
+
+def waits_for(rank: int, peer: int, number: int, sent: dict[int, int], received: dict[int, int]) -> dict:
+    """A ``wait`` record: ``rank`` begins to wait for its irecv ``number`` from ``peer`` (course.runtime.waits)."""
+    messages = waits.Record(number, sent, received, (waits.Message("receive", peer, number, "irecv"),))
+    return {"kind": "wait", "rank": rank, "step": 0, "messages": messages.to_dict(), "seq": 3, "signer": rank}
+
+
+def test_ranks_waiting_for_messages_nobody_sends_are_named_with_whom_they_wait_for_and_the_wrong_send():
+    # rank 0 sent its message to rank 2 (meant for rank 1); rank 1 waits for it, rank 2 waits for rank 1
+    raw = [waits_for(0, 1, 1, {2: 1}, {1: 1}), waits_for(1, 0, 1, {}, {0: 1}), waits_for(2, 1, 1, {}, {1: 1}),
+           *stopped_as_hung([0, 1, 2])]
+    got, detail = runner._status(collect(raw, world_size=3), SandboxResult("error", 1, "", ""), CONFIG)
+    assert got == "hang on rank 0, 1, 2"
+    assert ("Rank(s) 0, 1, 2 each wait for what the others never send or join: rank 0 waits to receive from rank 1 "
+            "(its irecv number 1 from rank 1; rank 1 had sent it 0); rank 1 waits to receive from rank 0 (its irecv "
+            "number 1 from rank 0; rank 0 had sent it 0)") in detail
+    assert detail.endswith("rank 0 sent 1 message(s) to rank 2, which never receives from rank 0. Every message a "
+                           "rank waits for must be sent to it: check the peer ranks of your sends and receives.")
 
 
 def test_a_run_still_working_at_the_time_limit_is_a_timeout_not_a_hang_and_states_the_limit():

@@ -41,6 +41,17 @@ def test_counted_work_is_progress_even_without_cpu():
     assert idle_for(samples, 0) == 6.0 and not judge(samples, window_s=7.0).stuck
 
 
+def test_a_rank_blocked_in_one_wait_for_a_message_is_idle_even_while_its_cpu_spins():
+    # on GPUs a rank blocked in nccl may spin a processor: the wait (same events throughout) is the evidence
+    spinning = [float(i) for i in range(6)]
+    samples = [Sample(i, {0: spinning[i], 1: 2.0}, {0: 7, 1: 3}, frozenset({0})) for i in range(6)]
+    assert judge(samples, window_s=5.0).stuck
+    unblocked = [Sample(s.t, s.cpu_s, s.events) for s in samples]  # no wait seen: the CPU time is progress
+    assert not judge(unblocked, window_s=5.0).stuck
+    waits_end = [*samples[:3], *[Sample(s.t, s.cpu_s, {0: 8, 1: 3}, s.blocked) for s in samples[3:]]]
+    assert idle_for(waits_end, 0) == 2.0  # another wait began: progress, however briefly
+
+
 def test_cpu_within_the_tolerance_is_no_progress():
     samples = history({0: [1.0, 1.01, 1.02, 1.03]})  # a blocked rank's background threads: a few ticks
     assert judge(samples, window_s=3.0, idle_cpu_s=0.05).stuck

@@ -30,6 +30,12 @@ def test_the_innermost_frame_of_the_main_thread_names_the_collective():
     assert rank_stacks.collective_in(stacks) == "all_reduce"
 
 
+def test_the_interceptors_wrapper_around_torchs_wait_is_passed_over():
+    # all_reduce calls work.wait(), which the one interceptor wraps (course.runtime.waits listens to it)
+    stacks = dump([(rank_stacks._INTERCEPTOR, "intercepted"), (TORCH, "all_reduce"), ("/course/train.py", "step")])
+    assert rank_stacks.collective_in(stacks) == "all_reduce"
+
+
 def test_a_rank_outside_torch_distributed_is_not_waiting():
     assert rank_stacks.collective_in(dump([("/usr/lib/python3.11/time.py", "sleep"), (TORCH, "all_reduce")])) is None
 

@@ -105,3 +105,24 @@ def test_ranks_blocked_with_no_progress_are_called_hung_naming_the_one_the_other
     assert results.status == "hang on rank 0", results.detail
     assert results.detail.startswith("no rank made progress for 2 s")
     assert "rank 1 waits in barrier()" in results.detail
+
+
+WRONG_PEER = '''"""Each rank sends to rank + 2 (meant for rank + 1), then waits to receive from rank - 1."""
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, size = dist.get_rank(), dist.get_world_size()
+dist.isend(torch.ones(2), (rank + 2) % size)
+dist.irecv(torch.zeros(2), (rank - 1) % size).wait()
+'''
+
+
+def test_ranks_waiting_for_messages_sent_elsewhere_are_called_hung_naming_whom_each_waits_for(tmp_path):
+    script = tmp_path / "train_4gpu.py"
+    script.write_text(WRONG_PEER)
+    results = grade(script, GradingConfig(idle_s=2.0))
+    assert results.status == "hang on rank 0, 1, 2, 3", results.detail
+    assert "rank 1 waits to receive from rank 0 (its irecv number 1 from rank 0; rank 0 had sent it 0)" \
+        in results.detail
+    assert "rank 0 sent 1 message(s) to rank 2, which never receives from rank 0" in results.detail

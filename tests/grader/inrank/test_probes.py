@@ -301,7 +301,7 @@ def join_by(route: str) -> list[dict]:
     probe = probes.Probes(writer, rank=rank, seed=1)
     listen = probe._guard("torch.distributed", probe._listen)
     intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group", *probes.COLLECTIVES,
-                                       *intercept.METHODS))
+                                       *intercept.MESSAGES))
     try:
         if route == "init_device_mesh":
             init_device_mesh("cpu", (world_size,))
