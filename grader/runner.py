@@ -274,7 +274,7 @@ def _launcher_killed(ev: Evidence, signum: int) -> str:
             "out-of-memory killer or someone on this machine did it; grade it again to tell which.")
 
 
-def _waits_in_collective(ev: Evidence, rank: int) -> bool:
+def _waits(ev: Evidence, rank: int) -> bool:
     """The rank's last record says it went to wait: in a collective, or for point-to-point messages."""
     return ev.last_record.get(rank, {}).get("kind") in ("collective", "wait")
 
@@ -303,13 +303,13 @@ def _hang(ev: Evidence, stopped: list[int], idle_s: float) -> tuple[str, str]:
     """``hang on rank k``: the ranks the launcher stopped had all made no progress for ``idle_s``; those not
     waiting in a collective or for a message are at fault (the others waited for them), or all of them if each
     waits."""
-    at_fault = [r for r in stopped if not _waits_in_collective(ev, r)] or stopped
+    at_fault = [r for r in stopped if not _waits(ev, r)] or stopped
     messages = _message_records(ev)
-    waiting = [_where(ev, r, messages) for r in ev.ranks if _waits_in_collective(ev, r)]
+    waiting = [_where(ev, r, messages) for r in ev.ranks if _waits(ev, r)]
     names = ", ".join(str(r) for r in at_fault)
     quiet = (f"no rank made progress for {idle_s:g} s (none used processor time or called a collective), so the "
              "run was stopped. ")
-    if all(_waits_in_collective(ev, r) for r in at_fault):
+    if all(_waits(ev, r) for r in at_fault):
         what = "for what the others never send or join" if messages else "in a collective the others never join"
         detail = quiet + f"Rank(s) {names} each wait {what}: " + "; ".join(waiting)
     else:
@@ -327,8 +327,9 @@ def _still_working(ev: Evidence, config: GradingConfig) -> str:
     """Why a run that hit the time limit was not called stuck: its ranks were still working. Names the ranks still
     working and those that waited for them, and the limit used and why."""
     unfinished = [r for r in ev.ranks if not ev.ends.get(r)]
-    working = [r for r in unfinished if not _waits_in_collective(ev, r)]
-    waiting = [_where(ev, r, _message_records(ev)) for r in unfinished if _waits_in_collective(ev, r)]
+    working = [r for r in unfinished if not _waits(ev, r)]
+    messages = _message_records(ev)
+    waiting = [_where(ev, r, messages) for r in unfinished if _waits(ev, r)]
     if working and len(working) < ev.world_size:
         who = (f"rank {working[0]} was" if len(working) == 1 else f"ranks {', '.join(map(str, working))} were")
     else:

@@ -107,13 +107,18 @@ def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int
 SCHEDULES: dict[str, Schedule] = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved}
 
 
+def held(ops: Sequence[Op]) -> list[int]:
+    """Micro-batches held after each op: forwards run whose backward has not yet run."""
+    counts, now = [], 0
+    for op in ops:
+        now += 1 if op.kind == "F" else -1
+        counts.append(now)
+    return counts
+
+
 def in_flight(ops: Sequence[Op]) -> int:
     """The most micro-batches held at once: forwards run whose backward has not yet run."""
-    held, peak = 0, 0
-    for op in ops:
-        held += 1 if op.kind == "F" else -1
-        peak = max(peak, held)
-    return peak
+    return max([0, *held(ops)])
 
 
 def check_ops(ops: Sequence[Op], num_micro_batches: int, chunks: int = 1) -> None:

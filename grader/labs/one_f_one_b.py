@@ -140,21 +140,12 @@ def judge_no_deadlock(attempts: list[Attempt]) -> Finding:
     return Finding("no_deadlock", True)
 
 
-def _held(ops: list[schedules.Op]) -> list[int]:
-    """Micro-batches (or (micro-batch, chunk) pairs) held after each op."""
-    held, counts = 0, []
-    for op in ops:
-        held += 1 if op.kind == "F" else -1
-        counts.append(held)
-    return counts
-
-
 def judge_in_flight(attempts: list[Attempt]) -> Finding:
     for attempt in attempts:
         if attempt.problem:
             return Finding("in_flight", False, _not_run(attempt))
         for stage, ops in enumerate(attempt.plans):
-            counts = _held(ops)
+            counts = schedules.held(ops)  # micro-batches (or (micro-batch, chunk) pairs) held after each op
             if max(counts) <= attempt.bound(stage):
                 continue
             until = " ".join(map(str, ops[:counts.index(max(counts)) + 1]))
