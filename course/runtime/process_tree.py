@@ -77,10 +77,11 @@ def process_table() -> dict[int, tuple[int, str]]:
     """pid -> (ppid, state) of every process, from one pass over /proc (psutil where there is no /proc).
 
     psutil's ``children(recursive=True)`` costs ~10 ms a call; this is a watchdog's hot path. ``state`` is
-    ``/proc``'s letter: ``"Z"`` for a zombie.
+    ``/proc``'s letter: ``"Z"`` for a zombie, ``"R"`` for running or waiting for a processor.
     """
     if not os.path.exists("/proc/self/stat"):
-        return {p.pid: (p.info["ppid"], "Z" if p.info["status"] == psutil.STATUS_ZOMBIE else "R")
+        states = {psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_RUNNING: "R"}
+        return {p.pid: (p.info["ppid"], states.get(p.info["status"], "S"))
                 for p in psutil.process_iter(["ppid", "status"])}
     table = {}
     for name in os.listdir("/proc"):

@@ -7,7 +7,9 @@ asleep, nor one waiting for a message nobody sends. A rank seen blocked in the s
 of a stretch (``Sample.blocked``, from :mod:`course.runtime.waits`) made no progress in it, whatever its CPU time:
 the wait is the primary evidence, since on GPUs a rank blocked in nccl may spin a processor.
 A rank that is behind (a busy machine, more work than its peers) keeps using CPU: it is waited for, up to a
-hard time limit (:mod:`course.runtime.pace` scales it to the machine).
+hard time limit (:mod:`course.runtime.pace` scales it to the machine). On a crowded machine a working rank may get
+almost no CPU for a while; it is then seen *runnable* (waiting for a processor, not for a peer), and that counts
+as progress too.
 
 The decision is pure: :func:`judge` takes a history of :class:`Sample` and returns a :class:`Verdict`. A job
 is stuck when every rank still running has made no progress for ``window_s``: then nothing will ever move
@@ -44,6 +46,7 @@ class Sample:
     cpu_s: Mapping[int, float]  # rank -> CPU seconds used so far by the rank and every process it started
     events: Mapping[int, int] = field(default_factory=dict)  # rank -> work counted so far (records, output)
     blocked: frozenset[int] = frozenset()  # ranks seen blocked in a wait for a message (their events tell which)
+    runnable: frozenset[int] = frozenset()  # ranks with a process seen waiting for a processor (state R)
 
 
 @dataclass(frozen=True)
@@ -61,22 +64,22 @@ class Verdict:
 
 def idle_for(samples: Sequence[Sample], rank: int, idle_cpu_s: float = IDLE_CPU_S) -> float:
     """Seconds ``rank`` has made no progress as of the last sample: how far back the samples go over which its
-    CPU time grew by at most ``idle_cpu_s`` (or it was blocked in a wait at both ends) and its events did not
-    change. 0.0 if it progressed since the one before.
+    CPU time grew by at most ``idle_cpu_s``, it was never seen runnable (or it was blocked in a wait at both ends)
+    and its events did not change. 0.0 if it progressed since the one before, or is runnable now.
     """
     last = samples[-1]
     if rank not in last.cpu_s:
         return 0.0
-    since = last.t
+    since, runnable = last.t, rank in last.runnable
     for sample in reversed(samples[:-1]):
         if rank not in sample.cpu_s:
             break
         waited = rank in last.blocked and rank in sample.blocked  # in one wait throughout: events unchanged too
-        moved = last.cpu_s[rank] - sample.cpu_s[rank] > idle_cpu_s and not waited
+        moved = (last.cpu_s[rank] - sample.cpu_s[rank] > idle_cpu_s or runnable) and not waited
         counted = last.events.get(rank, 0) != sample.events.get(rank, 0)
         if moved or counted:
             break
-        since = sample.t
+        since, runnable = sample.t, runnable or rank in sample.runnable
     return last.t - since
 
 
@@ -99,6 +102,15 @@ def cpu_seconds(pid: int, table: dict[int, tuple[int, str]] | None = None) -> fl
     """CPU seconds used so far by ``pid`` and every process below it (children it waited for included)."""
     table = process_tree.process_table() if table is None else table
     return sum(_cpu(p) for p in [pid, *process_tree.descendants(pid, table)])
+
+
+def runnable_now(pid: int, table: dict[int, tuple[int, str]]) -> bool:
+    """Whether ``pid`` or a process below it is running or waiting for a processor now (``/proc`` state R).
+
+    A rank blocked in a collective, or asleep, is in state S. One that is working on a crowded machine is R even
+    while the scheduler gives it no CPU.
+    """
+    return any(table.get(p, (0, ""))[1] == "R" for p in [pid, *process_tree.descendants(pid, table)])
 
 
 def _cpu(pid: int) -> float:
@@ -138,8 +150,10 @@ class Watch:
 
     def look(self, pids: Mapping[int, int], events: Mapping[int, int] | None = None, now: float | None = None,
              blocked: frozenset[int] = frozenset()) -> Verdict:
-        """Sample the CPU time of each rank's process tree (``rank -> pid``) and judge; ``events`` and ``blocked``
-        as in :class:`Sample`."""
+        """Sample the CPU time and state of each rank's process tree (``rank -> pid``) and judge; ``events`` and
+        ``blocked`` as in :class:`Sample`."""
         table = process_tree.process_table()
         cpu = {rank: cpu_seconds(pid, table) for rank, pid in pids.items()}
-        return self.add(Sample(time.monotonic() if now is None else now, cpu, dict(events or {}), frozenset(blocked)))
+        runnable = frozenset(rank for rank, pid in pids.items() if runnable_now(pid, table))
+        return self.add(Sample(time.monotonic() if now is None else now, cpu, dict(events or {}), frozenset(blocked),
+                               runnable))

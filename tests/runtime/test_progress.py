@@ -52,6 +52,17 @@ def test_a_rank_blocked_in_one_wait_for_a_message_is_idle_even_while_its_cpu_spi
     assert idle_for(waits_end, 0) == 2.0  # another wait began: progress, however briefly
 
 
+def test_a_rank_seen_waiting_for_a_processor_is_working_even_when_the_machine_gives_it_no_cpu():
+    # a crowded machine: rank 0 computes but gets no CPU for 5 s; it is seen runnable (state R), not asleep
+    starved = [Sample(float(i), {0: 1.0, 1: 2.0}, runnable=frozenset({0})) for i in range(6)]
+    verdict = judge(starved, window_s=5.0)
+    assert not verdict.stuck and verdict.idle_s == {0: 0.0, 1: 5.0}
+    last_seen = [*starved[:3], *[Sample(s.t, s.cpu_s) for s in starved[3:]]]  # runnable until t=2, asleep since
+    assert idle_for(last_seen, 0) == 3.0
+    spinning_in_a_wait = [Sample(s.t, s.cpu_s, {0: 7}, frozenset({0}), s.runnable) for s in starved]
+    assert idle_for(spinning_in_a_wait, 0) == 5.0  # blocked in one wait throughout: the wait is the evidence
+
+
 def test_cpu_within_the_tolerance_is_no_progress():
     samples = history({0: [1.0, 1.01, 1.02, 1.03]})  # a blocked rank's background threads: a few ticks
     assert judge(samples, window_s=3.0, idle_cpu_s=0.05).stuck
@@ -93,7 +104,7 @@ def test_the_watch_keeps_only_the_samples_one_window_needs():
     assert verdict.stuck and verdict.idle_s == {0: 5.0} and len(watch.samples) <= 7
 
 
-def test_the_sampler_sees_a_busy_process_and_its_children_progress_and_a_sleeping_one_not():
+def test_the_sampler_sees_a_busy_process_and_its_children_progress_and_runnable_and_a_sleeping_one_not():
     busy = ("import os, time\nif os.fork() == 0:\n    end = time.process_time() + 60\n"
             "    while time.process_time() < end: pass\ntime.sleep(60)")  # the parent sleeps, its child works
     procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (busy, "import time; time.sleep(60)")]
@@ -109,6 +120,7 @@ def test_the_sampler_sees_a_busy_process_and_its_children_progress_and_a_sleepin
             if watch.samples[-1].cpu_s[0] - before[0] > progress.IDLE_CPU_S:
                 break
         assert first.idle_s == {0: 0.0, 1: 0.0}
+        assert watch.samples[-1].runnable == {0}  # the busy child always wants a processor; the sleeper never
         assert verdict.idle_s[0] == 0.0 and verdict.idle_s[1] > 0.0  # the sleeper: no progress since it slept
         assert watch.samples[-1].cpu_s[1] - before[1] <= progress.IDLE_CPU_S
     finally:
