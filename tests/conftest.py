@@ -7,7 +7,14 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+# One thread per process. Two workers, and the ranks they start, already fill the cores. A second torch thread
+# only spins waiting for the first on an oversubscribed machine: 3-9x the CPU time for the same small model.
+# Set before torch is imported, so that notebook kernels and rank processes inherit it too.
+os.environ["OMP_NUM_THREADS"] = "1"
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 # tests/<folder>/ mirrors course/<folder>/; a module of another unit says so with its own `pytestmark`
 UNIT_OF_FOLDER = {"runtime": "unit0", "optimization": "unit2", "naive": "unit3", "model_parallel": "unit3",
@@ -64,15 +71,6 @@ def _check_group(item) -> None:
         if fixture in getattr(item, "fixturenames", ()) and module not in modules:
             raise pytest.UsageError(f"{module} uses the session fixture {fixture!r}: add it to SHARED[{fixture!r}] "
                                     f"in tests/conftest.py, so that one xdist worker runs every test of {group!r}.")
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and lose a lot on a shared, oversubscribed CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True, scope="session")

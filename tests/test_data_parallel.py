@@ -117,7 +117,7 @@ def test_train_step_reports_the_shard_and_global_gradient_norms():
 
 
 @pytest.mark.parametrize("world_size, global_batch_size", [(4, 32), (3, 31)])  # 31: shards of 11, 10, 10
-def test_train_step_equals_one_process_on_the_whole_batch(one_thread, world_size, global_batch_size):
+def test_train_step_equals_one_process_on_the_whole_batch(world_size, global_batch_size):
     torch.manual_seed(0)
     model = DigitsCNN(width=4)
     reference = copy.deepcopy(model)

@@ -30,7 +30,7 @@ def test_the_same_seed_builds_the_same_weights():
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
-def test_the_reference_loop_learns_the_grammar(one_thread):
+def test_the_reference_loop_learns_the_grammar():
     config = transformer.Config(num_layers=2)
     _, losses = transformer.train(config, transformer.TrainConfig(steps=60, sentences=300))
     assert losses[0] == pytest.approx(torch.log(torch.tensor(25.0)).item(), rel=0.2)  # a uniform guess at first

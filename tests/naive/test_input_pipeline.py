@@ -38,7 +38,7 @@ def test_model_is_serial_without_workers_and_the_slower_side_with_them():
 
 
 @pytest.mark.timeout(120)
-def test_measure_splits_the_loop_into_waiting_and_computing(one_thread):
+def test_measure_splits_the_loop_into_waiting_and_computing():
     data = TensorDataset(torch.rand(40, 1, 8, 8), torch.randint(0, 10, (40,)))
     slow = ip.TransformedDataset(data, ip.SlowTransform(0.02))
     serial, parallel = ip.sweep(slow, LinearModel(), batch_size=4, num_workers=(0, 2), steps=4)

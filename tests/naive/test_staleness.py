@@ -13,7 +13,7 @@ from course.naive import staleness as st
 
 
 @pytest.fixture(scope="module")
-def stale_setup(one_thread):
+def stale_setup():
     torch.manual_seed(0)
     data = load("digits")
     batches = global_batches(data.train, 32, steps=12)

@@ -10,8 +10,6 @@ import torch
 from course import data, models
 from course.optimization import batch_sweep as bs
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def digits_like(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A separable toy problem shaped like the digits: the label is written into pixel (0, label)."""

@@ -104,7 +104,7 @@ def test_step_returns_the_batch_loss_and_moves_against_the_gradient():
     assert ln.mse(model.weight.item(), model.bias.item(), x, y) < before
 
 
-def test_sgd_trains_the_cnn_on_digits_without_keeping_parameters(one_thread):
+def test_sgd_trains_the_cnn_on_digits_without_keeping_parameters():
     torch.manual_seed(0)
     images = torch.rand(40, 1, 8, 8)
     labels = torch.randint(0, 10, (40,))
@@ -149,7 +149,7 @@ def test_regression_targets_that_would_broadcast_are_refused():
         sgd(ln.neuron(), mse_loss, x, y.ravel(), lr=0.1, epochs=1, batch_size=2)
 
 
-def test_sgd_with_a_full_batch_is_gradient_descent_bit_for_bit_on_the_cnn(one_thread):
+def test_sgd_with_a_full_batch_is_gradient_descent_bit_for_bit_on_the_cnn():
     images, labels = torch.rand(24, 1, 8, 8, generator=torch.Generator().manual_seed(0)), torch.arange(24) % 10
     runs = []
     for optimize in (gradient_descent, lambda *a, **k: sgd(*a, **k, batch_size=24, seed=7)):

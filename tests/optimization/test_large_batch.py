@@ -9,9 +9,6 @@ from torch import nn
 from course import models
 from course.optimization import large_batch as lb
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 
 def batch(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)

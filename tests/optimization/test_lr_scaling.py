@@ -11,8 +11,6 @@ from torch import nn
 
 from course.optimization import lr_scaling as ls
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 def test_rules_on_known_values():
     assert ls.scaled_lr(0.1, 32, 256, "none") == 0.1

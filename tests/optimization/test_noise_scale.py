@@ -13,8 +13,6 @@ from course import data_parallel as dp
 from course import models
 from course.optimization import noise_scale as ns
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 TRUE_WEIGHT = torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64)
 NOISE_STD = 0.7
 
