@@ -20,6 +20,7 @@ here: they share the loop that watches the ranks.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
@@ -128,7 +129,7 @@ START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "
 PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "course.runtime.launch"]
 READ_BY_TORCH = ("TORCH", "PYTORCH", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "CUDA", "NVIDIA", "LD_", "PYTHON")
 _LOOK_S = 0.5  # how often launch() samples the ranks' progress
-_SERVER: dict[str, Any] = {}  # "pid" of the fork server this module started, and the "environment" it read
+_SERVER: dict[str, Any] = {}  # "pid" of the fork server this module started, the "environment" it read, its "stderr"
 
 
 def _environment_read_by_torch() -> dict[str, str]:
@@ -149,10 +150,13 @@ def _context() -> Any:
     pid = _server_pid("unknown")
     if pid is not None and pid == _SERVER.get("pid") and _environment_read_by_torch() != _SERVER.get("environment"):
         pid = _stop_server(pid)  # ours, but its torch read other variables
-    if pid is None:  # not running: this launch starts it, with this environment
+    if pid is None:  # not running: this launch starts it, with this environment and a stderr file of its own
         context = mp.get_context("forkserver")
         context.set_forkserver_preload(PRELOADED)
-        _SERVER.update(pid=None, environment=_environment_read_by_torch())
+        # a rank re-importing an unguarded script gets here too, and fails to start: no file for it
+        importing = getattr(mp.current_process(), "_inheriting", False)  # what multiprocessing itself checks
+        _SERVER.update(pid=None, environment=_environment_read_by_torch(),
+                       stderr=None if importing else _server_stderr())
         return context
     if pid == _SERVER.get("pid"):
         return mp.get_context("forkserver")
@@ -169,6 +173,31 @@ def _stop_server(pid: object) -> object:
     stop()
     _SERVER.clear()
     return _server_pid(None)
+
+
+def _server_stderr() -> str:
+    """A file for the fork server's stderr, removed when this process exits. A rank forked from the server writes
+    there until it has sent its stderr to its own file: a rank that fails while it starts leaves its error there."""
+    fd, path = tempfile.mkstemp(prefix="course-fork-server-", suffix=".stderr")
+    os.close(fd)
+    atexit.register(_remove, path)
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+def _start_up_file(context: Any) -> str | None:
+    """Where this launch's ranks write as their processes start: the fork server's stderr file, emptied now so
+    that it holds only this launch's (the server keeps it open for appending); ``None`` for spawned ranks,
+    whose own files hold it."""
+    if context.get_start_method() != "forkserver" or not _SERVER.get("stderr"):
+        return None
+    with open(_SERVER["stderr"], "wb"):
+        pass
+    return _SERVER["stderr"]
 
 
 def _note_server(context: Any) -> None:
@@ -337,7 +366,8 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     channel = context.Queue()
     port = free_port()
     run_dir = tempfile.mkdtemp(prefix="course-launch-")  # per rank: stack dumps on request, stderr
-    stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)])
+    start_up = _start_up_file(context)
+    stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)], start_up)
     pace = machine_pace()
     # the process group's own timeout outlasts this launcher's limits, so that the progress rule or the time limit
     # names a hang (who waits where), not gloo's "timed out" on whichever rank waited longest
@@ -356,7 +386,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     try:
         resource_tracker.ensure_running()  # started now, it keeps this process's stderr, not a rank's
         for rank, process in enumerate(processes):
-            with stderr_to(stderr.paths[rank]):  # a spawned rank's, from its first line (_run_rank sets a forked one's)
+            with stderr_to(start_up or stderr.paths[rank]):  # the fork server's (it starts now), or a spawned rank's
                 process.start()
         _note_server(context)
         deadline = time.monotonic() + pace.limit(timeout_s)
@@ -458,8 +488,11 @@ def _died(rank: int, exitcode: int, stderr: StderrRelay, run_dir: str, then: str
             "call under `if __name__ == \"__main__\":`, and check that fn's module imports without error"
         )
     text = f"{reason}{'; ' + then if then else '.'}"
-    tail = stderr.tail(rank)
-    return RankFailed(rank, f"{text}\n--- end of rank {rank}'s stderr ---\n{tail}" if tail else text)
+    if tail := stderr.tail(rank):
+        return RankFailed(rank, f"{text}\n--- end of rank {rank}'s stderr ---\n{tail}")
+    if tail := stderr.start_up_tail():  # it failed before it had a stderr file of its own
+        return RankFailed(rank, f"{text}\n--- end of what the ranks wrote as they started ---\n{tail}")
+    return RankFailed(rank, text)
 
 
 def in_turn(*calls: tuple[Callable[..., Any], tuple]) -> list[Any]:

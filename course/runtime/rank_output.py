@@ -66,11 +66,14 @@ class StderrRelay:
 
     Args:
         paths: rank ``k``'s stderr file is ``paths[k]``; it need not exist yet.
+        start_up: the file where ranks write before they know their rank (the fork server's stderr): a rank
+            that fails while its process starts, such as on an import error, writes its traceback there.
     """
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], start_up: str | None = None) -> None:
         self.paths = paths
         self._readers = [Capped.split(path, STDERR_KEPT_BYTES) for path in paths]
+        self._start_up = Capped.split(start_up, STDERR_KEPT_BYTES) if start_up else None
 
     def relay(self, final: bool = False, failed: int | None = None) -> None:
         """Write what the ranks added since the last call; whole lines only, unless ``final``.
@@ -80,6 +83,9 @@ class StderrRelay:
         """
         for rank in range(len(self.paths)):
             self._relay(rank, final, failed)
+        if self._start_up is not None:
+            for line in self._start_up.read_new(whole_lines=not final).decode(errors="replace").splitlines():
+                sys.stderr.write(f"[rank start-up] {line}\n")
 
     def _relay(self, rank: int, final: bool, failed: int | None) -> None:
         lines = self._readers[rank].read_new(whole_lines=not final).decode(errors="replace").splitlines()
@@ -93,5 +99,17 @@ class StderrRelay:
     def tail(self, rank: int, lines: int = 40) -> str:
         """The end of a rank's stderr (which is relayed first), from its last traceback if it printed one."""
         self._relay(rank, final=True, failed=None)
-        text = self._readers[rank].text().rstrip()
-        return "\n".join(text[max(0, text.rfind("Traceback (most recent call last)")):].splitlines()[-lines:])
+        return _last_traceback(self._readers[rank].text(), lines)
+
+    def start_up_tail(self, lines: int = 40) -> str:
+        """The end of what ranks wrote while their processes started (relayed first), from its last traceback."""
+        if self._start_up is None:
+            return ""
+        self.relay(final=True)
+        return _last_traceback(self._start_up.text(), lines)
+
+
+def _last_traceback(text: str, lines: int) -> str:
+    """The last ``lines`` lines of ``text``, from its last traceback if it holds one."""
+    text = text.rstrip()
+    return "\n".join(text[max(0, text.rfind("Traceback (most recent call last)")):].splitlines()[-lines:])

@@ -58,3 +58,16 @@ def test_the_tail_starts_at_the_last_traceback_survives_a_flood_and_relays_first
     assert relay.tail(0) == "Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'k'"
     assert capsys.readouterr().err.count("[rank 0] noise") == rank_output.STDERR_KEPT_BYTES // 3  # shown in full
     assert relay.tail(0, lines=1) == "KeyError: 'k'"
+
+
+def test_what_ranks_write_as_they_start_is_relayed_and_quoted_for_a_rank_with_nothing_of_its_own(tmp_path, capsys):
+    # a rank forked from the fork server writes there until it has its own file: an import error at start-up
+    paths, start_up = [str(tmp_path / f"rank-{rank}.stderr") for rank in range(2)], tmp_path / "server.stderr"
+    relay = StderrRelay(paths, str(start_up))
+    assert relay.start_up_tail() == "" and StderrRelay(paths).start_up_tail() == ""
+    start_up.write_text("Traceback (most recent call last):\n  File \"train.py\"\nImportError: no module x\n")
+    relay.relay()
+    assert capsys.readouterr().err == ("[rank start-up] Traceback (most recent call last):\n"
+                                       "[rank start-up]   File \"train.py\"\n[rank start-up] ImportError: no module x\n")
+    assert relay.tail(1) == ""
+    assert relay.start_up_tail() == "Traceback (most recent call last):\n  File \"train.py\"\nImportError: no module x"
