@@ -68,6 +68,7 @@ def test_what_ranks_write_as_they_start_is_relayed_and_quoted_for_a_rank_with_no
     start_up.write_text("Traceback (most recent call last):\n  File \"train.py\"\nImportError: no module x\n")
     relay.relay()
     assert capsys.readouterr().err == ("[rank start-up] Traceback (most recent call last):\n"
-                                       "[rank start-up]   File \"train.py\"\n[rank start-up] ImportError: no module x\n")
+                                       "[rank start-up]   File \"train.py\"\n"
+                                       "[rank start-up] ImportError: no module x\n")
     assert relay.tail(1) == ""
     assert relay.start_up_tail() == "Traceback (most recent call last):\n  File \"train.py\"\nImportError: no module x"
