@@ -48,6 +48,10 @@ from course import cli, world  # noqa: E402
 WHEELS = ("nbval", "ipykernel", "ipywidgets")  # what the notebooks need beyond the GPU image
 #: submission (tests/submissions) -> the checks it must fail: nothing for the reference, one each for the bugs
 GRADED = {"reference": set(), "unscaled_lr": {"lr_scaled"}, "summed_gradients": {"matches_single_process"}}
+#: The bugs still train to within a few points of the target accuracy. Which side they land on depends on the
+#: evaluation's seed, drawn from the instructor's secret, so their target_accuracy verdict is not part of the check
+#: (as in tests/grader/test_submissions.py's NEAR_TARGET).
+NEAR_TARGET = {"unscaled_lr", "summed_gradients"}
 NOTEBOOK_TIMEOUT_S = 300
 
 
@@ -160,11 +164,14 @@ def check_lab(name: str) -> tuple[bool, str]:
 
 
 def grade_submission(name: str) -> tuple[bool, str]:
-    """Grade ``tests/submissions/<name>.py``; it passes when exactly the checks of :data:`GRADED` fail."""
+    """Grade ``tests/submissions/<name>.py``; it passes when exactly the checks of :data:`GRADED` fail
+    (target_accuracy aside for those in :data:`NEAR_TARGET`)."""
     from grader.runner import GradingConfig, grade
 
     results = grade(ROOT / "tests" / "submissions" / f"{name}.py", GradingConfig())
     failed = {c.name for c in results.checks if not c.passed and c.assessed}
+    if name in NEAR_TARGET:
+        failed.discard("target_accuracy")
     expected = GRADED[name]
     detail = f"status {results.status}, {results.score:g}/{results.max_score:g}, failed {sorted(failed) or 'none'}"
     return results.status == "ok" and failed == expected, detail + ("" if failed == expected else

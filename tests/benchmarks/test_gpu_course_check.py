@@ -61,3 +61,23 @@ def test_the_cpu_dry_run_passes_and_writes_one_results_file(tmp_path):
                  "grader: tests/submissions/unscaled_lr.py", "benchmarks/gpu_check.py: measured vs modelled"):
         assert f"| {step} | pass |" in text, text
     assert "| DDP step, DigitsCNN, 256 per rank on 2 rank(s) |" in text and "not modelled" in text
+
+
+@pytest.mark.parametrize(("name", "failed", "passes"), [
+    ("unscaled_lr", {"lr_scaled"}, True),
+    ("unscaled_lr", {"lr_scaled", "target_accuracy"}, True),  # near the target: either side, by the seed
+    ("unscaled_lr", {"target_accuracy"}, False),  # the bug itself not caught
+    ("unscaled_lr", {"lr_scaled", "disjoint_shards"}, False),
+    ("reference", {"target_accuracy"}, False),  # the reference must reach the target
+])
+def test_a_graded_bug_must_fail_its_own_check_and_no_other_but_a_near_target_accuracy(monkeypatch, name, failed,
+                                                                                      passes):
+    from types import SimpleNamespace
+
+    import grader.runner
+
+    checks = [SimpleNamespace(name=n, passed=n not in failed, assessed=True)
+              for n in ("lr_scaled", "target_accuracy", "disjoint_shards")]
+    monkeypatch.setattr(grader.runner, "grade", lambda *_: SimpleNamespace(status="ok", score=80, max_score=100,
+                                                                           checks=checks))
+    assert check.grade_submission(name)[0] is passes
