@@ -36,12 +36,14 @@ def kill_tree(process: subprocess.Popen | psutil.Process | int, own_group: bool 
     """
     pid = process if isinstance(process, int) else process.pid
     deadline = time.monotonic() + wait_s
+    killed: dict[int, float | None] = {}  # pid -> its start time: waited for even once it has left the tree
     while time.monotonic() < deadline:
-        victims = _victims(pid, own_group, uid)
+        victims = _victims(pid, own_group, uid) | _still_alive(killed)
         if not victims:
             break
         _signal(victims, signal.SIGSTOP)
         victims |= {child for victim in victims for child in descendants(victim, process_table())}
+        killed.update({victim: _start_time(victim) for victim in victims if victim not in killed})
         _signal(victims, signal.SIGKILL)
         time.sleep(0.02)  # SIGKILL takes a moment to empty a big process; a zombie counts as gone
     if isinstance(process, subprocess.Popen):
@@ -58,6 +60,26 @@ def _victims(pid: int, own_group: bool, uid: int | None) -> set[int]:
                   if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE}
     found.discard(os.getpid())
     return found
+
+
+def _still_alive(killed: dict[int, float | None]) -> set[int]:
+    """Those of ``killed`` not yet gone. A child whose parent died first is no longer below it in the tree (it was
+    handed to init) while it dies: on a loaded machine that takes a while. The start time tells a new process
+    that took a dead one's pid, which is not a victim."""
+    table = process_table()
+    return {pid for pid, start in killed.items()
+            if pid in table and table[pid][1] != "Z" and _start_time(pid) == start}
+
+
+def _start_time(pid: int) -> float | None:
+    """When ``pid`` started, in the kernel's clock ticks since boot (psutil's time where there is no /proc)."""
+    try:
+        if os.path.exists("/proc/self/stat"):
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return float(f.read().rsplit(b")", 1)[1].split()[19])
+        return psutil.Process(pid).create_time()
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
 
 
 def _group_of(pid: int) -> int | None:
