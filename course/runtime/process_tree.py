@@ -17,6 +17,7 @@ import time
 import psutil
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+HAS_PROC = os.path.exists("/proc/self/stat")  # Linux; psutil elsewhere
 
 
 def kill_tree(process: subprocess.Popen | psutil.Process | int, own_group: bool = False, wait_s: float = 10.0,
@@ -43,7 +44,7 @@ def kill_tree(process: subprocess.Popen | psutil.Process | int, own_group: bool 
             break
         _signal(victims, signal.SIGSTOP)
         victims |= {child for victim in victims for child in descendants(victim, process_table())}
-        killed.update({victim: _start_time(victim) for victim in victims if victim not in killed})
+        killed.update({victim: _alive_since(victim) for victim in victims if victim not in killed})
         _signal(victims, signal.SIGKILL)
         time.sleep(0.02)  # SIGKILL takes a moment to empty a big process; a zombie counts as gone
     if isinstance(process, subprocess.Popen):
@@ -66,20 +67,20 @@ def _still_alive(killed: dict[int, float | None]) -> set[int]:
     """Those of ``killed`` not yet gone. A child whose parent died first is no longer below it in the tree (it was
     handed to init) while it dies: on a loaded machine that takes a while. The start time tells a new process
     that took a dead one's pid, which is not a victim."""
-    table = process_table()
-    return {pid for pid, start in killed.items()
-            if pid in table and table[pid][1] != "Z" and _start_time(pid) == start}
+    return {pid for pid, start in killed.items() if start is not None and _alive_since(pid) == start}
 
 
-def _start_time(pid: int) -> float | None:
-    """When ``pid`` started, in the kernel's clock ticks since boot (psutil's time where there is no /proc)."""
-    try:
-        if os.path.exists("/proc/self/stat"):
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                return float(f.read().rsplit(b")", 1)[1].split()[19])
-        return psutil.Process(pid).create_time()
-    except (OSError, ValueError, IndexError, psutil.Error):
-        return None
+def _alive_since(pid: int) -> float | None:
+    """When ``pid`` started (the kernel's clock ticks since boot; psutil's time where there is no /proc), or None
+    if it is gone or a zombie."""
+    if not HAS_PROC:
+        try:
+            process = psutil.Process(pid)
+            return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
+        except psutil.Error:
+            return None
+    fields = stat_fields(pid)
+    return None if fields is None or fields[0] == b"Z" else float(fields[19])
 
 
 def _group_of(pid: int) -> int | None:
@@ -101,7 +102,7 @@ def process_table() -> dict[int, tuple[int, str]]:
     psutil's ``children(recursive=True)`` costs ~10 ms a call; this is a watchdog's hot path. ``state`` is
     ``/proc``'s letter: ``"Z"`` for a zombie, ``"R"`` for running or waiting for a processor.
     """
-    if not os.path.exists("/proc/self/stat"):
+    if not HAS_PROC:
         states = {psutil.STATUS_ZOMBIE: "Z", psutil.STATUS_RUNNING: "R"}
         return {p.pid: (p.info["ppid"], states.get(p.info["status"], "S"))
                 for p in psutil.process_iter(["ppid", "status"])}
@@ -114,12 +115,19 @@ def process_table() -> dict[int, tuple[int, str]]:
 
 def _stat(pid: int) -> tuple[int, str] | None:
     """(ppid, state) of ``pid`` from /proc/<pid>/stat, None if it is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else (int(fields[1]), fields[0].decode())
+
+
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name, from its state on (``[0]`` is field 3 of proc(5)),
+    or None if the process is gone. The command name may hold spaces and ")": the split is at the last one."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and ")"
-        return int(fields[1]), fields[0].decode()
-    except (OSError, ValueError, IndexError):
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+    return fields if len(fields) > 19 else None
 
 
 def descendants(pid: int, table: dict[int, tuple[int, str]]) -> list[int]:

@@ -35,7 +35,6 @@ WINDOW_S = 20.0
 #: CPU seconds a rank may use in a window and still count as idle (a blocked rank uses 0.00-0.01 s in 10 s).
 IDLE_CPU_S = 0.05
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PROC = os.path.exists("/proc/self/stat")
 
 
 @dataclass(frozen=True)
@@ -115,13 +114,9 @@ def runnable_now(pid: int, table: dict[int, tuple[int, str]]) -> bool:
 
 def _cpu(pid: int) -> float:
     """user + system time of ``pid`` and of its children that it has waited for, in seconds; 0.0 if gone."""
-    if _PROC:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces and ")"
-            return sum(int(v) for v in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
-        except (OSError, ValueError, IndexError):
-            return 0.0
+    if process_tree.HAS_PROC:
+        fields = process_tree.stat_fields(pid)
+        return 0.0 if fields is None else sum(int(v) for v in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
     try:
         times = psutil.Process(pid).cpu_times()
         return times.user + times.system + times.children_user + times.children_system

@@ -25,20 +25,22 @@ def test_a_killed_child_that_left_the_tree_is_waited_for_and_a_new_process_on_it
     parent, child, looks = 100, 101, {"n": 0}
     signals: list[tuple[int, int]] = []
 
-    def table():
+    def alive_since(pid):
+        if pid != child:
+            return None if signals else 7.0  # the parent goes at once
         looks["n"] += 1
-        return {child: (1, "R")} if looks["n"] <= 6 else {}  # the child takes a few looks to die
+        return 7.0 if looks["n"] <= 6 else None  # the child takes a few looks to die
 
     monkeypatch.setattr(process_tree, "_victims", lambda pid, *_: {parent, child} if not signals else set())
-    monkeypatch.setattr(process_tree, "process_table", table)
-    monkeypatch.setattr(process_tree, "_start_time", lambda pid: 7.0)
+    monkeypatch.setattr(process_tree, "process_table", dict)
+    monkeypatch.setattr(process_tree, "_alive_since", alive_since)
     monkeypatch.setattr(process_tree, "_signal", lambda pids, sig: signals.extend((p, sig) for p in sorted(pids)))
     process_tree.kill_tree(parent)
     assert signals.count((child, signal.SIGKILL)) >= 2 and looks["n"] > 6  # killed again until it was gone
 
     signals.clear()
-    looks["n"] = 0
     times = iter([7.0] + [8.0] * 100)  # the child's start time when first seen, then a new process's on its pid
-    monkeypatch.setattr(process_tree, "_start_time", lambda pid: next(times) if pid == child else 7.0)
+    monkeypatch.setattr(process_tree, "_alive_since",
+                        lambda pid: next(times) if pid == child else (None if signals else 7.0))
     process_tree.kill_tree(parent)
     assert signals.count((child, signal.SIGKILL)) == 1  # the new process is not a victim
