@@ -97,19 +97,19 @@ def judge(samples: Sequence[Sample], window_s: float = WINDOW_S, idle_cpu_s: flo
     return Verdict(bool(idle) and all(s >= window_s for s in idle.values()), idle)
 
 
-def cpu_seconds(pid: int, table: dict[int, tuple[int, str]] | None = None) -> float:
-    """CPU seconds used so far by ``pid`` and every process below it (children it waited for included)."""
-    table = process_tree.process_table() if table is None else table
-    return sum(_cpu(p) for p in [pid, *process_tree.descendants(pid, table)])
+def cpu_seconds(tree: list[int]) -> float:
+    """CPU seconds used so far by the processes of ``tree`` (a rank and every process below it; children they
+    waited for included)."""
+    return sum(_cpu(p) for p in tree)
 
 
-def runnable_now(pid: int, table: dict[int, tuple[int, str]]) -> bool:
-    """Whether ``pid`` or a process below it is running or waiting for a processor now (``/proc`` state R).
+def runnable_now(tree: list[int], table: dict[int, tuple[int, str]]) -> bool:
+    """Whether a process of ``tree`` is running or waiting for a processor now (``/proc`` state R in ``table``).
 
     A rank blocked in a collective, or asleep, is in state S. One that is working on a crowded machine is R even
     while the scheduler gives it no CPU.
     """
-    return any(table.get(p, (0, ""))[1] == "R" for p in [pid, *process_tree.descendants(pid, table)])
+    return any(table.get(p, (0, ""))[1] == "R" for p in tree)
 
 
 def _cpu(pid: int) -> float:
@@ -148,7 +148,8 @@ class Watch:
         """Sample the CPU time and state of each rank's process tree (``rank -> pid``) and judge; ``events`` and
         ``blocked`` as in :class:`Sample`."""
         table = process_tree.process_table()
-        cpu = {rank: cpu_seconds(pid, table) for rank, pid in pids.items()}
-        runnable = frozenset(rank for rank, pid in pids.items() if runnable_now(pid, table))
+        trees = {rank: [pid, *process_tree.descendants(pid, table)] for rank, pid in pids.items()}
+        cpu = {rank: cpu_seconds(tree) for rank, tree in trees.items()}
+        runnable = frozenset(rank for rank, tree in trees.items() if runnable_now(tree, table))
         return self.add(Sample(time.monotonic() if now is None else now, cpu, dict(events or {}), frozenset(blocked),
                                runnable))
