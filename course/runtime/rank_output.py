@@ -83,9 +83,7 @@ class StderrRelay:
         """
         for rank in range(len(self.paths)):
             self._relay(rank, final, failed)
-        if self._start_up is not None:
-            for line in self._start_up.read_new(whole_lines=not final).decode(errors="replace").splitlines():
-                sys.stderr.write(f"[rank start-up] {line}\n")
+        self._relay_start_up(final)
 
     def _relay(self, rank: int, final: bool, failed: int | None) -> None:
         lines = self._readers[rank].read_new(whole_lines=not final).decode(errors="replace").splitlines()
@@ -96,6 +94,11 @@ class StderrRelay:
         for line in lines:
             sys.stderr.write(f"[rank {rank}] {line}\n")
 
+    def _relay_start_up(self, final: bool) -> None:
+        if self._start_up is not None:
+            for line in self._start_up.read_new(whole_lines=not final).decode(errors="replace").splitlines():
+                sys.stderr.write(f"[rank start-up] {line}\n")
+
     def tail(self, rank: int, lines: int = 40) -> str:
         """The end of a rank's stderr (which is relayed first), from its last traceback if it printed one."""
         self._relay(rank, final=True, failed=None)
@@ -105,7 +108,7 @@ class StderrRelay:
         """The end of what ranks wrote while their processes started (relayed first), from its last traceback."""
         if self._start_up is None:
             return ""
-        self.relay(final=True)
+        self._relay_start_up(final=True)  # only this stream: the ranks' last lines wait for relay(failed=...)
         return _last_traceback(self._start_up.text(), lines)
 
 

@@ -71,4 +71,6 @@ def test_what_ranks_write_as_they_start_is_relayed_and_quoted_for_a_rank_with_no
                                        "[rank start-up]   File \"train.py\"\n"
                                        "[rank start-up] ImportError: no module x\n")
     assert relay.tail(1) == ""
+    Path(paths[0]).write_text("Connection reset by peer")  # a peer's echo, shown or counted by relay(failed=...)
     assert relay.start_up_tail() == "Traceback (most recent call last):\n  File \"train.py\"\nImportError: no module x"
+    assert "[rank 0]" not in capsys.readouterr().err
