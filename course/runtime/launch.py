@@ -175,13 +175,36 @@ def _stop_server(pid: object) -> object:
     return _server_pid(None)
 
 
+_STDERR_PREFIX = "course-fork-server-"
+
+
 def _server_stderr() -> str:
     """A file for the fork server's stderr, removed when this process exits. A rank forked from the server writes
-    there until it has sent its stderr to its own file: a rank that fails while it starts leaves its error there."""
-    fd, path = tempfile.mkstemp(prefix="course-fork-server-", suffix=".stderr")
+    there until it has sent its stderr to its own file: a rank that fails while it starts leaves its error there.
+
+    Its name holds this process's pid. A process that was killed cannot remove its file, so each new file first
+    removes those of processes that are gone."""
+    _remove_files_of_dead_processes(tempfile.gettempdir())
+    fd, path = tempfile.mkstemp(prefix=f"{_STDERR_PREFIX}{os.getpid()}-", suffix=".stderr")
     os.close(fd)
     atexit.register(_remove, path)
     return path
+
+
+def _remove_files_of_dead_processes(folder: str) -> None:
+    """Remove this user's fork-server stderr files whose launching process no longer runs."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_STDERR_PREFIX):].split("-", 1)[0]
+        if not (name.startswith(_STDERR_PREFIX) and name.endswith(".stderr") and pid.isdigit()):
+            continue
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_uid == os.getuid() and not psutil.pid_exists(int(pid)):
+                os.remove(path)
 
 
 def _remove(path: str) -> None:

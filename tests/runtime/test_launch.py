@@ -219,3 +219,21 @@ def test_ranks_see_the_environment_of_the_launch_not_of_the_first_one(monkeypatc
     assert launch(rf.environment_variable, 2, "COURSE_TEST_LAUNCH_VARIABLE", timeout_s=60) == ["set later"] * 2
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "INFO")  # read by torch at import: a new fork server reads it
     assert launch(rf.debug_level, 2, timeout_s=120) == ["INFO"] * 2
+
+
+def test_a_fork_server_file_left_by_a_killed_process_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    # A killed launching process cannot remove its fork server's stderr file; the next process to make one does.
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    prefix = launch_module._STDERR_PREFIX
+    stale = tmp_path / f"{prefix}{ended.pid}-x1.stderr"
+    alive = tmp_path / f"{prefix}{os.getpid()}-x2.stderr"
+    older = tmp_path / f"{prefix}ab12cd.stderr"  # a name without a pid: nothing says whose it is
+    other = tmp_path / "unrelated-1.stderr"
+    for path in (stale, alive, older, other):
+        path.write_text("")
+    monkeypatch.setattr(launch_module.tempfile, "tempdir", str(tmp_path))
+    made = Path(launch_module._server_stderr())
+    assert made.parent == tmp_path and made.name.startswith(f"{prefix}{os.getpid()}-")
+    assert not stale.exists() and alive.exists() and older.exists() and other.exists()
+    launch_module._remove(str(made))
