@@ -83,6 +83,18 @@ def grader_secret_in_a_temporary_folder(tmp_path_factory):
     yield
 
 
+@pytest.fixture
+def short_window(monkeypatch):
+    """launch() calls ranks stuck after 5 s without progress (20 s in use): the verdict is the same, sooner.
+
+    The progress rule does not depend on load (a rank still starting, or waiting for a processor, is working), so
+    a shorter window only ends a hang test sooner."""
+    from course.runtime import progress
+
+    monkeypatch.setattr(progress, "WINDOW_S", 5.0)
+    return 5.0
+
+
 # -- a watchdog that needs no GIL ---------------------------------------------------------------------------------
 # pytest-timeout's thread method needs the GIL to fire, so a hang that holds it (a C++ destructor joining a thread
 # that waits for the GIL: see course.ddp.hooks) would run until CI's outer limit with nothing in the log.

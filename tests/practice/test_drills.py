@@ -50,7 +50,7 @@ def test_unused_branch_trains_with_find_unused_parameters():
 
 
 @pytest.mark.timeout(300)
-def test_hang_report_with_a_short_limit_still_names_the_rank_and_its_wait():
+def test_hang_report_with_a_short_limit_still_names_the_rank_and_its_wait(short_window):
     report = drills.hang_report("skip")
     # the time limit or the progress rule, whichever comes first on this machine's load: both name rank 1
     assert re.match(r"RankTimeout: rank\(s\) 1 (did not finish|made no progress)", report), report
@@ -63,7 +63,7 @@ def test_hang_report_refuses_a_drill_that_does_not_hang():
 
 
 @pytest.mark.timeout(300)
-def test_hang_report_of_the_stuck_loader_waits_for_both_flight_records(tmp_path):
+def test_hang_report_of_the_stuck_loader_waits_for_both_flight_records(tmp_path, short_window):
     from course.practice import flight_recorder
 
     with flight_recorder.recording():

@@ -18,7 +18,6 @@ import torch
 from processes import live_children
 
 from course.runtime import launch as launch_module
-from course.runtime import progress
 from course.runtime.launch import RankFailed, RankTimeout, launch
 from course.runtime.pace import Pace
 
@@ -79,13 +78,6 @@ def test_a_crashing_rank_is_named_and_the_others_are_stopped():
     assert caught.value.rank == 2
     assert "ZeroDivisionError: deliberate failure on rank 2" in str(caught.value)
     assert live_children() == []
-
-
-@pytest.fixture
-def short_window(monkeypatch):
-    """launch() calls ranks stuck after 5 s without progress (20 s in use): the verdict is the same, sooner."""
-    monkeypatch.setattr(progress, "WINDOW_S", 5.0)
-    return 5.0
 
 
 def test_a_hanging_rank_is_named_once_nobody_makes_progress(short_window):

@@ -5,7 +5,7 @@ import pytest
 import rank_functions as rf
 from processes import live_children
 
-from course.runtime import intercept, progress, waits
+from course.runtime import intercept, waits
 from course.runtime.launch import RankTimeout, launch
 from course.runtime.waits import Message, Record
 
@@ -59,13 +59,6 @@ def test_a_record_being_written_or_missing_reads_as_none(tmp_path):
     assert waits.read(str(tmp_path / "absent")) is None
     (tmp_path / "torn").write_bytes(b'{"serial": 1, "sen')
     assert waits.read(str(tmp_path / "torn")) is None
-
-
-@pytest.fixture
-def short_window(monkeypatch):
-    """launch() calls ranks stuck after 5 s without progress (20 s in use): the verdict is the same, sooner."""
-    monkeypatch.setattr(progress, "WINDOW_S", 5.0)
-    return 5.0
 
 
 @pytest.mark.slow

@@ -65,15 +65,15 @@ def test_a_missing_file_and_a_missing_entry_are_explained(tmp_path):
     assert "defines no double: the lab calls double, keep that name" in wrong_name.checks[0].message
 
 
-def test_a_hang_is_a_timeout_naming_the_waiting_ranks(tmp_path):
+def test_a_hang_is_a_timeout_naming_the_waiting_ranks(tmp_path, short_window):
     path = write(tmp_path, "import time\nimport torch.distributed as dist\n\ndef double(tensor):\n"
                            "    if dist.get_rank() == 0:\n        time.sleep(120)\n    dist.barrier()\n"
                            "    return tensor * 2\n")
-    # stopped once neither rank has made progress for 20 s (course.runtime.progress), long before the limit: a rank
-    # still starting on a loaded machine uses processor time, so the verdict does not depend on load
+    # stopped once neither rank has made progress for the window (5 s here, 20 s in use), long before the limit: a
+    # rank still starting on a loaded machine uses processor time, so the verdict does not depend on load
     lab = toy_lab.LAB.__class__(**{**toy_lab.LAB.__dict__, "runs": ({"world_size": 2, "timeout_s": 600},)})
     message = run_lab(lab, path).checks[0].message
-    assert "your double did not finish" in message and "rank(s) 0 made no progress for 20 s" in message
+    assert "your double did not finish" in message and "rank(s) 0 made no progress for 5 s" in message
     assert "rank 1 was waiting for it in barrier" in message and message.endswith("(toy hint)")
 
 
