@@ -28,6 +28,7 @@ from course.runtime.launch import launch  # noqa: E402
 
 MB = 1 << 20
 DEFAULT_LINK = {"A100": "NVSwitch (A100, NVLink 3)", "H100": "NVSwitch (H100, NVLink 4)",
+                "H200": "NVSwitch (H100, NVLink 4)",  # the H200 has the H100's NVLink 4 (H200 datasheet)
                 "V100": "NVLink 2 (V100, 6 links)", "P100": "NVLink 1 (P100, 4 links)"}
 MODELS = {"DigitsCNN": (workloads.digits_cnn, 256, False), "ResNet-50": (workloads.resnet, 32, True)}
 

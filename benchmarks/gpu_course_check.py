@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/gpu_course_check.py [--wheels DIR] [--out FILE]      (or: make gpu-check)
     PYTHONPATH=. python benchmarks/gpu_course_check.py --emulate                       (the CPU dry run)
 
-Runs, each step timed, its outcome recorded and a failure never stopping the next:
+Runs, each step timed, its outcome recorded and a failure never stopping the next (the quick steps 3-5 first,
+so a time limit cuts only notebooks):
 
 1. environment: the GPUs, driver, torch and CUDA versions, and ``course info`` (ranks, backend, GPU links);
 2. notebooks: every notebook under nbval, on the GPUs present (skipped, saying so, where nbval is not installed:
@@ -13,10 +14,12 @@ Runs, each step timed, its outcome recorded and a failure never stopping the nex
    check its bug breaks;
 5. gpu_check: ``benchmarks/gpu_check.py``, a DDP step and an allreduce sweep, measured against ``course.perf``.
 
-Then it writes ONE markdown file (default ``benchmarks/results/gpu-check-<GPU>-<date>.md``): the GPU, driver, torch
-and CUDA versions, what passed, and each measured / modelled ratio. Exit status 1 if a step failed. Built to take
-under 10 minutes on one H100. ``--emulate`` runs a small subset on CPU processes, to check the script itself
-(the suite runs it: ``tests/benchmarks``); its numbers are CPU numbers and nothing is modelled.
+It writes ONE markdown file (default ``benchmarks/results/gpu-check-<GPU>-<date>.md``), rewritten after each step
+so that a run cut short keeps what it did: the GPU, driver, torch and CUDA versions, what passed, and each
+measured / modelled ratio. A failed notebook's pytest output goes to ``<file>.failures.log`` beside it. Exit
+status 1 if a step failed. Built to take under 10 minutes on one H100. ``--emulate`` runs a small subset on CPU
+processes, to check the script itself (the suite runs it: ``tests/benchmarks``); its numbers are CPU numbers and
+nothing is modelled.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import platform
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +57,8 @@ GRADED = {"reference": set(), "unscaled_lr": {"lr_scaled"}, "summed_gradients": 
 #: (as in tests/grader/test_submissions.py's NEAR_TARGET).
 NEAR_TARGET = {"unscaled_lr", "summed_gradients"}
 NOTEBOOK_TIMEOUT_S = 300
+#: where a failed notebook's pytest output is appended (set by :func:`main`); None: nowhere
+FAILURE_LOG: Path | None = None
 
 
 @dataclass
@@ -138,16 +144,21 @@ def run_notebook(path: Path) -> tuple[bool, str]:
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_environment_for_children(),
                             timeout=3 * NOTEBOOK_TIMEOUT_S)
     summary = (result.stdout.strip().splitlines() or ["no output"])[-1]
+    if result.returncode != 0 and FAILURE_LOG is not None:
+        with FAILURE_LOG.open("a") as log:
+            log.write(f"===== {path.name}: {summary}\n{result.stdout[-20000:]}\n{result.stderr[-5000:]}\n")
     return result.returncode == 0, summary
 
 
-def notebook_steps(notebooks: list[Path], parallel: int) -> list[Step]:
-    """Every notebook, ``parallel`` at a time; skipped (one step saying why) without nbval."""
+def notebook_steps(notebooks: list[Path], parallel: int, record: Callable[[Step], Step] = lambda step: step
+                   ) -> list[Step]:
+    """Every notebook, ``parallel`` at a time, each passed to ``record`` as it ends; skipped (one step saying why)
+    without nbval."""
     if importlib.util.find_spec("nbval") is None or importlib.util.find_spec("ipykernel") is None:
         return [Step("notebooks", None, 0.0, "nbval or ipykernel is not installed here (pass --wheels DIR with "
                                                "their wheels): the notebooks were NOT run")]
     with ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(lambda nb: timed(f"notebook {nb.name}", lambda: run_notebook(nb)), notebooks))
+        return list(pool.map(lambda nb: record(timed(f"notebook {nb.name}", lambda: run_notebook(nb))), notebooks))
 
 
 def check_lab(name: str) -> tuple[bool, str]:
@@ -187,19 +198,33 @@ def measure(emulate: bool, report: Report) -> tuple[bool, str]:
     return True, f"{len(report.ratios)} measurement(s)"
 
 
-def check(emulate: bool, wheels: Path | None, notebooks: list[Path], labs: list[str], graded: list[str]) -> Report:
-    """Every step (see the module doc) into a :class:`Report`."""
+def check(emulate: bool, wheels: Path | None, notebooks: list[Path], labs: list[str], graded: list[str],
+          out: Path | None = None) -> Report:
+    """Every step (see the module doc) into a :class:`Report`. With ``out``, the results file is rewritten after
+    each step, so a run cut short by a time limit still leaves what it did."""
     report = Report(environment())
     mode = world.detect_hardware()
     print(f"gpu-check: {mode.describe(4)}", flush=True)
+    lock = threading.Lock()
+
+    def record(step: Step) -> Step:
+        with lock:
+            report.steps.append(step)
+            if out is not None:
+                out.write_text(markdown(report, emulate))
+        return step
+
     if wheels is not None:
-        report.steps.append(timed(f"install {', '.join(WHEELS)} from {wheels}", lambda: install_wheels(wheels)))
-    report.steps += notebook_steps(notebooks, parallel=1 if emulate else 4)
-    report.steps += [timed(f"lab {name}: reference solution", lambda name=name: check_lab(name)) for name in labs]
+        record(timed(f"install {', '.join(WHEELS)} from {wheels}", lambda: install_wheels(wheels)))
+    for name in labs:  # quick steps first: a time limit then cuts only the notebooks
+        record(timed(f"lab {name}: reference solution", lambda name=name: check_lab(name)))
     with ThreadPoolExecutor(3) as pool:  # each grading is a 4-rank run: three at once on a GPU machine's cores
-        report.steps += list(pool.map(lambda n: timed(f"grader: tests/submissions/{n}.py",
-                                                      lambda: grade_submission(n)), graded))
-    report.steps.append(timed("benchmarks/gpu_check.py: measured vs modelled", lambda: measure(emulate, report)))
+        list(pool.map(lambda n: record(timed(f"grader: tests/submissions/{n}.py", lambda: grade_submission(n))),
+                      graded))
+    record(timed("benchmarks/gpu_check.py: measured vs modelled", lambda: measure(emulate, report)))
+    for step in notebook_steps(notebooks, parallel=1 if emulate else 4, record=record):
+        if step not in report.steps:
+            record(step)
     return report
 
 
@@ -249,9 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[world.EMULATE_ENV] = "1"
     else:
         notebooks, labs, graded = sorted((ROOT / "notebooks").glob("*.ipynb")), sorted(registry.LABS), list(GRADED)
-    report = check(args.emulate, args.wheels, notebooks, labs, graded)
     out = args.out or default_out()
     out.parent.mkdir(parents=True, exist_ok=True)
+    global FAILURE_LOG
+    FAILURE_LOG = out.with_name(out.name + ".failures.log")
+    FAILURE_LOG.unlink(missing_ok=True)
+    report = check(args.emulate, args.wheels, notebooks, labs, graded, out)
     out.write_text(markdown(report, args.emulate))
     print(f"gpu-check: {'all passed' if report.passed else 'SOME STEPS FAILED'}; results in {out}")
     return 0 if report.passed else 1

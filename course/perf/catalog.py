@@ -27,6 +27,7 @@ _VOLTA = "https://images.nvidia.com/content/volta-architecture/pdf/volta-archite
 _AMPERE = ("https://images.nvidia.com/aem-dam/en-zz/Solutions/data-center/nvidia-ampere-architecture-whitepaper"
            ".pdf")
 _HOPPER = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM column of the specifications table)"
 _PCIE = "https://pcisig.com/specifications (8, 16, 32 GT/s per lane, 128b/130b encoding, x16)"
 _IB = "https://www.infinibandta.org/infiniband-roadmap/ (4x EDR 100, HDR 200, NDR 400 Gb/s)"
 _ETHERNET = "IEEE 802.3ae (10GbE), 802.3by (25GbE), 802.3cd (50GbE), 802.3ba (100GbE): https://www.ieee802.org/3/"
@@ -139,6 +140,8 @@ GPUS: dict[str, Gpu] = {gpu.name: gpu for gpu in (
     Gpu("A100 SXM4 80GB", 19.5e12, 156e12, 312e12, 2039 * GB, 80 * GB, _AMPERE),
     # Hopper SXM5: 67 FP32, 495 TF32 and 989 BF16 dense (half the 990 and 1979 sparse), 3.35 TB/s HBM3, 80 GB.
     Gpu("H100 SXM5", 67e12, 495e12, 989e12, 3350 * GB, 80 * GB, _HOPPER),
+    # Hopper H200 SXM: the H100's compute peaks, with 141 GB of HBM3e at 4.8 TB/s (H200 datasheet).
+    Gpu("H200 SXM", 67e12, 495e12, 989e12, 4800 * GB, 141 * GB, _H200),
 )}
 
 LINKS: dict[str, Link] = {link.name: link for link in (
@@ -193,7 +196,7 @@ def match_gpu(device_name: str) -> Gpu | None:
     """The catalog entry for a name as CUDA reports it (``torch.cuda.get_device_name()``, e.g.
     ``"NVIDIA A100-SXM4-80GB"``), or None when the catalog has no such GPU."""
     name = device_name.upper().replace("-", " ")
-    for family in ("H100", "A100", "V100", "P100", "M40", "K40"):
+    for family in ("H200", "H100", "A100", "V100", "P100", "M40", "K40"):
         if family in name:
             candidates = [gpu for gpu in GPUS.values() if gpu.name.upper().startswith(family)]
             for gpu in candidates:

@@ -71,4 +71,6 @@ def test_cuda_device_names_match_catalog_entries():
     assert hardware.match_gpu("NVIDIA A100-SXM4-40GB").name == "A100 SXM4"
     assert hardware.match_gpu("Tesla V100-SXM2-16GB").name == "V100 SXM2"
     assert hardware.match_gpu("Tesla P100-PCIE-16GB").name == "P100 PCIe"
+    assert hardware.match_gpu("NVIDIA H200").name == "H200 SXM"  # as torch named it on a lent H200
+    assert hardware.match_gpu("NVIDIA H100 80GB HBM3").name == "H100 SXM5"
     assert hardware.match_gpu("NVIDIA GeForce RTX 4090") is None
