@@ -47,6 +47,23 @@ def test_a_step_that_raises_is_a_failed_step_not_the_end():
     assert step.passed is False and step.detail == "RuntimeError: the last line says why"
 
 
+
+def test_a_run_cut_short_keeps_the_steps_it_finished(monkeypatch, tmp_path):
+    """The results file is rewritten after each step: a time limit that stops the run keeps what it did."""
+    monkeypatch.setattr(check, "check_lab", lambda name: (True, "10/10"))
+    monkeypatch.setattr(check, "grade_submission", lambda name: (False, "failed ['lr_scaled']"))
+
+    def killed(*_):
+        raise KeyboardInterrupt  # not an Exception: like the signal of a time limit, it ends the run
+
+    monkeypatch.setattr(check, "measure", killed)
+    out = tmp_path / "results.md"
+    with pytest.raises(KeyboardInterrupt):
+        check.check(False, None, [], ["ring"], ["unscaled_lr"], out)
+    text = out.read_text()
+    assert "| lab ring: reference solution | pass |" in text and "SOME FAILED" in text
+    assert "| grader: tests/submissions/unscaled_lr.py | **FAIL** |" in text
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_cpu_dry_run_passes_and_writes_one_results_file(tmp_path):

@@ -66,7 +66,16 @@ def test_a_rank_seen_waiting_for_a_processor_is_working_even_when_the_machine_gi
 def test_cpu_within_the_tolerance_is_no_progress():
     samples = history({0: [1.0, 1.01, 1.02, 1.03]})  # a blocked rank's background threads: a few ticks
     assert judge(samples, window_s=3.0, idle_cpu_s=0.05).stuck
-    assert not judge(samples, window_s=3.0, idle_cpu_s=0.02).stuck
+    assert not judge(samples, window_s=3.0, idle_cpu_s=0.0).stuck  # 0.03 s is more than 1% of 3 s
+
+
+def test_a_rank_blocked_in_gloo_is_stuck_after_the_window_though_gloos_thread_wakes_up():
+    # measured on a grader run: a rank blocked in a gloo barrier used 0.05-0.06 s of CPU in 20 s (gloo's TCP loop)
+    samples = history({0: [0.003 * t for t in range(31)], 1: [2.0 + 0.0027 * t for t in range(31)]})
+    verdict = judge(samples, window_s=20.0)
+    assert verdict.stuck and verdict.idle_s == {0: 30.0, 1: 30.0}
+    working = history({0: [0.05 * t for t in range(31)]})  # a rank given 5% of a core on a crowded machine
+    assert not judge(working, window_s=20.0).stuck
 
 
 def test_ranks_that_ended_are_not_judged_and_no_rank_left_is_not_stuck():
@@ -92,7 +101,7 @@ def test_a_rank_using_more_cpu_than_the_tolerance_each_window_is_never_stuck(ste
     # whatever its pace, a rank whose CPU grows by more than the tolerance within every window is not stuck
     cpu, total = [], 0.0
     for step in steps:
-        total += progress.IDLE_CPU_S * 1.01 + step  # per sample, 1 s apart: more than the tolerance each time
+        total += progress.tolerance(1.0) * 1.01 + step  # per sample, 1 s apart: more than the tolerance each time
         cpu.append(total)
     assert not judge(history({0: cpu}), window_s=window_s).stuck
 
@@ -117,12 +126,12 @@ def test_the_sampler_sees_a_busy_process_and_its_children_progress_and_runnable_
         while time.monotonic() < deadline:  # however loaded the machine, the busy child gets some CPU at last
             time.sleep(0.5)
             verdict = watch.look({0: procs[0].pid, 1: procs[1].pid})
-            if watch.samples[-1].cpu_s[0] - before[0] > progress.IDLE_CPU_S:
+            if watch.samples[-1].cpu_s[0] - before[0] > progress.tolerance(60.0):
                 break
         assert first.idle_s == {0: 0.0, 1: 0.0}
         assert watch.samples[-1].runnable == {0}  # the busy child always wants a processor; the sleeper never
         assert verdict.idle_s[0] == 0.0 and verdict.idle_s[1] > 0.0  # the sleeper: no progress since it slept
-        assert watch.samples[-1].cpu_s[1] - before[1] <= progress.IDLE_CPU_S
+        assert watch.samples[-1].cpu_s[1] - before[1] <= progress.IDLE_CPU_S  # asleep: not even the floor
     finally:
         for proc in procs:
             proc.kill()
