@@ -307,8 +307,8 @@ def _hang(ev: Evidence, stopped: list[int], idle_s: float) -> tuple[str, str]:
     messages = _message_records(ev)
     waiting = [_where(ev, r, messages) for r in ev.ranks if _waits(ev, r)]
     names = ", ".join(str(r) for r in at_fault)
-    quiet = (f"no rank made progress for {idle_s:g} s (none used processor time or called a collective), so the "
-             "run was stopped. ")
+    quiet = (f"no rank made progress for {idle_s:g} s (none computed or called a collective), so the run "
+             "was stopped. ")
     if all(_waits(ev, r) for r in at_fault):
         what = "for what the others never send or join" if messages else "in a collective the others never join"
         detail = quiet + f"Rank(s) {names} each wait {what}: " + "; ".join(waiting)

@@ -109,8 +109,8 @@ def test_a_hang_names_the_rank_the_others_waited_for_and_how_long_nothing_moved(
     raw = [*(in_collective(r, "barrier", 2) for r in range(3)), *stopped_as_hung([0, 1, 2, 3])]
     got, detail = status(raw, "error")
     assert got == "hang on rank 3"
-    assert detail.startswith(f"no rank made progress for {CONFIG.idle_s:g} s (none used processor time or called "
-                             "a collective), so the run was stopped. Rank(s) 3 never got to where the other ranks "
+    assert detail.startswith(f"no rank made progress for {CONFIG.idle_s:g} s (none computed or called a "
+                             "collective), so the run was stopped. Rank(s) 3 never got to where the other ranks "
                              "were: rank 0 waits in barrier() (its collective #2);")
     assert detail.endswith("Every rank must reach every collective, in the same order.")
 
