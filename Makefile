@@ -11,10 +11,15 @@ BIN := $(VENV)/bin
 
 .PHONY: setup lab test lint bench clean gpu-check
 
+# torch comes first, through pip: the torch already installed then satisfies the project's range. The rest goes
+# through uv, about four times faster than pip (downloads in parallel, bytecode compiled on every core). uv does
+# not read pip's configuration (a private index, say): where uv cannot be installed or fails, pip installs it.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	{ $(BIN)/python -m pip install --quiet uv && \
+	  $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -e ".[test]"; } || \
+	  $(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
