@@ -57,8 +57,6 @@ GRADED = {"reference": set(), "unscaled_lr": {"lr_scaled"}, "summed_gradients": 
 #: (as in tests/grader/test_submissions.py's NEAR_TARGET).
 NEAR_TARGET = {"unscaled_lr", "summed_gradients"}
 NOTEBOOK_TIMEOUT_S = 300
-#: where a failed notebook's pytest output is appended (set by :func:`main`); None: nowhere
-FAILURE_LOG: Path | None = None
 
 
 @dataclass
@@ -137,28 +135,31 @@ def _environment_for_children() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), path]))}
 
 
-def run_notebook(path: Path) -> tuple[bool, str]:
-    """One notebook under nbval, in a pytest of its own (the repository's pytest options left out)."""
+def run_notebook(path: Path, failure_log: Path | None = None) -> tuple[bool, str]:
+    """One notebook under nbval, in a pytest of its own (the repository's pytest options left out); if it fails,
+    its pytest output is appended to ``failure_log``."""
     command = [sys.executable, "-m", "pytest", str(path), "-o", "addopts=", "-p", "no:cacheprovider", "-q",
                "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={NOTEBOOK_TIMEOUT_S}"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_environment_for_children(),
                             timeout=3 * NOTEBOOK_TIMEOUT_S)
     summary = (result.stdout.strip().splitlines() or ["no output"])[-1]
-    if result.returncode != 0 and FAILURE_LOG is not None:
-        with FAILURE_LOG.open("a") as log:
+    if result.returncode != 0 and failure_log is not None:
+        with failure_log.open("a") as log:
             log.write(f"===== {path.name}: {summary}\n{result.stdout[-20000:]}\n{result.stderr[-5000:]}\n")
     return result.returncode == 0, summary
 
 
-def notebook_steps(notebooks: list[Path], parallel: int, record: Callable[[Step], Step] = lambda step: step
-                   ) -> list[Step]:
-    """Every notebook, ``parallel`` at a time, each passed to ``record`` as it ends; skipped (one step saying why)
-    without nbval."""
+def notebook_steps(notebooks: list[Path], parallel: int, record: Callable[[Step], Step],
+                   failure_log: Path | None = None) -> None:
+    """Every notebook, ``parallel`` at a time, each step passed to ``record`` as it ends; without nbval, one
+    skipped step saying why."""
     if importlib.util.find_spec("nbval") is None or importlib.util.find_spec("ipykernel") is None:
-        return [Step("notebooks", None, 0.0, "nbval or ipykernel is not installed here (pass --wheels DIR with "
-                                               "their wheels): the notebooks were NOT run")]
+        record(Step("notebooks", None, 0.0, "nbval or ipykernel is not installed here (pass --wheels DIR with "
+                                             "their wheels): the notebooks were NOT run"))
+        return
     with ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(lambda nb: record(timed(f"notebook {nb.name}", lambda: run_notebook(nb))), notebooks))
+        list(pool.map(lambda nb: record(timed(f"notebook {nb.name}", lambda: run_notebook(nb, failure_log))),
+                      notebooks))
 
 
 def check_lab(name: str) -> tuple[bool, str]:
@@ -201,11 +202,15 @@ def measure(emulate: bool, report: Report) -> tuple[bool, str]:
 def check(emulate: bool, wheels: Path | None, notebooks: list[Path], labs: list[str], graded: list[str],
           out: Path | None = None) -> Report:
     """Every step (see the module doc) into a :class:`Report`. With ``out``, the results file is rewritten after
-    each step, so a run cut short by a time limit still leaves what it did."""
+    each step, so a run cut short by a time limit still leaves what it did, and a failed notebook's pytest output
+    goes to ``<out>.failures.log``."""
     report = Report(environment())
     mode = world.detect_hardware()
     print(f"gpu-check: {mode.describe(4)}", flush=True)
     lock = threading.Lock()
+    failure_log = None if out is None else out.with_name(out.name + ".failures.log")
+    if failure_log is not None:
+        failure_log.unlink(missing_ok=True)
 
     def record(step: Step) -> Step:
         with lock:
@@ -222,9 +227,7 @@ def check(emulate: bool, wheels: Path | None, notebooks: list[Path], labs: list[
         list(pool.map(lambda n: record(timed(f"grader: tests/submissions/{n}.py", lambda: grade_submission(n))),
                       graded))
     record(timed("benchmarks/gpu_check.py: measured vs modelled", lambda: measure(emulate, report)))
-    for step in notebook_steps(notebooks, parallel=1 if emulate else 4, record=record):
-        if step not in report.steps:
-            record(step)
+    notebook_steps(notebooks, 1 if emulate else 4, record, failure_log)
     return report
 
 
@@ -276,11 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         notebooks, labs, graded = sorted((ROOT / "notebooks").glob("*.ipynb")), sorted(registry.LABS), list(GRADED)
     out = args.out or default_out()
     out.parent.mkdir(parents=True, exist_ok=True)
-    global FAILURE_LOG
-    FAILURE_LOG = out.with_name(out.name + ".failures.log")
-    FAILURE_LOG.unlink(missing_ok=True)
-    report = check(args.emulate, args.wheels, notebooks, labs, graded, out)
-    out.write_text(markdown(report, args.emulate))
+    report = check(args.emulate, args.wheels, notebooks, labs, graded, out)  # writes ``out`` after each step
     print(f"gpu-check: {'all passed' if report.passed else 'SOME STEPS FAILED'}; results in {out}")
     return 0 if report.passed else 1
 

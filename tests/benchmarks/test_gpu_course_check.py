@@ -47,7 +47,6 @@ def test_a_step_that_raises_is_a_failed_step_not_the_end():
     assert step.passed is False and step.detail == "RuntimeError: the last line says why"
 
 
-
 def test_a_run_cut_short_keeps_the_steps_it_finished(monkeypatch, tmp_path):
     """The results file is rewritten after each step: a time limit that stops the run keeps what it did."""
     monkeypatch.setattr(check, "check_lab", lambda name: (True, "10/10"))
@@ -63,6 +62,16 @@ def test_a_run_cut_short_keeps_the_steps_it_finished(monkeypatch, tmp_path):
     text = out.read_text()
     assert "| lab ring: reference solution | pass |" in text and "SOME FAILED" in text
     assert "| grader: tests/submissions/unscaled_lr.py | **FAIL** |" in text
+
+
+
+def test_a_failed_notebooks_output_is_kept_in_the_failure_log(monkeypatch, tmp_path):
+    failed = subprocess.CompletedProcess([], 1, "Cell 3: RuntimeError: Expected all tensors on the same device\n"
+                                                "1 failed, 23 passed", "")
+    monkeypatch.setattr(check.subprocess, "run", lambda *args, **kwargs: failed)
+    log = tmp_path / "results.md.failures.log"
+    assert check.run_notebook(Path("03_naive_multi_gpu.ipynb"), log) == (False, "1 failed, 23 passed")
+    assert log.read_text().startswith("===== 03_naive_multi_gpu.ipynb: 1 failed, 23 passed\nCell 3: RuntimeError")
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
