@@ -17,6 +17,12 @@ def identity(value: object) -> tuple[int, object]:
     return world.current().rank, value
 
 
+def rendezvous_listener() -> list[int | None]:
+    """The pids listening on this rank's MASTER_PORT."""
+    port = int(os.environ["MASTER_PORT"])
+    return [c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+
+
 def crash_on(bad_rank: int) -> int:
     me = world.current()
     if me.rank == bad_rank:

@@ -37,12 +37,12 @@ from multiprocessing import resource_tracker
 from typing import Any
 
 import psutil
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from course import world
 from course.runtime import progress, rank_stacks, waits
 from course.runtime.pace import machine_pace
-from course.runtime.ports import free_port
 from course.runtime.process_tree import kill_tree
 from course.runtime.rank_output import RankOutput, StderrRelay, stderr_to
 
@@ -249,6 +249,7 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+        TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",  # launch() serves the store
     )
     sys.stdout = RankOutput(rank, channel)
     try:
@@ -387,7 +388,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
                         "lambdas.") from None
     context = _context()
     channel = context.Queue()
-    port = free_port()
+    store = _host_store(world_size)
     run_dir = tempfile.mkdtemp(prefix="course-launch-")  # per rank: stack dumps on request, stderr
     start_up = _start_up_file(context)
     stderr = StderrRelay([os.path.join(run_dir, f"rank-{rank}.stderr") for rank in range(world_size)], start_up)
@@ -397,7 +398,7 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     group_timeout_s = pace.limit(timeout_s) + progress.WINDOW_S
     processes = [
         context.Process(target=_run_rank, name=f"course-rank-{rank}",
-                        args=(function, rank, world_size, port, group_timeout_s, arguments, channel,
+                        args=(function, rank, world_size, store.port, group_timeout_s, arguments, channel,
                               os.path.join(run_dir, f"rank-{rank}.stacks"), stderr.paths[rank], dict(os.environ),
                               os.path.join(run_dir, f"rank-{rank}.waits")))
         for rank in range(world_size)
@@ -446,8 +447,19 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
     finally:
         sys.stdout.flush()
         _stop(processes)
+        del store  # its server closes: the port is free again
         stderr.relay(final=True, failed=failed)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _host_store(world_size: int) -> Any:
+    """The ranks' rendezvous store, served from this process as torchrun's agent serves it.
+
+    It listens on a port the system picks as it binds, so no other process can take that port first. (When rank
+    0 served it on a port found free a moment earlier, another job on the machine sometimes took the port in
+    between, and rank 0 failed with EADDRINUSE.) The ranks only connect to it (``TORCHELASTIC_USE_AGENT_STORE``).
+    """
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
 
 
 def _let_exit(processes: list[Any], channel: Any, deadline: float, left: set[int], grace_s: float = 30.0) -> None:

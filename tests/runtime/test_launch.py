@@ -29,6 +29,11 @@ def test_results_come_back_in_rank_order():
     assert live_children() == []
 
 
+def test_the_launching_process_serves_the_rendezvous_so_no_other_job_can_take_its_port():
+    # Rank 0 used to serve it, on a port found free a moment before: another job sometimes took the port first.
+    assert launch(rf.rendezvous_listener, 2, timeout_s=60) == [[os.getpid()], [os.getpid()]]
+
+
 def test_a_numpy_integer_world_size_is_accepted():
     assert launch(rf.identity, np.int64(2), "x", timeout_s=60) == [(0, "x"), (1, "x")]
 
