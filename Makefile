@@ -32,7 +32,7 @@ lint: setup
 
 test: lint
 	$(BIN)/course info
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 3
 
 bench: setup
 	status=0; for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || status=1; done; exit $$status

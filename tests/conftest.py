@@ -43,7 +43,9 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-# -- two workers (make test: pytest-xdist -n 2) ---------------------------------------------------------------------
+# -- three workers (make test: pytest-xdist -n 3) ---------------------------------------------------------------------
+# Three workers on 2 cores: while one waits (a hang being detected, a process starting), two still compute, and
+# beside another job on the machine the suite keeps its share of the cores.
 # A worker runs a module's tests together (its module fixtures are made once; a notebook's cells share one kernel),
 # and the modules that share a session fixture too costly to make twice all together: one worker makes it.
 SHARED = {"graded_submissions": ("grading", ("tests/grader/test_fair_idioms.py", "tests/grader/test_submissions.py")),
@@ -65,7 +67,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def _check_group(item) -> None:
-    """A test module that starts using a shared fixture must join its group, or two workers would each make it."""
+    """A test module that starts using a shared fixture must join its group, or two workers could each make it."""
     module = Path(item.path).resolve().relative_to(TESTS.parent).as_posix()
     for fixture, (group, modules) in SHARED.items():
         if fixture in getattr(item, "fixturenames", ()) and module not in modules:
