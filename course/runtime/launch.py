@@ -249,11 +249,11 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-        TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",  # launch() serves the store
     )
     sys.stdout = RankOutput(rank, channel)
     try:
-        world.init_from_env(timeout_s=timeout_s)
+        with _store_served_by_launch():
+            world.init_from_env(timeout_s=timeout_s)
         # Plain pickle copies tensors by value: the queue's own pickler would share their memory, which
         # vanishes when this process exits before the launcher reads it.
         result = pickle.dumps(fn(*args, **kwargs))
@@ -450,6 +450,25 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         del store  # its server closes: the port is free again
         stderr.relay(final=True, failed=failed)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _store_served_by_launch() -> Any:
+    """While a rank joins launch's group: connect to the store :func:`_host_store` serves, as torchrun's ranks do.
+
+    Unset after, so that a group ``fn`` makes itself (on a port of its own) is served by its rank 0, as before.
+    """
+    served = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+    before = {name: os.environ.get(name) for name in served}
+    os.environ.update(served)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _host_store(world_size: int) -> Any:
