@@ -15,8 +15,8 @@ from course import world
 def single_rank_group(timeout_s: float = 60.0) -> Iterator[None]:
     """A gloo group with world_size 1 on an in-memory store.
 
-    No TCP port is involved, so nothing another process holds (a port reused between ``free_port()`` and the
-    store's bind) can make it wait, and a collective that did wait would fail after ``timeout_s``.
+    No TCP port is involved, so nothing another process holds (a port another job took before the store bound
+    it) can make it wait, and a collective that did wait would fail after ``timeout_s``.
     """
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
                             timeout=timedelta(seconds=timeout_s))

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from course import cli, world
-from course.runtime.ports import free_port
+from course.runtime.ports import reserved_port
 
 pytestmark = pytest.mark.unit0
 
@@ -111,34 +111,34 @@ def _terminal_output(port: int, token: str, command: str, until: str, timeout_s:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_course_lab_serves_the_notebooks_with_terminals_that_run_the_course(tmp_path):
-    port = free_port()
-    # a PATH without the course's bin and a login-shell-like environment, as `make lab` leaves it
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != os.path.dirname(sys.executable))
-    env = {**os.environ, "PATH": path, "JUPYTER_RUNTIME_DIR": str(tmp_path),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings")}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "course.cli", "lab", "--no-browser", f"--port={port}", "--IdentityProvider.token=t"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
-    try:
-        listing = None
-        for _ in range(120):
-            try:
-                url = f"http://127.0.0.1:{port}/api/contents?token=t"
-                listing = json.load(urllib.request.urlopen(url, timeout=5))
-                break
-            except OSError:
-                time.sleep(1)
-        assert listing is not None, "JupyterLab did not answer within two minutes"
-        assert "00_start_here.ipynb" in {item["name"] for item in listing["content"]}
-        url = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification?token=t"
-        defaults = json.load(urllib.request.urlopen(url, timeout=10))["schema"]["properties"]
-        assert defaults["fetchNews"]["default"] == "false"  # the course's override: no news pop-up
-        out = _terminal_output(port, "t", "pwd; for c in torchrun grader course python; do command -v $c; done; "
-                               "echo END-$((6*7))", until="END-42")
-        bin_dir = os.path.dirname(sys.executable)
-        assert str(cli.notebooks_dir()) in out, out
-        for name in ("torchrun", "grader", "course", "python"):
-            assert os.path.join(bin_dir, name) in out, out
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with reserved_port() as port:  # held for the server, which binds it too
+        # a PATH without the course's bin and a login-shell-like environment, as `make lab` leaves it
+        path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != os.path.dirname(sys.executable))
+        env = {**os.environ, "PATH": path, "JUPYTER_RUNTIME_DIR": str(tmp_path),
+               "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings")}
+        server = subprocess.Popen(
+            [sys.executable, "-m", "course.cli", "lab", "--no-browser", f"--port={port}", "--IdentityProvider.token=t"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path)
+        try:
+            listing = None
+            for _ in range(120):
+                try:
+                    url = f"http://127.0.0.1:{port}/api/contents?token=t"
+                    listing = json.load(urllib.request.urlopen(url, timeout=5))
+                    break
+                except OSError:
+                    time.sleep(1)
+            assert listing is not None, "JupyterLab did not answer within two minutes"
+            assert "00_start_here.ipynb" in {item["name"] for item in listing["content"]}
+            url = f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification?token=t"
+            defaults = json.load(urllib.request.urlopen(url, timeout=10))["schema"]["properties"]
+            assert defaults["fetchNews"]["default"] == "false"  # the course's override: no news pop-up
+            out = _terminal_output(port, "t", "pwd; for c in torchrun grader course python; do command -v $c; done; "
+                                   "echo END-$((6*7))", until="END-42")
+            bin_dir = os.path.dirname(sys.executable)
+            assert str(cli.notebooks_dir()) in out, out
+            for name in ("torchrun", "grader", "course", "python"):
+                assert os.path.join(bin_dir, name) in out, out
+        finally:
+            server.terminate()
+            server.wait(timeout=30)

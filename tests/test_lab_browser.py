@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from course import cli
-from course.runtime.ports import free_port
+from course.runtime.ports import reserved_port
 
 pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -69,25 +69,25 @@ def lab(tmp_path_factory):
     shutil.copytree(cli.notebooks_dir() / "assignment", root / "assignment")
     (root / "runs").mkdir()
     (root / "runs" / "train_4gpu.py").write_text(BROKEN_ASSIGNMENT)
-    port = free_port()
-    env = {**cli.lab_environment(), "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
-           "JUPYTER_CONFIG_DIR": str(root / ".config"), "JUPYTERLAB_WORKSPACES_DIR": str(root / ".workspaces")}
-    command = cli.lab_command(["--no-browser", f"--port={port}", f"--IdentityProvider.token={TOKEN}"], root=root)
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                              cwd=cli.notebooks_dir())
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={TOKEN}", timeout=5)
-                break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail(f"JupyterLab did not answer within two minutes: {command}")
-        yield f"http://127.0.0.1:{port}", root
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with reserved_port() as port:  # held for the server, which binds it too
+        env = {**cli.lab_environment(), "JUPYTER_RUNTIME_DIR": str(root / ".runtime"),
+               "JUPYTER_CONFIG_DIR": str(root / ".config"), "JUPYTERLAB_WORKSPACES_DIR": str(root / ".workspaces")}
+        command = cli.lab_command(["--no-browser", f"--port={port}", f"--IdentityProvider.token={TOKEN}"], root=root)
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                  cwd=cli.notebooks_dir())
+        try:
+            for _ in range(120):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={TOKEN}", timeout=5)
+                    break
+                except OSError:
+                    time.sleep(1)
+            else:
+                pytest.fail(f"JupyterLab did not answer within two minutes: {command}")
+            yield f"http://127.0.0.1:{port}", root
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 def _screenshot(page, name: str) -> None:

@@ -114,18 +114,19 @@ def test_a_local_rank_with_a_gpu_gets_that_gpu_and_nccl(monkeypatch):
 def one_rank_group(monkeypatch):
     """torchrun's environment for a world of one, the group joined inside, left (and torch's threads restored)
     after."""
-    from course.runtime.ports import free_port
+    from course.runtime.ports import reserved_port
 
     monkeypatch.setenv(world.EMULATE_ENV, "1")
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                            MASTER_PORT=str(free_port())).items():
-        monkeypatch.setenv(name, value)
     threads = torch.get_num_threads()
-    try:
-        yield world.init_from_env(timeout_s=30)
-    finally:
-        world.shutdown()
-        torch.set_num_threads(threads)
+    with reserved_port() as port:
+        for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(port)).items():
+            monkeypatch.setenv(name, value)
+        try:
+            yield world.init_from_env(timeout_s=30)
+        finally:
+            world.shutdown()
+            torch.set_num_threads(threads)
 
 
 def test_init_from_env_joins_a_one_rank_group(monkeypatch):

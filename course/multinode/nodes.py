@@ -37,7 +37,7 @@ from course.multinode.netns import (
     shaping,
     two_node_network,
 )
-from course.runtime.ports import free_port
+from course.runtime.ports import reserved_port
 from course.runtime.process import run_together
 
 RANKS_PER_NODE = 2
@@ -81,8 +81,9 @@ def run_two_nodes(link: SlowLink | None = DEFAULT_LINK, nbytes: tuple[int, ...] 
         args = ("--out", out, "--repeats", str(repeats), "--sizes", *map(str, nbytes))
         rdzv_id = f"nodes{secrets.token_hex(3)}"
         if why:
-            commands = node_commands(f"127.0.0.1:{free_port()}", rdzv_id, args)
-            shown = _start_and_wait(commands, ("lo", "lo"), timeout_s)
+            with reserved_port() as port:  # held for the first node's rendezvous store, which binds it too
+                commands = node_commands(f"127.0.0.1:{port}", rdzv_id, args)
+                shown = _start_and_wait(commands, ("lo", "lo"), timeout_s)
             result = {"mode": "loopback", "why": why, "shaping": [], "notes": []}
         else:
             with two_node_network(link) as network:

@@ -32,7 +32,7 @@ import threading
 import time
 
 from course.runtime.forked import Forked
-from course.runtime.ports import free_port
+from course.runtime.ports import reserved_port
 from course.runtime.process import Running, finish_together
 from course.runtime.progress import WINDOW_S
 from grader.inrank import channel
@@ -125,7 +125,8 @@ def run_ranks(script: str, nproc: int, record_fd: int, seed: int, idle_s: float)
     for module in PRELOADED:
         importlib.import_module(module)
     gc.freeze()  # what the ranks inherit is never garbage: their collections skip it (a sixth of a rank's CPU)
-    port, forks, key_writers, record_readers = free_port(), [], [], []
+    reservation = contextlib.ExitStack()  # the store's port, held until the store listens on it
+    port, forks, key_writers, record_readers = reservation.enter_context(reserved_port()), [], [], []
     start = time.monotonic()
     for rank in range(nproc):
         read_fd, write_fd = os.pipe()
@@ -153,6 +154,7 @@ def run_ranks(script: str, nproc: int, record_fd: int, seed: int, idle_s: float)
     for relay in relays:
         relay.start()
     store = _host_store(port, nproc)  # noqa: F841  (kept alive until every rank has exited)
+    reservation.close()
     stopped = finish_together(ranks, idle_s, _STOP, events=lambda: dict(enumerate(counts)))
     for relay in relays:
         relay.join(timeout=5.0)
