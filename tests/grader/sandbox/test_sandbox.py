@@ -262,9 +262,17 @@ def test_keyboard_interrupt_in_the_grader_kills_the_run(tmp_path, monkeypatch, i
 def test_a_stop_request_asks_the_command_to_end_then_says_interrupted(tmp_path, isolation):
     code = ("import signal, sys, time\n"
             "def leave(*_):\n    print('stopping cleanly', flush=True)\n    sys.exit(3)\n"
-            "signal.signal(signal.SIGTERM, leave)\nprint('started', flush=True)\ntime.sleep(60)\n")
+            "signal.signal(signal.SIGTERM, leave)\nprint('started', flush=True)\nopen('started', 'w').close()\n"
+            "time.sleep(60)\n")
     stop = threading.Event()
-    threading.Timer(2.0, stop.set).start()
+
+    def stop_once_started() -> None:  # not at a fixed time: a loaded machine may not have started it yet
+        deadline = time.monotonic() + 25
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+
+    threading.Thread(target=stop_once_started, daemon=True).start()
     result = run([sys.executable, "-c", code], cwd=tmp_path, env=dict(os.environ), limits=Limits(wall_s=30),
                  stop=stop, isolation=isolation)
     assert result.status == "interrupted" and "the grader was stopped" in result.detail
