@@ -8,7 +8,7 @@ with a hook whose future carries a Python callback (torch's ``default_hooks.allr
 watchdog, a C thread that needs no GIL, prints every thread's stack and exits 1 if the rounds are not done in
 time.
 
-    python tests/ddp_teardown.py HOOK ROUNDS SECONDS
+    python tests/ddp_teardown.py HOOK[,HOOK...] ROUNDS SECONDS
 """
 
 from __future__ import annotations
@@ -44,13 +44,15 @@ def one_round(hook: str, bucket_cap_mb: float) -> None:
     # the group is destroyed while `model` is alive; the model dies when this function returns
 
 
-def main(hook: str, rounds: int, seconds: float) -> None:
+def main(hooks: str, rounds: int, seconds: float) -> None:
+    """``rounds`` rounds with each hook of the comma-separated ``hooks``, one hook after the other."""
     faulthandler.dump_traceback_later(seconds, exit=True)
     torch.set_num_threads(1)
-    for index in range(rounds):
-        one_round(hook, (25.0, 0.1, 0.01)[index % 3])
+    for hook in hooks.split(","):
+        for index in range(rounds):
+            one_round(hook, (25.0, 0.1, 0.01)[index % 3])
+        print(f"{rounds} rounds of {hook}: done", flush=True)
     faulthandler.cancel_dump_traceback_later()
-    print(f"{rounds} rounds of {hook}: done")
 
 
 if __name__ == "__main__":

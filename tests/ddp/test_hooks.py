@@ -28,17 +28,21 @@ def test_an_unknown_op_is_named():
         ddp_hooks.counting(print, op="mean")
 
 
+HOOKS = ("none", "counting", "summing", "fp16")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("hook", ["none", "counting", "summing", "fp16"])
-def test_teardown_with_a_hook_never_hangs_in_fresh_processes(hook):
-    """Two processes tear DDP down 12 times each, in the order that deadlocked.
+def test_teardown_with_a_hook_never_hangs_in_fresh_processes():
+    """Two fresh processes tear DDP down 12 times with each hook, in the order that deadlocked.
 
-    Before the fix about one such process in four hung (counting hook, gdb on the hung ones), so the 8 processes of
-    this test would all pass by luck about one run in ten; tests/ddp_teardown.py runs more rounds by hand."""
+    Before the fix about one process in four hung within 12 rounds (counting hook, gdb on the hung ones), so the
+    96 teardowns of this test would all pass by luck about one run in ten; tests/ddp_teardown.py runs more rounds
+    by hand. One process takes every hook in turn: a process starting costs more than its rounds."""
     program = Path(__file__).parents[1] / "ddp_teardown.py"
     for _ in range(2):
-        run = subprocess.run([sys.executable, str(program), hook, "12", "150"], capture_output=True, text=True,
-                             timeout=180)
-        assert run.returncode == 0, f"{hook}: exit {run.returncode}\n{run.stderr[-3000:]}"
-        assert "12 rounds" in run.stdout
+        run = subprocess.run([sys.executable, str(program), ",".join(HOOKS), "12", "300"], capture_output=True,
+                             text=True, timeout=360)
+        finished = [line.split(": ")[0].removeprefix("12 rounds of ") for line in run.stdout.splitlines()]
+        assert run.returncode == 0, f"hung or failed after {finished}: exit {run.returncode}\n{run.stderr[-3000:]}"
+        assert finished == list(HOOKS)
