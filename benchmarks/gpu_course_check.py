@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     from grader.labs import registry
 
     if args.emulate:  # one lab and one broken script: the code paths, in a minute
-        notebooks, labs, graded = [ROOT / "notebooks" / "01_gd_vs_sgd.ipynb"], ["tp_mlp"], ["unscaled_lr"]
+        notebooks, labs, graded = [ROOT / "notebooks" / "05c_performance_model.ipynb"], ["tp_mlp"], ["unscaled_lr"]
         os.environ[world.EMULATE_ENV] = "1"
     else:
         notebooks, labs, graded = sorted((ROOT / "notebooks").glob("*.ipynb")), sorted(registry.LABS), list(GRADED)

@@ -83,7 +83,7 @@ def test_the_cpu_dry_run_passes_and_writes_one_results_file(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = out.read_text()
     assert "CPU dry run" in text and "## Steps: all passed" in text
-    for step in ("notebook 01_gd_vs_sgd.ipynb", "lab tp_mlp: reference solution",
+    for step in ("notebook 05c_performance_model.ipynb", "lab tp_mlp: reference solution",
                  "grader: tests/submissions/unscaled_lr.py", "benchmarks/gpu_check.py: measured vs modelled"):
         assert f"| {step} | pass |" in text, text
     assert "| DDP step, DigitsCNN, 256 per rank on 2 rank(s) |" in text and "not modelled" in text
