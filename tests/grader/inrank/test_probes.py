@@ -279,21 +279,19 @@ def test_a_probe_that_fails_is_the_graders_error_and_the_script_goes_on(capsys):
 def join_by(route: str) -> list[dict]:
     """On a launched rank: leave launch's process group, join a new one by ``route`` with the probes listening, send
     one message round a ring (through dist.isend and through the group itself) and report; the records written."""
+    import contextlib
     import datetime
     import os
-    import socket
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from course.runtime import intercept
+    from course.runtime.ports import reserved_port
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    port = [None]
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = [s.getsockname()[1]]
+    held = contextlib.ExitStack()  # rank 0 holds the new group's port until its store binds it
+    port = [held.enter_context(reserved_port()) if rank == 0 else None]
     dist.broadcast_object_list(port, src=0)
     dist.destroy_process_group()
     os.environ["MASTER_PORT"] = str(port[0])
@@ -323,6 +321,7 @@ def join_by(route: str) -> list[dict]:
         dist.destroy_process_group()
     finally:
         intercept.INTERCEPTOR.remove(listen)
+        held.close()
     return writer.records
 
 
