@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +40,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course import world
+from course.runtime import environment
 
 DEBUG_ENV = "TORCH_DISTRIBUTED_DEBUG"
 DEBUG_LEVELS = ("OFF", "INFO", "DETAIL")
@@ -151,15 +151,8 @@ def debug_level(level: str | None) -> Iterator[None]:
     """Set ``TORCH_DISTRIBUTED_DEBUG`` for ranks started inside the block (``None``: leave it unset)."""
     if level is not None and level not in DEBUG_LEVELS:
         raise ValueError(f"TORCH_DISTRIBUTED_DEBUG should be one of {DEBUG_LEVELS}, got {level!r}")
-    saved = os.environ.pop(DEBUG_ENV, None)
-    if level is not None:
-        os.environ[DEBUG_ENV] = level
-    try:
+    with environment.variables({DEBUG_ENV: level}):
         yield
-    finally:
-        os.environ.pop(DEBUG_ENV, None)
-        if saved is not None:
-            os.environ[DEBUG_ENV] = saved
 
 
 def run_drill(name: str, debug: str | None = None, world_size: int = 2, timeout_s: float = 15.0,

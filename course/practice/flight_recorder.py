@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from course.runtime import environment
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 
@@ -51,14 +52,8 @@ def recording(buffer_size: int = 200) -> Iterator[None]:
     """Ranks started inside the block record their last ``buffer_size`` collectives (0 turns it off)."""
     if buffer_size < 0:
         raise ValueError(f"buffer_size should be >= 0 entries, got {buffer_size}")
-    saved = os.environ.get(BUFFER_ENV)
-    os.environ[BUFFER_ENV] = str(buffer_size)
-    try:
+    with environment.variables({BUFFER_ENV: str(buffer_size)}):
         yield
-    finally:
-        os.environ.pop(BUFFER_ENV, None)
-        if saved is not None:
-            os.environ[BUFFER_ENV] = saved
 
 
 def dump(path: str | Path) -> Path:

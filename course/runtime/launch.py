@@ -41,7 +41,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from course import world
-from course.runtime import progress, rank_stacks, waits
+from course.runtime import environment, progress, rank_stacks, waits
 from course.runtime.pace import machine_pace
 from course.runtime.process_tree import kill_tree
 from course.runtime.rank_output import RankOutput, StderrRelay, stderr_to
@@ -452,23 +452,12 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _store_served_by_launch() -> Any:
+def _store_served_by_launch() -> contextlib.AbstractContextManager[None]:
     """While a rank joins launch's group: connect to the store :func:`_host_store` serves, as torchrun's ranks do.
 
     Unset after, so that a group ``fn`` makes itself (on a port of its own) is served by its rank 0, as before.
     """
-    served = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
-    before = {name: os.environ.get(name) for name in served}
-    os.environ.update(served)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return environment.variables({"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"})
 
 
 def _host_store(world_size: int) -> Any:
