@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grader import render
-from grader.labs import LABS, tp_mlp, variant
+from grader.labs import LABS, variant
 from grader.labs.core import run_lab
+from grader.labs.tp_mlp import check as tp_mlp
 from grader.results import CheckResult, LabResult
 
 HERE = os.path.dirname(os.path.abspath(__file__))
