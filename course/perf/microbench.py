@@ -34,9 +34,10 @@ MAMF = ("S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLO
         "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator")
 SGEMM = "https://github.com/Yinghan-Li/YHs_Sample/issues/4 (cuBLAS SGEMM 18.88 of 19.49 TFLOP/s, A100 PCIe)"
 V100_HGEMM = "https://github.com/lablup/mlxcel/issues/1654 (cuBLAS FP16 GEMM on V100: 95-100 of 125 TFLOP/s)"
-FLASH2 = "Dao 2023, FlashAttention-2, arXiv:2307.08691, abstract (50-73% of the theoretical maximum on A100)"
-FLASH3 = ("Shah et al. 2024, FlashAttention-3, arXiv:2407.08608, abstract (FlashAttention-2: only 35% utilization "
-          "on H100)")
+FLASH2 = ("Dao 2023, FlashAttention-2, https://arxiv.org/abs/2307.08691, abstract (50-73% of the theoretical "
+          "maximum on A100)")
+FLASH3 = ("Shah et al. 2024, FlashAttention-3, https://arxiv.org/abs/2407.08608, abstract (FlashAttention-2: "
+          "only 35% utilization on H100)")
 SHALLOW_GEMM = ("https://github.com/pytorch/pytorch/issues/83272 (A100, CUDA 11.7: FP16 bmm of 512 x 1024x128 by "
                 "128x1024 at 132.46 TFLOP/s)")
 

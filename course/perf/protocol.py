@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from course.perf import catalog, figures, microbench, parallel
 from course.perf.comm import Cluster
@@ -95,9 +95,10 @@ def score(predictions: Iterable[Prediction]) -> dict[str, float]:
             "mae": sum(map(abs, errors)) / n, "bias": sum(errors) / n}
 
 
-def fit(chosen: Iterable[TrainingFigure], candidates: Iterable[float], apply: Callable[[float], object]) -> float:
-    """The candidate value whose model has the smallest mean absolute log error on ``figures``, all of the fitting
-    set. ``apply(value)`` is a context manager that sets the constant while the figures are modelled.
+def fit(chosen: Iterable[TrainingFigure], candidates: Iterable[float], apply: Callable[[float], object],
+        terms: Terms = ALL_TERMS) -> float:
+    """The candidate value whose model (with ``terms``) has the smallest mean absolute log error on ``chosen``, all of
+    the fitting set. ``apply(value)`` is a context manager that sets the constant while the figures are modelled.
 
     Raises:
         ValueError: a figure of the test set (the protocol's one rule), or no figures.
@@ -109,7 +110,7 @@ def fit(chosen: Iterable[TrainingFigure], candidates: Iterable[float], apply: Ca
                          f"({leaked[:2]}) among {len(chosen)}. Fix: pass figures.of_split('fit').")
     def loss(value: float) -> float:
         with apply(value):
-            return sum(abs(math.log(predict(f).modelled / f.value)) for f in chosen) / len(chosen)
+            return sum(abs(math.log(predict(f, terms).modelled / f.value)) for f in chosen) / len(chosen)
     return min(candidates, key=loss)
 
 
@@ -129,7 +130,8 @@ def training_efficiency_set(generation: str, value: float) -> Iterator[None]:
 CANDIDATES = tuple(round(0.5 + i / 100, 2) for i in range(51))
 
 
-def fit_training_efficiency(generation: str, fitting: Iterable[TrainingFigure] | None = None) -> float:
+def fit_training_efficiency(generation: str, fitting: Iterable[TrainingFigure] | None = None,
+                            terms: Terms = ALL_TERMS) -> float:
     """The sustained fraction of the microbenchmark rates (:data:`course.perf.microbench.TRAINING_EFFICIENCY`) of
     ``generation`` that best predicts the fitting set's figures on that generation (:func:`fit`).
 
@@ -138,4 +140,39 @@ def fit_training_efficiency(generation: str, fitting: Iterable[TrainingFigure] |
     """
     chosen = figures.of_split("fit") if fitting is None else fitting
     mine = [f for f in chosen if catalog.gpu(f.gpu).generation == generation]
-    return fit(mine, CANDIDATES, lambda value: training_efficiency_set(generation, value))
+    return fit(mine, CANDIDATES, lambda value: training_efficiency_set(generation, value), terms)
+
+
+GENERATIONS = ("Ampere", "Hopper")  # the generations with figures in the fitting set
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """The protocol run with one term off: the constants refitted on the fitting set, then both sets scored."""
+
+    term: str                  # the term switched off, or "none" for the model as it is
+    fitted: dict[str, float]   # the sustained fraction refitted per generation
+    fit: dict[str, float]      # score() of the fitting set
+    test: dict[str, float]     # score() of the test set
+
+
+def ablation(term: str | None = None) -> Ablation:
+    """Switch ``term`` (a field of :class:`~course.perf.sharding.Terms`) off, refit the per-generation constant on
+    the fitting set with it off, and score both sets: how much the term moves the test score, fairly.
+
+    Raises:
+        ValueError: not a term's name.
+    """
+    names = tuple(Terms.__dataclass_fields__)
+    if term is not None and term not in names:
+        raise ValueError(f"term must be one of {names} (or None), got {term!r}.")
+    terms = replace(ALL_TERMS, **{term: False}) if term else ALL_TERMS
+    fitted = {g: fit_training_efficiency(g, terms=terms) for g in GENERATIONS}
+    saved = dict(microbench.TRAINING_EFFICIENCY)
+    microbench.TRAINING_EFFICIENCY.update(fitted)
+    try:
+        scores = {split: score(predict(f, terms) for f in figures.of_split(split)) for split in ("fit", "test")}
+    finally:
+        microbench.TRAINING_EFFICIENCY.clear()
+        microbench.TRAINING_EFFICIENCY.update(saved)
+    return Ablation(term or "none", fitted, scores["fit"], scores["test"])
