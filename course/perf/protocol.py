@@ -15,6 +15,7 @@ both scores.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -176,3 +177,10 @@ def ablation(term: str | None = None) -> Ablation:
         microbench.TRAINING_EFFICIENCY.clear()
         microbench.TRAINING_EFFICIENCY.update(saved)
     return Ablation(term or "none", fitted, scores["fit"], scores["test"])
+
+
+def typical_error(split: str = "test") -> float:
+    """The median absolute error over the figures of ``split``: the "typically within X%" the course quotes
+    beside a modelled number (from the test set: figures no constant was fitted to)."""
+    errors = sorted(abs(predict(f).error) for f in figures.of_split(split))
+    return statistics.median(errors)

@@ -1,6 +1,7 @@
 """course.perf.protocol: every figure modelled from its setup, two scores, and a fit that never sees the test set."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,12 @@ def test_switching_a_term_off_refits_on_the_fitting_set_and_moves_the_score():
     assert without.test["mae"] != whole.test["mae"]
     with pytest.raises(ValueError, match="term"):
         protocol.ablation("magic")
+
+
+def test_the_readme_quotes_the_test_score_as_computed_now():
+    # the README quotes the TEST score (figures no constant saw), never the fitting set's; a stale quote fails here
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    test = protocol.score(protocol.predict(f) for f in TEST)
+    quote = f"On that test set, {test['within_15']:.0%} of its figures fall within 15%, and the median error is " \
+            f"{protocol.typical_error():.0%}"
+    assert quote in " ".join(readme.split()), quote
