@@ -11,7 +11,10 @@ defaults only: no row may change them. Each fit is a ratio, ``measured / peak``:
                            of :func:`gemm_efficiency`, best x k / (k + k_half)
     α (latency per step) = an 8-byte or small allreduce's time / its number of steps
 
-One figure is end-to-end, not a microbenchmark, and its row is labelled *calibration* in the validation table:
+Two kinds of constant are end-to-end. The sustained fraction of these rates that a transformer's training step
+reaches (:data:`TRAINING_EFFICIENCY`, one per GPU generation) is fitted on the *fitting set* of
+:mod:`course.perf.figures` only (:mod:`course.perf.protocol`), never on a test figure. And one figure's row is
+labelled *calibration* in the validation table:
 no sourced cuDNN figure was at hand for FP32 convolutions, so their efficiency is fitted to 90 epochs of ResNet-50
 on one M40 (14 days, You et al. 2017), and every other CNN row (other GPUs, networks and counts) predicts.
 Taught in ``notebooks/05c_performance_model.ipynb``.
@@ -176,4 +179,7 @@ def format_figures() -> str:
         lines.append(f"{f.fits:<24} {f.constant:>9.3g}  {f.what}; {'ASSUMED: ' if f.assumed else ''}{f.source}")
     lines.append(f"{'conv.fp32':<24} {CONV_EFFICIENCY:>9.3g}  fitted to ResNet-50, 90 epochs on one M40 in 14 days "
                  "(the calibration row of the validation table)")
+    for generation, value in TRAINING_EFFICIENCY.items():
+        lines.append(f"{'training.' + generation:<24} {value:>9.3g}  sustained fraction of the rates above in a "
+                     "transformer's training step: FITTED on the fitting set of course.perf.figures only")
     return "\n".join(lines)

@@ -1,21 +1,26 @@
 """Beyond data parallelism: a transformer trained with tensor x context x pipeline x data parallelism, and sharded
 data parallelism (ZeRO, FSDP), step by step. Every number is **modelled**.
 
-A GPT-style transformer (``layers``, ``hidden`` h, ``heads`` a, sequence s, vocabulary V) on ``t x c x p x d`` GPUs.
-One layer, one microbatch of ``b`` sequences, per GPU (:func:`layer_terms`):
+A decoder (:class:`~course.perf.transformer.Transformer`: ``layers``, ``hidden`` h, ``heads`` a, sequence s,
+vocabulary V, the MLP's width) on ``t x c x p x d`` GPUs. One layer, one microbatch of ``b`` sequences, per GPU
+(:func:`layer_terms`):
 
-* **GEMMs**: ``24·(s/c)·b·h²/t`` FLOPs in four GEMMs, and the attention's two batched GEMMs, ``4·(s/c)·s·b·h/t``
-  (scores ``QKᵀ`` with depth ``h/a``, then scores times ``V`` with depth ``s``); each at the efficiency of its
-  reduction depth (:func:`course.perf.microbench.gemm_efficiency`).
-* **element-wise traffic**: twice the activation bytes Korthikanti et al. 2022 count,
-  ``(s/c)·b·h·(10 + 24/t + 5·a·s/(h·t))``, at the memory bandwidth. A **fused attention** kernel (FlashAttention,
-  Dao et al. 2022) never writes the ``s x s`` scores to memory: the ``5·a·s/(h·t)`` term goes.
+* **GEMMs**: the layer's weight GEMMs (``24·(s/c)·b·h²/t`` FLOPs for a GPT), each at the microbenchmark efficiency
+  of its reduction depth (:func:`course.perf.microbench.gemm_efficiency`) times the sustained fraction fitted on
+  the fitting set (:func:`course.perf.microbench.training_efficiency`).
+* **attention**: ``4·(s/c)·s·b·h/t`` FLOPs. Unfused: two batched GEMMs, ``QKᵀ`` of depth ``h/a`` and the scores
+  times ``V`` of depth ``s``. A **fused** (flash) kernel skips the masked half of causal attention and runs at
+  FlashAttention's published fraction of the peak, with no shallow-GEMM penalty.
+* **element-wise traffic** (norms, softmax, activations, residuals): twice the activation bytes Korthikanti et al.
+  2022 count, ``(s/c)·b·h·(10 + 24/t + 5·a·s/(h·t))`` for a GPT, at the memory bandwidth. A fused attention
+  kernel never writes the ``s x s`` scores to memory: the ``5·a·s/(h·t)`` term goes.
+* **launches**: a layer takes at least its kernels' launch time on the CPU.
 * **tensor parallel** (Megatron-LM, Shoeybi et al. 2019): two allreduces of ``2·(s/c)·b·h`` bytes among ``t`` GPUs
   in forward, two in backward, two more in a recomputed forward. With ``tp_overlap`` they hide behind the GEMMs:
   only ``max(0, comm - GEMMs)`` is exposed.
 * **context parallel** (ring attention, Megatron-LM's ``--context-parallel-size``): the sequence is split ``c``
-  ways; each GPU passes its keys and values around a ring, ``(c-1)`` messages of ``4·(s/c)·b·h/t`` bytes in forward
-  and twice that in backward, overlapped with the attention GEMMs (only the excess is exposed).
+  ways; each GPU passes its keys and values around a ring, ``(c-1)`` messages of ``4·(s/c)·b·h_kv/t`` bytes in
+  forward and twice that in backward, overlapped with the attention (only the excess is exposed).
 * backward costs twice forward; recomputation adds a forward (``"full"``), the attention core (``"selective"``,
   Korthikanti et al. 2022) or nothing (``"none"``).
 
@@ -27,15 +32,18 @@ The step (:func:`step_time`):
   ``interleave > 1``). Each microbatch sends its activations forward and their gradients back at each of the
   ``v`` chunk boundaries a GPU owns: ``2·v`` messages of ``2·(s/c)·b·h/t`` bytes. The last stage also computes the
   logits (``2·(s/c)·h·V·b/t`` FLOPs).
-* **data parallel** over ``d·c`` GPUs holding the same shard (:func:`sharding_seconds`): ``ddp`` allreduces the
-  gradients; ``zero1``/``zero2`` reduce-scatter them and all-gather the updated parameters; ``zero3``/``fsdp``
-  reduce-scatter the gradients once per step and all-gather the parameters before each microbatch's forward and
-  again before its backward (once, without ``reshard_after_forward``). With ``dp_overlap`` the gradient reduction
-  hides behind the last microbatch's backward, the parameter gathers behind the compute.
+* **data parallel** over ``d·c`` GPUs holding the same shard (:mod:`course.perf.sharding`): ``ddp`` allreduces the
+  gradients once per step; ``zero1`` reduce-scatters them once and all-gathers the updated parameters; ``zero2``,
+  ``zero3`` and ``fsdp`` reduce-scatter after **every** microbatch's backward; ``zero3``/``fsdp`` also all-gather
+  the parameters, layer by layer, before each microbatch's forward and again before its backward (once, without
+  ``reshard_after_forward``). With ``dp_overlap`` each collective hides behind the compute it overlaps.
+* the optimizer step (Adam, memory-bound) on this GPU's shard and a per-step framework overhead.
 
-Throughput is reported as Megatron's papers count it, ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per step with full
-recomputation (72 without), so modelled and published FLOP/s compare like for like. Not modelled: network
-oversubscription, stragglers, and the first stage's embedding. Taught in ``notebooks/05c_performance_model.ipynb``.
+Each newer term can be switched off (:class:`~course.perf.sharding.Terms`). Throughput is reported both ways
+(:mod:`course.perf.transformer`): hardware FLOPs, recomputation counted, as Megatron-LM's papers report TFLOP/s
+(``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with full recomputation), and model FLOPs, as MFU counts them. Not modelled:
+network oversubscription, stragglers, the first stage's embedding, expert parallelism. Taught in
+``notebooks/05c_performance_model.ipynb``.
 """
 
 from __future__ import annotations
