@@ -12,9 +12,9 @@ key is odd, to the fitting set otherwise. A source's figures all land on one sid
 one row of a table and scored on its neighbour. A hash, not an order: adding a source later moves no other.
 Each record carries its ``split``; ``tests/perf/test_figures.py`` checks that every one equals the rule. The split
 was written into this file, and committed, before any constant of :mod:`course.perf.protocol` was fitted.
-Edits since, each before the test set was first scored: three assumptions of fitting-set figures (LLaMA 65B's
-sharding, torchtitan's 'selective op' checkpointing, Llama 3's key/value traffic) and one setup error of a
-test figure (BLOOM's 70 layers on 12 stages).
+Edits since, each before the test set was first scored: two assumptions of fitting-set figures (LLaMA 65B's
+sharding, torchtitan's 'selective op' checkpointing) and one setup error of a test figure (BLOOM's 70 layers on
+12 stages).
 
 Everything here is published, not measured or modelled. :mod:`course.perf.protocol` models each figure and scores
 the two sets. Taught in ``notebooks/05c_performance_model.ipynb``.
