@@ -17,7 +17,10 @@ reaches (:data:`TRAINING_EFFICIENCY`, one per GPU generation) is fitted on the *
 labelled *calibration* in the validation table:
 no sourced cuDNN figure was at hand for FP32 convolutions, so their efficiency is fitted to 90 epochs of ResNet-50
 on one M40 (14 days, You et al. 2017), and every other CNN row (other GPUs, networks and counts) predicts.
-Taught in ``notebooks/05c_performance_model.ipynb``.
+The one GPU measurement the course has (``benchmarks/results/gpu-check-nvidia-h100-80gb-hbm3-2026-11-28.md``: a
+ResNet-50 step on one H100 took 2.22x the modelled time) fits nothing here: one CNN step cannot tell the
+convolutions' rate from launches and memory traffic. ``benchmarks/gpu_kernels.py`` measures them apart on the next
+lent GPU. Taught in ``notebooks/05c_performance_model.ipynb``.
 """
 
 from __future__ import annotations
