@@ -10,6 +10,10 @@ FLOPs with recomputation, or model FLOPs without), or MFU. :func:`score` gives t
 :func:`fit` is the only way a constant is chosen from end-to-end figures, and it refuses any figure of the test
 set: passing one raises. Taught in ``notebooks/05c_performance_model.ipynb``; ``benchmarks/perf_model.py`` prints
 both scores.
+
+Extension point: a figure records its context- and expert-parallel sizes. :func:`plan_of` refuses expert
+parallelism until :class:`course.perf.parallel.Plan` can state it; the module that models mixtures of experts
+extends :func:`plan_of` and passes its own step function to :func:`predict`.
 """
 
 from __future__ import annotations
@@ -74,9 +78,11 @@ def modelled_value(figure: TrainingFigure, step: parallel.TransformerStep) -> fl
             "mfu": step.mfu}[figure.metric]
 
 
-def predict(figure: TrainingFigure, terms: Terms = ALL_TERMS) -> Prediction:
-    """Model ``figure``'s run with the defaults (and ``terms``)."""
-    step = parallel.step_time(figure.model, plan_of(figure), cluster_of(figure), terms)
+def predict(figure: TrainingFigure, terms: Terms = ALL_TERMS,
+            step_time: Callable[..., parallel.TransformerStep] = parallel.step_time) -> Prediction:
+    """Model ``figure``'s run with the defaults (and ``terms``); ``step_time(model, plan, cluster, terms)`` is
+    :func:`course.perf.parallel.step_time` unless a module that models more passes its own."""
+    step = step_time(figure.model, plan_of(figure), cluster_of(figure), terms)
     return Prediction(figure, modelled_value(figure, step), step)
 
 
