@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from course.perf import figures, microbench, protocol
+from course.perf import figures, microbench, parallel, protocol
 
 pytestmark = pytest.mark.unit5
 
@@ -76,3 +76,16 @@ def test_the_readme_quotes_the_test_score_as_computed_now():
     quote = f"On that test set, {test['within_15']:.0%} of its figures fall within 15%, and the median error is " \
             f"{protocol.typical_error():.0%}"
     assert quote in " ".join(readme.split()), quote
+
+
+def test_a_module_that_models_more_passes_its_own_step_function():
+    seen = []
+
+    def slower(model, plan, cluster, terms):
+        seen.append(plan)
+        step = parallel.step_time(model, plan, cluster, terms)
+        return replace(step, step_s=2 * step.step_s)
+
+    figure = next(f for f in FIT if f.metric == "step_s")
+    assert protocol.predict(figure, step_time=slower).modelled == pytest.approx(2 * protocol.predict(figure).modelled)
+    assert seen == [protocol.plan_of(figure)]
