@@ -322,11 +322,15 @@ def replay_first_steps(records: RunRecords) -> Replay:
             shapes = [list(shape) for shape in step.shapes]
             reference = replay.union_batch_gradient(fingerprints.decode(step.params_before), shapes, indices, train)
             comparisons.append(replay.compare(step.step, fingerprints.decode(step.grads), reference))
-    except (ValueError, RuntimeError, KeyError, IndexError) as error:
+    except ValueError as error:  # raised above, in the learner's terms
         return Replay(tuple(comparisons), str(error))
+    except (RuntimeError, KeyError, IndexError):  # torch's or the grader's own: never quoted to the learner
+        return Replay(tuple(comparisons), GRADER_FAULT)
     return Replay(tuple(comparisons))
 
 
+#: The replay's error when the grader itself failed (not the recorded run): the check is then not assessed.
+GRADER_FAULT = "the grader's replay failed on the recorded parameters (a fault of the grader, not of your script)"
 _NO_STEP = Step(rank=-1, step=0, epoch=0, indices=(), lr=(), fingerprint=())
 
 

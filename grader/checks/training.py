@@ -18,7 +18,7 @@ from grader.checks.common import (
     took,
     unseen_ranks,
 )
-from grader.evidence import Evidence, fingerprints_equal
+from grader.evidence import GRADER_FAULT, Evidence, fingerprints_equal
 from grader.replay import Transformation, transformation
 
 
@@ -166,6 +166,8 @@ def matches_single_process(ev: Evidence, a: Assignment) -> Finding:
     needs = needs_data_parallel(ev)
     if needs:
         return needs
+    if ev.replay_error == GRADER_FAULT:
+        return cannot_assess(f"{GRADER_FAULT}.")
     if ev.replay_error or not ev.comparisons:
         return False, f"the grader could not replay the first steps: {ev.replay_error or 'no steps recorded'}."
     precision = next((s.precision for s in ev.steps[0] if s.precision), None)

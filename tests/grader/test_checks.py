@@ -9,7 +9,7 @@ import torch
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
 from grader.checks.outputs import HELD_OUT
-from grader.evidence import Evidence, collect, fingerprints_equal
+from grader.evidence import GRADER_FAULT, Evidence, collect, fingerprints_equal
 from grader.inrank import records
 from grader.replay import Comparison, compare
 
@@ -469,3 +469,10 @@ def test_samples_the_grader_could_not_recognise_leave_the_data_checks_not_assess
         unassessed(ev)
     message = outcome(ev, "disjoint_shards")[1]
     assert "could not tell which training samples ranks 0–3 trained on" in message and "same samples" not in message
+
+
+def test_a_replay_the_grader_itself_failed_is_not_assessed_and_quotes_no_exception():
+    ev = perfect_run()
+    ev.comparisons, ev.replay_error = [], GRADER_FAULT
+    assert unassessed(ev) == {"matches_single_process"}
+    assert "a fault of the grader, not of your script" in outcome(ev, "matches_single_process")[1]
