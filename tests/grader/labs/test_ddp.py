@@ -22,7 +22,6 @@ from grader.labs.ddp import check as ddp
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "ddp", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "ddp", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in ddp.CHECKS]
 
 
@@ -61,8 +60,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     # torch's DDP reduces in C++, so no allreduce of the student's is seen either
     ("uses_torch_ddp", ["one_allreduce_per_bucket", "overlap", "no_torch_ddp"], ": no allreduce at all"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(ddp.LAB, os.path.join(ATTEMPTS, f"ddp_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(ddp.LAB, planted("ddp", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first

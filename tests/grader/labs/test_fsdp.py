@@ -17,7 +17,6 @@ pytestmark = [pytest.mark.unit7, pytest.mark.timeout(600)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "fsdp", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "fsdp", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in fsdp.CHECKS]
 
 
@@ -42,8 +41,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("waits_at_once", ["prefetch"], "step 1, forward: 0 of 4 all-gathers ran while a layer computed; you waited for "
      "each asynchronous all-gather before any layer computed"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(fsdp.LAB, os.path.join(ATTEMPTS, f"fsdp_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(fsdp.LAB, planted("fsdp", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first

@@ -104,8 +104,8 @@ def test_the_feedback_names_the_variant_and_the_notes():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_file_written_for_the_published_numbers_fails_another_students_variant_and_says_which():
-    hard_coded = os.path.join(HERE, "attempts", "tp_mlp_hard_coded_shard.py")  # k = 16: d_ff=64 over 4 ranks
+def test_a_file_written_for_the_published_numbers_fails_another_students_variant_and_says_which(planted):
+    hard_coded = planted("tp_mlp", "hard_coded_shard")  # k = 16: d_ff=64 over 4 ranks
     assert variant.describe(tp_mlp.LAB, "alice") == "world size 2, d_ff=64"  # k = 32 on each of 2 ranks
     published = run_lab(tp_mlp.LAB, hard_coded)
     assert published.passed, render.lab_feedback(published)
