@@ -109,4 +109,11 @@ MISTAKES: dict[str, Mistake] = {
              "        self.in_flight.append((work, flat, bucket))\n"),
         ),
     ),
+    "divides_by_four": Mistake(
+        why="averages by a hard-coded 4, the published world size, not dist.get_world_size()",
+        edits=(
+            ("            flat /= dist.get_world_size()\n",
+             "            flat /= 4  # the course's 4 GPUs\n"),
+        ),
+    ),
 }

@@ -15,4 +15,12 @@ MISTAKES: dict[str, Mistake] = {
              ""),
         ),
     ),
+    "assumes_even_split": Mistake(
+        why="cuts each layer into world_size pieces without padding: right only when the length divides evenly",
+        edits=(
+            ("            piece = -(-flat.numel() // self.world_size)  # ceil: the last piece is padded\n"
+             "            flat = F.pad(flat, (0, piece * self.world_size - flat.numel()))\n",
+             "            piece = flat.numel() // self.world_size  # every layer divides by 4\n"),
+        ),
+    ),
 }

@@ -72,6 +72,19 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
 
 
 @pytest.mark.timeout(600)
+def test_the_self_check_without_an_id_also_runs_3_ranks_and_names_a_hard_coded_4(planted, tmp_path):
+    result = run_lab(ddp.LAB, planted("ddp", "divides_by_four"))  # passes the published run: 4 ranks
+    assert result.failed() == ["matches_ddp"] and result.runs == 2, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
+    assert first.startswith("your code assumes 4 ranks: it passes the published run, not this one with 3 ranks. "
+                            "world_size=3, "), first
+    mine = tmp_path / "mine.py"  # the solution as a student who set no id: both runs pass
+    mine.write_text(open(SOLUTION).read().replace('STUDENT_ID = "solution"', 'STUDENT_ID = ""'))
+    passed = run_lab(ddp.LAB, str(mine))
+    assert passed.passed and passed.runs == 2, render.lab_feedback(passed)
+
+
+@pytest.mark.timeout(600)
 def test_the_solution_runs_under_torchrun_and_every_rank_ends_with_the_same_parameters():
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           SOLUTION], capture_output=True, text=True, timeout=300)

@@ -94,3 +94,12 @@ def test_communication_is_one_and_a_half_ddp_within_the_padding():
     assert fsdp.judge_communication([1.5 * ddp], 18352, 4, 4).passed
     assert "reduce-scatter them instead" in fsdp.judge_communication([2 * ddp], 18352, 4, 4).message
     assert "one all-gather too few" in fsdp.judge_communication([ddp], 18352, 4, 4).message
+
+
+@pytest.mark.timeout(600)
+def test_the_self_check_without_an_id_also_runs_3_ranks_and_names_an_even_split(planted):
+    result = run_lab(fsdp.LAB, planted("fsdp", "assumes_even_split"))  # 64*32+32 = 2080 divides by 4, not 3
+    assert result.failed() and result.runs == 2, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
+    assert first.startswith("your code assumes 4 ranks, or that each layer's length divides evenly by the world "
+                            "size: it passes the published run, not this one with 3 ranks."), first

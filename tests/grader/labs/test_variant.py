@@ -107,9 +107,11 @@ def test_the_feedback_names_the_variant_and_the_notes():
 def test_a_file_written_for_the_published_numbers_fails_another_students_variant_and_says_which(planted):
     hard_coded = planted("tp_mlp", "hard_coded_shard")  # k = 16: d_ff=64 over 4 ranks
     assert variant.describe(tp_mlp.LAB, "alice") == "world size 2, d_ff=64"  # k = 32 on each of 2 ranks
-    published = run_lab(tp_mlp.LAB, hard_coded)
-    assert published.passed, render.lab_feedback(published)
+    published = run_lab(tp_mlp.LAB, hard_coded)  # no id: the published run passes, the self-check's 2 ranks do not
     assert published.variant == "the published variant: world size 4, d_ff=64"
+    assert "outputs" in published.failed() and published.runs == 2, render.lab_feedback(published)
+    assert next(c.message for c in published.checks if not c.passed).startswith(
+        "your code assumes 4 ranks: it passes the published run, not this one with 2 ranks. world_size=2, ")
     alices = run_lab(tp_mlp.LAB, hard_coded, student_ids=("alice",))  # as the grader, who knows the submitter
     feedback = render.lab_feedback(alices)
     assert "outputs" in alices.failed() and "Checked on your variant: world size 2, d_ff=64." in feedback
