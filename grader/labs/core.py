@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from course.runtime.launch import RankFailed, RankTimeout, launch
+from grader import moved
 from grader.labs import variant
 from grader.labs.shortcuts import REFUSED, Refused, guarded, uses
 from grader.results import Check, CheckResult, LabResult
@@ -120,6 +121,9 @@ def describe_error(error: BaseException, path: str, entry: str, rank: int) -> st
     if isinstance(error, (StudentError, Refused)):
         return str(error)
     line = _student_line(error, path)
+    if isinstance(error, ImportError) and (where := moved.explain(str(error))):
+        at = f" (line {line} of {path})" if line is not None else ""
+        return f"your file could not import from the course on rank {rank}{at}: {where}"
     text = f"{type(error).__name__}: {error}".strip().rstrip(":")
     if line is None:
         last = traceback.extract_tb(error.__traceback__)[-1:] or None
