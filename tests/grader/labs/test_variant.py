@@ -94,7 +94,7 @@ def test_whose_prefers_the_graders_id_and_says_when_the_file_names_another(tmp_p
 
 
 def test_the_feedback_names_the_variant_and_the_notes():
-    check = CheckResult.of(tp_mlp.CHECKS[0], True, "")
+    check = CheckResult.of(tp_mlp.LAB.checks[0], True, "")
     result = LabResult("tp_mlp", "t", "labs/tp_mlp.py", (check,), variant="your variant: world size 2, d_ff=64",
                        notes=("INFO: something to know",))
     assert "  Checked on your variant: world size 2, d_ff=64.\n  INFO: something to know\n" in \
