@@ -35,7 +35,7 @@ import torch
 from course import data, world
 from course.runtime import outcome, progress, waits
 from course.runtime.pace import Pace, machine_pace
-from grader import crashes, rubric, sandbox
+from grader import crashes, moved, rubric, sandbox
 from grader import secret as instructor_secret
 from grader.assignment import ASSIGNMENT, Assignment
 from grader.environment import python_argv, run_env
@@ -50,6 +50,7 @@ BAD = "bad submission"
 GRADER_STOPPED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 GRADER_ERROR = "grader error"  # the grader's own code failed (grader.gradebook retries these)
 MISSING_LIBRARY = "missing library"  # the script imports what the grading environment does not have
+MISSING_NAME = "missing name"  # the script imports a course module or name that does not exist (grader.moved)
 COMPILED = "torch.compile ran without compiling in the grader; the grade does not depend on it."
 
 
@@ -94,7 +95,7 @@ def grade(submission: Path, config: GradingConfig = GradingConfig()) -> Results:
             shutil.copyfile(script, run_dir / config.assignment.script_name)
             records, result, extra = _run(run_dir, seed, config)
             status, detail = _status(records, result, config)
-            if status in (GRADER_STOPPED, GRADER_ERROR, MISSING_LIBRARY):  # nothing ran to check: no check is run
+            if status in (GRADER_STOPPED, GRADER_ERROR, MISSING_LIBRARY, MISSING_NAME):  # nothing ran: no check is run
                 return not_run(name, status, detail, config, start, output=extra)
             replay = helper.submit(replay_first_steps, records)
             checkpoint = _checkpoint(run_dir, evaluation, records, config)
@@ -218,7 +219,10 @@ def _limit_or_library(ev: Evidence, failed: list[int], config: GradingConfig) ->
     """A failure that is the grading environment's doing, said first and in one line: a sandbox limit (named as
     the grader's) or a library the grading environment does not have."""
     for rank in failed:
-        library = crashes.missing_library(crashes.error_text(ev, rank) + ev.exits[rank].stderr)
+        text = crashes.error_text(ev, rank) + ev.exits[rank].stderr
+        if where := moved.explain(text):  # the course is there: the name is not (renamed, or moved)
+            return MISSING_NAME, f"rank {rank} could not import from the course: {where}"
+        library = crashes.missing_library(text)
         if library:
             return MISSING_LIBRARY, (f"this library is not available in the grading environment: {library} "
                                        f"(rank {rank}: No module named '{library}'); the assignment needs only "

@@ -2,7 +2,9 @@
 
 Read from the source (every ``import`` statement, in functions too, except under ``if TYPE_CHECKING:``), so a
 circle hidden behind a deferred import counts: it still means two modules that cannot be read one without the
-other. An edge goes to the module named (``from a.b import c`` to ``a.b.c`` if that is a module, else ``a.b``).
+other. An edge goes to the module named (``from a.b import c`` to ``a.b.c`` if that is a module, else ``a.b``), and to
+the packages above it (``a``, ``a.b``), whose ``__init__`` runs first: a circle through a package's ``__init__``
+counts too.
 """
 
 from __future__ import annotations
@@ -63,9 +65,17 @@ def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
         for target in targets:
             while target and target not in modules:  # import a.b.c where only a.b is ours: the nearest module
                 target = target.rpartition(".")[0]
-            if target and target != name:
-                edges.add(target)
+            edges.update(_with_parents(target, name, modules))
     return edges
+
+
+def _with_parents(target: str, name: str, modules: set[str]) -> set[str]:
+    """``target`` and the packages above it, whose ``__init__`` importing it runs first (``a.b.c``: ``a``, ``a.b``),
+    less ``name`` and the packages above ``name``: those run before ``name`` does, whatever it imports."""
+    own = {".".join(name.split(".")[:n]) for n in range(1, name.count(".") + 2)}
+    parts = target.split(".") if target else []
+    found = {".".join(parts[:n]) for n in range(1, len(parts) + 1)}
+    return {module for module in found if module in modules and module not in own}
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -115,7 +125,7 @@ def test_the_course_imports_the_grader_only_for_the_notebooks_lab_check():
     wrong = {name: sorted(edge for edge in edges if edge.startswith("grader")) for name, edges in graph.items()
              if name.startswith("course") and name != "course.labs"}
     assert not {name: edges for name, edges in wrong.items() if edges}
-    assert graph["course.labs"] == {"grader.labs"}
+    assert graph["course.labs"] == {"grader", "grader.labs"}  # grader's __init__ runs first
 
 
 @pytest.mark.parametrize("deferred", [False, True])
@@ -131,3 +141,15 @@ def test_a_circle_is_found_even_behind_a_deferred_import(tmp_path, deferred):
                                              "    from grader import d\n")
     (tmp_path / "grader" / "d.py").write_text("from grader import c\n")
     assert find_cycle(import_graph(tmp_path)) == ["course.a", "course.b", "course.a"]
+
+
+def test_a_circle_through_a_parent_packages_init_is_found(tmp_path):
+    for package in ("course", "course/p", "grader"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "course" / "p" / "__init__.py").write_text("from course import a\n")  # p's init needs a
+    (tmp_path / "course" / "p" / "q.py").write_text("")
+    (tmp_path / "course" / "a.py").write_text("import course.p.q\n")  # importing p.q runs p's __init__ first
+    assert find_cycle(import_graph(tmp_path)) == ["course.a", "course.p", "course.a"]
+    (tmp_path / "course" / "p" / "__init__.py").write_text("from course.p import q\n")  # its own child: no circle
+    assert find_cycle(import_graph(tmp_path)) is None

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from course.runtime.launch import RankFailed, RankTimeout, launch
+from grader import moved
 from grader.labs import variant
 from grader.labs.shortcuts import REFUSED, Refused, guarded, uses
 from grader.results import Check, CheckResult, LabResult
@@ -76,6 +77,10 @@ class Lab:
     #: config key of ``runs[0]`` -> the values it may take: each student's first visible run draws its own from
     #: their id (see grader.labs.variant); ``runs[0]`` itself is the published default
     variant: Mapping[str, tuple] = field(default_factory=dict)
+    #: the self-check's second run when the student set no id: overrides of ``runs[0]`` with another world size
+    #: and lengths that do not divide evenly, plus ``"assumes"``: what code that fails only there assumes
+    #: (``"4 ranks"``); run once the published runs pass, so a hard-coded 4 fails before submission
+    uneven: Mapping[str, Any] = field(default_factory=dict)
 
 
 NOT_ATTEMPTED = ("Not attempted yet: your {entry} still raises NotImplementedError. Replace the raise in "
@@ -116,6 +121,9 @@ def describe_error(error: BaseException, path: str, entry: str, rank: int) -> st
     if isinstance(error, (StudentError, Refused)):
         return str(error)
     line = _student_line(error, path)
+    if isinstance(error, ImportError) and (where := moved.explain(str(error))):
+        at = f" (line {line} of {path})" if line is not None else ""
+        return f"your file could not import from the course on rank {rank}{at}: {where}"
     text = f"{type(error).__name__}: {error}".strip().rstrip(":")
     if line is None:
         last = traceback.extract_tb(error.__traceback__)[-1:] or None
@@ -216,6 +224,21 @@ def _is_the_stub(lab: Lab, path: str) -> bool:
     return os.path.isfile(path) and stub.is_file() and Path(path).read_bytes() == stub.read_bytes()
 
 
+def _uneven_runs(lab: Lab, student_id: str, hidden: bool) -> tuple[dict, ...]:
+    """The self-check's second run (:attr:`Lab.uneven`) when no id is set: the published run's other world size."""
+    if hidden or student_id or not lab.uneven or not lab.runs:
+        return ()
+    return ({**lab.runs[0], **lab.uneven},)
+
+
+def _assumed(config: dict, text: str) -> str:
+    """``text`` as said about the uneven run: which assumption the code makes, that the published run hid."""
+    if not config.get("assumes"):
+        return text
+    return (f"your code assumes {config['assumes']}: it passes the published run, not this one with "
+            f"{config['world_size']} ranks. {text}")
+
+
 def run_lab(lab: Lab, path: str, hidden: bool = False, student_ids: tuple[str, ...] = ()) -> LabResult:
     """Run every run of ``lab`` on the student's file ``path`` and merge the findings into a :class:`LabResult`.
 
@@ -224,7 +247,8 @@ def run_lab(lab: Lab, path: str, hidden: bool = False, student_ids: tuple[str, .
         path: the student's file, e.g. ``"labs/ring_allreduce.py"`` (relative to the current directory).
         hidden: also the hidden runs and hidden checks (the grader's ``grade``; never the self-check).
         student_ids: who the grader knows the file is from (every spelling of one id); empty in the self-check,
-            where the file's ``STUDENT_ID`` picks the variant (:func:`grader.labs.variant.whose`).
+            where the file's ``STUDENT_ID`` picks the variant (:func:`grader.labs.variant.whose`). With no id at
+            all, code that passes the published run is also run on :attr:`Lab.uneven` (another world size).
     """
     checks = [check for check in lab.checks if hidden or not check.hidden]
     student_id, notes = variant.whose(path, student_ids) if lab.variant else ("", ())
@@ -243,7 +267,10 @@ def run_lab(lab: Lab, path: str, hidden: bool = False, student_ids: tuple[str, .
     shown = {check.name for check in checks if check.shows_measure}
     seen: set[str] = set()
     start, runs = time.monotonic(), 0
-    for config in variant.variant_runs(lab, student_id) + (lab.hidden_runs if hidden else ()):
+    for config in variant.variant_runs(lab, student_id) + (lab.hidden_runs if hidden else ()) + \
+            _uneven_runs(lab, student_id or "".join(student_ids), hidden):
+        if config.get("assumes") and first_failure:  # only code that passes the published run is asked
+            break
         runs += 1
         if config.get("seed") == "jitter":  # a new seed at every grading: no answer can be learned by heart
             config = {**config, "seed": random.randrange(2**31)}
@@ -253,7 +280,8 @@ def run_lab(lab: Lab, path: str, hidden: bool = False, student_ids: tuple[str, .
             seen.update(ids)
             for check_id in ids:
                 if not finding.passed and check_id not in first_failure:
-                    first_failure[check_id] = finding.message if stop else f"{_label(config)}: {finding.message}"
+                    text = finding.message if stop else f"{_label(config)}: {finding.message}"
+                    first_failure[check_id] = _assumed(config, text)
                 elif finding.passed and finding.message and check_id in shown:
                     measures.setdefault(check_id, f"{_label(config)}: {finding.message}")
         if stop:

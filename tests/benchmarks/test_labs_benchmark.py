@@ -35,5 +35,5 @@ def test_only_the_code_the_solution_adds_counts():
 
 def test_the_labs_ask_for_at_least_the_target_across_them():
     counts = labs.lines_per_lab()
-    assert {"one_f_one_b", "fsdp", "ring_allreduce"} <= set(counts)
+    assert {"one_f_one_b", "fsdp", "ring"} <= set(counts)  # by lab name
     assert sum(counts.values()) >= labs.TARGET_LINES, counts

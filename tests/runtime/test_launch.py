@@ -17,6 +17,7 @@ import rank_functions as rf
 import torch
 from processes import live_children
 
+from course.runtime import fork_server
 from course.runtime import launch as launch_module
 from course.runtime.launch import RankFailed, RankTimeout, launch
 from course.runtime.pace import Pace
@@ -221,15 +222,15 @@ def test_a_fork_server_file_left_by_a_killed_process_is_removed_by_the_next_one(
     # A killed launching process cannot remove its fork server's stderr file; the next process to make one does.
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
-    prefix = launch_module._STDERR_PREFIX
+    prefix = fork_server._STDERR_PREFIX
     stale = tmp_path / f"{prefix}{ended.pid}-x1.stderr"
     alive = tmp_path / f"{prefix}{os.getpid()}-x2.stderr"
     older = tmp_path / f"{prefix}ab12cd.stderr"  # a name without a pid: nothing says whose it is
     other = tmp_path / "unrelated-1.stderr"
     for path in (stale, alive, older, other):
         path.write_text("")
-    monkeypatch.setattr(launch_module.tempfile, "tempdir", str(tmp_path))
-    made = Path(launch_module._server_stderr())
+    monkeypatch.setattr(fork_server.tempfile, "tempdir", str(tmp_path))
+    made = Path(fork_server._server_stderr())
     assert made.parent == tmp_path and made.name.startswith(f"{prefix}{os.getpid()}-")
     assert not stale.exists() and alive.exists() and older.exists() and other.exists()
-    launch_module._remove(str(made))
+    fork_server._remove(str(made))

@@ -254,6 +254,7 @@ LAB = Lab(
            "label": "{steps} Adam steps of a {layers}-layer MLP of width {hidden}"},),
     # each student's own layer sizes and number of layers (grader.labs.variant)
     variant={"hidden": (32, 24, 40, 48), "layers": (4, 3, 5)},
+    uneven={"world_size": 3, "assumes": "4 ranks, or that each layer's length divides evenly by the world size"},
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 2, "timeout_s": 120, "label": "2 Adam steps"}),
     shortcuts=("torch.distributed.fsdp:fully_shard", "torch.distributed.fsdp:FullyShardedDataParallel",

@@ -297,6 +297,7 @@ LAB = Lab(
     runs=(_run(4, 8, 2, 2, 0), _run(4, 2, 3, 1, 1)),
     # each student's own pipeline (grader.labs.variant); the second run keeps m < p whatever the variant
     variant={"world_size": (4, 3), "micro_batches": (8, 6, 5, 7), "chunks": (2, 3), "interleaved_groups": (2, 3)},
+    uneven={"world_size": 3, "micro_batches": 5, "assumes": "4 stages"},  # the self-check also runs this
     hidden_runs=(_run(4, 3, 2, 3, "jitter"), _run(3, 7, 2, 2, "jitter"), _run(3, 1, 4, 1, "jitter")),
     shortcuts=("course.model_parallel.schedules:one_f_one_b", "course.model_parallel.schedules:interleaved",
                "course.model_parallel.schedules:simulate", "course.model_parallel.schedules:simulated_bubble"),

@@ -192,6 +192,7 @@ LAB = Lab(
     cross_check=cross_check,
     runs=({**_run(4, 0, 8, "{seq_len} positions"), "d_ff": 32},),  # d_ff: 8 or 16 columns a rank at 4 or 2
     variant={"world_size": (4, 2), "seq_len": (8, 12, 16, 20)},  # each student's own (grader.labs.variant)
+    uneven={"world_size": 2, "assumes": "4 ranks"},  # the self-check also runs this (grader.labs.core.Lab.uneven)
     hidden_runs=(_run(2, "jitter", 6, "6 positions"), _run(3, "jitter", 12, "12 positions")),
     shortcuts=tuple(f"course.model_parallel.sequence_parallel:{name}" for name in (
         "GatherLinear", "all_gather_sequence", "reduce_scatter_sequence", "SequenceParallelColumnLinear")),

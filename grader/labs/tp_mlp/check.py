@@ -167,6 +167,7 @@ LAB = Lab(
     cross_check=cross_check,
     runs=(_run(4, 0, 64, "d_ff={d_ff}"),),  # one launch: a check takes well under 30 s here
     variant={"world_size": (4, 2), "d_ff": (64, 32, 96, 128)},  # each student's own (grader.labs.variant)
+    uneven={"world_size": 2, "assumes": "4 ranks"},  # the self-check also runs this (grader.labs.core.Lab.uneven)
     hidden_runs=(_run(2, "jitter", 128, "d_ff=128"), _run(3, "jitter", 96, "d_ff=96")),
     shortcuts=tuple(f"course.model_parallel.tensor_parallel:{name}" for name in (
         "CopyToTensorParallel", "ReduceFromTensorParallel", "copy_to_tensor_parallel", "reduce_from_tensor_parallel",

@@ -283,6 +283,7 @@ LAB = Lab(
     student_file="labs/zero1_adam.py", entry=ENTRY, checks=CHECKS, rank_check=check_on_rank,
     runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "{steps} Adam steps"},),
     variant={"world_size": (4, 3), "steps": (3, 4)},  # each student's own; at 3 the 22-parameter model is padded
+    uneven={"world_size": 3, "assumes": "4 ranks, or that the parameters divide evenly by the world size"},
     hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
                  {"world_size": 2, "seed": "jitter", "steps": 4, "timeout_s": 120, "label": "4 Adam steps"}),
     shortcuts=("torch.distributed.optim:ZeroRedundancyOptimizer",),

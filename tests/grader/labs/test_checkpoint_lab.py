@@ -17,7 +17,6 @@ from grader.labs.core import run_lab
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "checkpoint", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "checkpoint", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in checkpoint.CHECKS]
 
 
@@ -44,8 +43,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     # right: torch.save into an open file from tempfile.mkstemp, flushed, fsync'ed, then os.replace'd
     ("atomic_through_open_file", [], ""),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(checkpoint.LAB, os.path.join(ATTEMPTS, f"checkpoint_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(checkpoint.LAB, planted("checkpoint", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     if failed:
         first = next(r.message for r in result.checks if not r.passed)

@@ -22,7 +22,6 @@ from grader.labs.ddp import check as ddp
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "ddp", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "ddp", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in ddp.CHECKS]
 
 
@@ -61,8 +60,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     # torch's DDP reduces in C++, so no allreduce of the student's is seen either
     ("uses_torch_ddp", ["one_allreduce_per_bucket", "overlap", "no_torch_ddp"], ": no allreduce at all"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(ddp.LAB, os.path.join(ATTEMPTS, f"ddp_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(ddp.LAB, planted("ddp", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
@@ -70,6 +69,19 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
         built = next(r.message for r in result.checks if r.name == "no_torch_ddp")
         assert "you built torch's DistributedDataParallel" in built
 
+
+
+@pytest.mark.timeout(600)
+def test_the_self_check_without_an_id_also_runs_3_ranks_and_names_a_hard_coded_4(planted, tmp_path):
+    result = run_lab(ddp.LAB, planted("ddp", "divides_by_four"))  # passes the published run: 4 ranks
+    assert result.failed() == ["matches_ddp"] and result.runs == 2, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
+    assert first.startswith("your code assumes 4 ranks: it passes the published run, not this one with 3 ranks. "
+                            "world_size=3, "), first
+    mine = tmp_path / "mine.py"  # the solution as a student who set no id: both runs pass
+    mine.write_text(open(SOLUTION).read().replace('STUDENT_ID = "solution"', 'STUDENT_ID = ""'))
+    passed = run_lab(ddp.LAB, str(mine))
+    assert passed.passed and passed.runs == 2, render.lab_feedback(passed)
 
 
 @pytest.mark.timeout(600)

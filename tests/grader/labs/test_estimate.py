@@ -14,7 +14,6 @@ from grader.labs.estimate import check as estimate
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "estimate", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "estimate", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in estimate.CHECKS]
 
 
@@ -37,8 +36,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("allreduce_once", ["tp_allreduce"], "that counts each all-reduce's bytes once"),
     ("imports_course", ALL, "your file uses course.perf.planner.memory_per_gpu, a ready-made version"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(estimate.LAB, os.path.join(ATTEMPTS, f"estimate_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(estimate.LAB, planted("estimate", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next(r.message for r in result.checks if not r.passed)
     assert fragment in first, first

@@ -17,7 +17,6 @@ pytestmark = [pytest.mark.unit7, pytest.mark.timeout(600)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "fsdp", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "fsdp", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in fsdp.CHECKS]
 
 
@@ -47,8 +46,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("list_all_gather", [], ""),
     ("list_keeps_gathered", ["memory"], "bytes of gathered parameters were alive at once; prefetching holds two"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(fsdp.LAB, os.path.join(ATTEMPTS, f"fsdp_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(fsdp.LAB, planted("fsdp", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next((r.message for r in result.checks if not r.passed), "world_size=4, ")
     assert first.startswith("world_size=4, ") and fragment in first, first
@@ -100,3 +99,12 @@ def test_communication_is_one_and_a_half_ddp_within_the_padding():
     assert fsdp.judge_communication([1.5 * ddp], 18352, 4, 4).passed
     assert "reduce-scatter them instead" in fsdp.judge_communication([2 * ddp], 18352, 4, 4).message
     assert "one all-gather too few" in fsdp.judge_communication([ddp], 18352, 4, 4).message
+
+
+@pytest.mark.timeout(600)
+def test_the_self_check_without_an_id_also_runs_3_ranks_and_names_an_even_split(planted):
+    result = run_lab(fsdp.LAB, planted("fsdp", "assumes_even_split"))  # 64*32+32 = 2080 divides by 4, not 3
+    assert result.failed() and result.runs == 2, render.lab_feedback(result)
+    first = next(r.message for r in result.checks if not r.passed)
+    assert first.startswith("your code assumes 4 ranks, or that each layer's length divides evenly by the world "
+                            "size: it passes the published run, not this one with 3 ranks."), first

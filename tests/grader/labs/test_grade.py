@@ -19,7 +19,6 @@ RING = LABS["ring"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SOLUTION = os.path.join(ROOT, "grader", "labs", "ring", "reference.py")
 STUB = os.path.join(ROOT, "grader", "labs", "ring", "stub.py")
-FORGETS_AVERAGE = os.path.join(ROOT, "tests", "grader", "labs", "attempts", "ring_forgets_average.py")
 
 
 def test_a_lab_is_found_by_its_file_name_anywhere_in_a_folder_or_as_the_submission(tmp_path):
@@ -33,9 +32,9 @@ def test_a_lab_is_found_by_its_file_name_anywhere_in_a_folder_or_as_the_submissi
     assert not labs.only_labs(tmp_path / "alice") and labs.only_labs(tmp_path / "alice" / "labs")
 
 
-def test_grading_a_class_gives_each_lab_a_column_feedback_and_gradescope_tests(tmp_path):
+def test_grading_a_class_gives_each_lab_a_column_feedback_and_gradescope_tests(tmp_path, planted):
     submissions = tmp_path / "submissions"
-    for student, source in (("alice", SOLUTION), ("bob", FORGETS_AVERAGE)):
+    for student, source in (("alice", SOLUTION), ("bob", planted("ring", "forgets_average"))):
         (submissions / student).mkdir(parents=True)
         shutil.copyfile(source, submissions / student / "ring_allreduce.py")
     out = tmp_path / "out"

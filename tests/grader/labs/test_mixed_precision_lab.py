@@ -13,7 +13,6 @@ from grader.labs.mixed_precision import check as mixed_precision
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "mixed_precision", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "mixed_precision", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in mixed_precision.CHECKS]
 CONFIG = mixed_precision.LAB.runs[0]
 
@@ -39,8 +38,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
      "scaler's scale was 65536"),
     ("uses_grad_scaler", ALL, "your file uses torch.amp.GradScaler, a ready-made version"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(mixed_precision.LAB, os.path.join(ATTEMPTS, f"mixed_precision_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(mixed_precision.LAB, planted("mixed_precision", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next(r.message for r in result.checks if not r.passed)
     assert fragment in first, first

@@ -70,9 +70,9 @@ def test_the_solution_passes_every_verdict_in_every_run():
 
 
 @pytest.mark.parametrize("attempt", sorted(WRONG))
-def test_each_wrong_schedule_fails_exactly_the_verdicts_its_mistake_breaks(attempt):
+def test_each_wrong_schedule_fails_exactly_the_verdicts_its_mistake_breaks(attempt, planted):
     fails, fragment = WRONG[attempt]
-    failed = _verdicts(os.path.join(HERE, "attempts", f"one_f_one_b_{attempt}.py"))
+    failed = _verdicts(planted("one_f_one_b", attempt))
     assert set(failed) == fails, failed
     assert any(fragment.split(": ")[-1] in message for message in failed.values()), failed
 
@@ -120,9 +120,9 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 @pytest.mark.slow
 @pytest.mark.parametrize("attempt", ["gpipe", "no_warmup", "reversed_warmup", "interleaved_backward_chunk_order",
                                      "uncapped_warmup", "simulator_misses_deadlock"])
-def test_each_wrong_schedule_fails_the_same_checks_on_ranks(attempt):
+def test_each_wrong_schedule_fails_the_same_checks_on_ranks(attempt, planted):
     fails, fragment = WRONG[attempt]
-    result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", f"one_f_one_b_{attempt}.py"))
+    result = run_lab(one_f_one_b.LAB, planted("one_f_one_b", attempt))
     assert set(result.failed()) == fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 

@@ -37,8 +37,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("keeps_last_only", EVERY, "keep them per micro-batch"),
     ("imports_course", EVERY, "your file uses course.model_parallel.pipeline.run"),
 ])
-def test_each_wrong_runner_fails_the_checks_its_mistake_breaks(attempt, fails, fragment, short_window):
-    result = run_lab(pipeline_runner.LAB, os.path.join(HERE, "attempts", f"pipeline_runner_{attempt}.py"))
+def test_each_wrong_runner_fails_the_checks_its_mistake_breaks(attempt, fails, fragment, short_window, planted):
+    result = run_lab(pipeline_runner.LAB, planted("pipeline_runner", attempt))
     assert set(result.failed()) == fails, render.lab_feedback(result)
     for part in (fragment,) if isinstance(fragment, str) else fragment:  # a hang: who waits for whom, the wrong send
         assert any(part in r.message for r in result.checks if not r.passed), render.lab_feedback(result)

@@ -23,7 +23,6 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.unit4]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "ring", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "ring", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in ring.CHECKS]
 # the first visible run (4 ranks) has every dtype and op, and lengths below and not divisible by 4: enough for a mistake
 FIRST_RUN = dataclasses.replace(ring.LAB, runs=ring.LAB.runs[:1])
@@ -65,8 +64,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("sends_whole_tensor", ["bytes"], "rank 0 sent 15,016 bytes; a ring sends 2(n-1)/n of the 4,004-byte tensor = "
      "6,006 bytes: 3 of its 6 messages carried the whole tensor instead of one chunk (1/n of it)"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(FIRST_RUN, os.path.join(ATTEMPTS, f"ring_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(FIRST_RUN, planted("ring", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next((r.message for r in result.checks if not r.passed), "world_size=4: ")
     assert first.startswith("world_size=4: ") and fragment in first, first

@@ -36,8 +36,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("wrong_dim", EVERY, "stacked along the wrong dimension"),
     ("imports_course", EVERY, "your file uses course.model_parallel.sequence_parallel.GatherLinear"),
 ])
-def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
-    result = run_lab(sequence_parallel.LAB, os.path.join(HERE, "attempts", f"sequence_parallel_{attempt}.py"))
+def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, fragment, planted):
+    result = run_lab(sequence_parallel.LAB, planted("sequence_parallel", attempt))
     assert set(result.failed()) == fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 

@@ -36,8 +36,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("g_all_gather", {"collectives"}, "in forward, rank 0 called all_gather x1"),
     ("g_backward_allreduce", {"input_grad", "weight_grads", "collectives"}, "x too large"),
 ])
-def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
-    result = run_lab(tp_mlp.LAB, os.path.join(HERE, "attempts", f"tp_mlp_{attempt}.py"))
+def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, fragment, planted):
+    result = run_lab(tp_mlp.LAB, planted("tp_mlp", attempt))
     assert set(result.failed()) == fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 

@@ -37,8 +37,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("ignores_pid", {"per_rank", "real_trace"}, "the answer over every process"),
     ("imports_course", EVERY, "your file uses course.practice.profiling.overlap_fraction"),
 ])
-def test_each_wrong_reader_fails_the_checks_its_mistake_breaks(attempt, fails, fragment):
-    result = run_lab(trace_overlap.LAB, os.path.join(HERE, "attempts", f"trace_overlap_{attempt}.py"))
+def test_each_wrong_reader_fails_the_checks_its_mistake_breaks(attempt, fails, fragment, planted):
+    result = run_lab(trace_overlap.LAB, planted("trace_overlap", attempt))
     # the real trace's own events may overlap (or not): a mistake may fail it too, never another check
     assert fails - {"real_trace"} <= set(result.failed()) <= fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)

@@ -95,7 +95,7 @@ def test_whose_prefers_the_graders_id_and_says_when_the_file_names_another(tmp_p
 
 
 def test_the_feedback_names_the_variant_and_the_notes():
-    check = CheckResult.of(tp_mlp.CHECKS[0], True, "")
+    check = CheckResult.of(tp_mlp.LAB.checks[0], True, "")
     result = LabResult("tp_mlp", "t", "labs/tp_mlp.py", (check,), variant="your variant: world size 2, d_ff=64",
                        notes=("INFO: something to know",))
     assert "  Checked on your variant: world size 2, d_ff=64.\n  INFO: something to know\n" in \
@@ -105,12 +105,14 @@ def test_the_feedback_names_the_variant_and_the_notes():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_file_written_for_the_published_numbers_fails_another_students_variant_and_says_which():
-    hard_coded = os.path.join(HERE, "attempts", "tp_mlp_hard_coded_shard.py")  # k = 16: d_ff=64 over 4 ranks
+def test_a_file_written_for_the_published_numbers_fails_another_students_variant_and_says_which(planted):
+    hard_coded = planted("tp_mlp", "hard_coded_shard")  # k = 16: d_ff=64 over 4 ranks
     assert variant.describe(tp_mlp.LAB, "alice") == "world size 2, d_ff=64"  # k = 32 on each of 2 ranks
-    published = run_lab(tp_mlp.LAB, hard_coded)
-    assert published.passed, render.lab_feedback(published)
+    published = run_lab(tp_mlp.LAB, hard_coded)  # no id: the published run passes, the self-check's 2 ranks do not
     assert published.variant == "the published variant: world size 4, d_ff=64"
+    assert "outputs" in published.failed() and published.runs == 2, render.lab_feedback(published)
+    assert next(c.message for c in published.checks if not c.passed).startswith(
+        "your code assumes 4 ranks: it passes the published run, not this one with 2 ranks. world_size=2, ")
     alices = run_lab(tp_mlp.LAB, hard_coded, student_ids=("alice",))  # as the grader, who knows the submitter
     feedback = render.lab_feedback(alices)
     assert "outputs" in alices.failed() and "Checked on your variant: world size 2, d_ff=64." in feedback

@@ -23,7 +23,6 @@ from grader.labs.zero import check as zero
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 STUB = os.path.join(ROOT, "grader", "labs", "zero", "stub.py")
 SOLUTION = os.path.join(ROOT, "grader", "labs", "zero", "reference.py")
-ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in zero.CHECKS]
 
 
@@ -53,8 +52,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("allreduce_then_shard", ["communication"], "1.50x DDP's allreduce of the same gradients"),
     ("sums", ["matches_adam", "uneven"], "check the average (reduce-scatter the sum, then divide by world_size)"),
 ])
-def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
-    result = run_lab(zero.LAB, os.path.join(ATTEMPTS, f"zero_{attempt}.py"))
+def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
+    result = run_lab(zero.LAB, planted("zero", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
