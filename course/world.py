@@ -113,6 +113,11 @@ class Plan:
     def on_gpus(self) -> bool:
         return self.backend == "nccl"
 
+    @property
+    def label(self) -> str:
+        """``"2 GPUs"`` or ``"4 emulated GPUs"``: what a plot's title or a printed line says the ranks ran on."""
+        return f"{self.world_size} {'GPUs' if self.on_gpus else 'emulated GPUs'}"
+
 
 def _gpu_sizes(asked: int, sizes: tuple[int, ...] | None, gpu_count: int) -> list[int]:
     """The world sizes a lesson allows (default: any from 2 to ``asked``) that give each rank a GPU of its own."""

@@ -227,6 +227,7 @@ def test_plan_runs_a_four_rank_lesson_on_as_many_gpus_as_it_allows(gpus, sizes):
     assert (chosen.world_size, chosen.backend) == PLANS[sizes][gpus]
     cuda = [f"cuda:{rank}" for rank in range(chosen.world_size)]
     assert list(chosen.devices) == (cuda if chosen.on_gpus else ["cpu"] * 4)
+    assert chosen.label == f"{chosen.world_size} {'GPUs' if chosen.on_gpus else 'emulated GPUs'}"
     # the ranks that launch() starts take the same devices and backend (course.world.init_from_env reads these)
     machine = _machine(gpus)
     assert machine.backend_for(chosen.world_size) == chosen.backend

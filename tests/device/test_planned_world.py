@@ -12,10 +12,11 @@ pytestmark = pytest.mark.unit0
 
 #: lesson -> (the world sizes it runs at, as its notebook plans it; its arguments at world size n)
 SIZES = {
-    "tensor parallel": ((2, 4), None), "sequence parallel": ((2, 4), None), "pipeline, gpipe": ((2, 4), None),
-    "pipeline, 1f1b": ((2, 4), None), "mesh": ((4,), None), "00 hello": (None, None),
+    "tensor parallel": ((2, 4), None), "sequence parallel": ((2, 4), None), "pipeline, gpipe": ((4,), None),
+    "pipeline, 1f1b": ((4,), None), "mesh": ((4,), None), "00 hello": (None, None),
     "04 allreduce timing": (None, None), "04b horovod": (None, None), "04b compare": (None, None),
     "04b overlap": (None, None), "07 sharding": ((2, 4), None),
+    # notebook 05 still launches 4 ranks; its calibration runs at 2 or 3 when its rank counts fit
     "05 calibration": (None, lambda n: (tuple(k for k in (1, 2, 4) if k <= n), (16,), (), 1, 2)),
 }
 
@@ -51,7 +52,7 @@ def test_on_two_three_or_eight_gpus_the_planned_ranks_stay_on_their_gpu(lesson, 
     sizes, arguments = SIZES[lesson]
     chosen = world.plan(4, sizes, _declared(gpus))
     if not chosen.on_gpus:  # the lesson needs more ranks than there are GPUs: 4 emulated ranks, as on a laptop
-        assert (sizes, gpus, chosen.world_size) == ((4,), 2, 4) or (sizes, gpus) == ((4,), 3)
+        assert sizes == (4,) and gpus < 4 and chosen.world_size == 4
         return
     assert chosen.world_size == min(4, gpus if sizes is None else max(n for n in sizes if n <= gpus))
     fn, _, args = _lesson(lesson)
