@@ -1,0 +1,35 @@
+"""Wrong: it takes NCCL's CPU ranges (nccl:all_reduce, the enqueue of a kernel) for the communication, and misses
+NCCL's kernels."""
+
+COMMUNICATION = ("gloo:", "nccl:")  # the names of the backends' communication events start with these
+LAST_GRADIENT = "torch::autograd::AccumulateGrad"  # one event per gradient written into a parameter's .grad
+
+
+def overlap_fraction(trace: dict, pid: int) -> float:
+    """The fraction of process `pid`'s communication time that ran while its backward was still computing.
+
+    trace is a torch.profiler Chrome trace, as json.load reads it: {"traceEvents": [event, ...]}. Only complete
+    events count: "ph" == "X", each with "name", "pid", "tid", "ts" (its start, in microseconds) and "dur" (its
+    length). A trace may hold several processes (one per rank): use the events of `pid` only.
+
+    * Communication: the events whose name starts with one of COMMUNICATION. Two of them may overlap in time
+      (different threads): their shared time counts once. Take the union of their intervals.
+    * Backward compute: from the start of the event named "backward" to the end of the last LAST_GRADIENT event.
+      (The "backward" range itself ends later: DDP waits there for its last all-reduce.)
+
+    Returns the length of (communication union) inside the backward window, divided by the length of the
+    communication union: a number from 0 to 1; 0.0 when `pid` has no communication.
+    """
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("pid") == pid]
+    start = min(e["ts"] for e in events if e["name"] == "backward")
+    end = max(e["ts"] + e["dur"] for e in events if e["name"] == LAST_GRADIENT)
+    merged = []  # [start, end] of the communication union, sorted
+    for ts, te in sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith(COMMUNICATION)):
+        if merged and ts <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], te)
+        else:
+            merged.append([ts, te])
+    total = sum(te - ts for ts, te in merged)
+    inside = sum(max(0.0, min(te, end) - max(ts, start)) for ts, te in merged)
+    return inside / total if total > 0 else 0.0
+
