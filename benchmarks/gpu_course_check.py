@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/gpu_course_check.py [--wheels DIR] [--out FILE]      (or: make gpu-check)
     PYTHONPATH=. python benchmarks/gpu_course_check.py --emulate                       (the CPU dry run)
 
-Runs, each step timed, its outcome recorded and a failure never stopping the next (the quick steps 3-5 first,
+Runs, each step timed, its outcome recorded and a failure never stopping the next (the quick steps 3-6 first,
 so a time limit cuts only notebooks):
 
 1. environment: the GPUs, driver, torch and CUDA versions, and ``course info`` (ranks, backend, GPU links);
@@ -12,7 +12,9 @@ so a time limit cuts only notebooks):
 3. labs: every lab's reference solution through its check, hidden runs included (full marks expected);
 4. grader: the reference assignment (full marks) and two broken scripts, each of which must fail exactly the
    check its bug breaks;
-5. gpu_check: ``benchmarks/gpu_check.py``, a DDP step and an allreduce sweep, measured against ``course.perf``.
+5. gpu_check: ``benchmarks/gpu_check.py``, a DDP step and an allreduce sweep, measured against ``course.perf``;
+6. the 2-GPU path (on 2 or more GPUs): with only two GPUs visible, ``world.plan(4)`` must choose 2 ranks on nccl,
+   and notebooks 00 and 08 run under nbval so (skipped, saying so, on fewer GPUs or in the dry run).
 
 It writes ONE markdown file (default ``benchmarks/results/gpu-check-<GPU>-<date>.md``), rewritten after each step
 so that a run cut short keeps what it did: the GPU, driver, torch and CUDA versions, what passed, and each
@@ -135,13 +137,13 @@ def _environment_for_children() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), path]))}
 
 
-def run_notebook(path: Path, failure_log: Path | None = None) -> tuple[bool, str]:
-    """One notebook under nbval, in a pytest of its own (the repository's pytest options left out); if it fails,
-    its pytest output is appended to ``failure_log``."""
+def run_notebook(path: Path, failure_log: Path | None = None, env: dict[str, str] | None = None) -> tuple[bool, str]:
+    """One notebook under nbval, in a pytest of its own (the repository's pytest options left out), with ``env``
+    added to its environment; if it fails, its pytest output is appended to ``failure_log``."""
     command = [sys.executable, "-m", "pytest", str(path), "-o", "addopts=", "-p", "no:cacheprovider", "-q",
                "--nbval-lax", "--nbval-current-env", f"--nbval-cell-timeout={NOTEBOOK_TIMEOUT_S}"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=_environment_for_children(),
-                            timeout=3 * NOTEBOOK_TIMEOUT_S)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                            env={**_environment_for_children(), **(env or {})}, timeout=3 * NOTEBOOK_TIMEOUT_S)
     summary = (result.stdout.strip().splitlines() or ["no output"])[-1]
     if result.returncode != 0 and failure_log is not None:
         with failure_log.open("a") as log:
@@ -160,6 +162,42 @@ def notebook_steps(notebooks: list[Path], parallel: int, record: Callable[[Step]
     with ThreadPoolExecutor(parallel) as pool:
         list(pool.map(lambda nb: record(timed(f"notebook {nb.name}", lambda: run_notebook(nb, failure_log))),
                       notebooks))
+
+
+#: Run again with only two GPUs visible, as on Kaggle's two T4s: world.plan(4) then runs 2 ranks on NCCL
+TWO_GPU_NOTEBOOKS = ("00_start_here.ipynb", "08_tensor_pipeline.ipynb")
+
+
+def two_gpus_visible() -> dict[str, str]:
+    """The environment that leaves a process the first two of the GPUs this one sees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[:2] if visible else ["0", "1"]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(first)}
+
+
+def planned_on_two_gpus() -> tuple[bool, str]:
+    """What ``world.plan(4)`` chooses in a process that sees only two GPUs: 2 ranks on nccl expected."""
+    probe = ("from course import world; p = world.plan(4); "
+             "print(p.world_size, p.backend, ','.join(p.devices)); print(p.sentence)")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**_environment_for_children(), **two_gpus_visible()})
+    lines = result.stdout.strip().splitlines() or [f"no output: {result.stderr.strip()[-300:]}"]
+    return lines[0] == "2 nccl cuda:0,cuda:1", lines[-1]
+
+
+def two_gpu_steps(emulate: bool, record: Callable[[Step], Step], failure_log: Path | None = None) -> None:
+    """On 2 or more GPUs: the path of a learner with two (``world.plan`` shrinks a 4-rank lesson to 2 ranks on
+    nccl), checked by its plan and by :data:`TWO_GPU_NOTEBOOKS` run with only two GPUs visible."""
+    gpus = 0 if emulate else torch.cuda.device_count()
+    if gpus < 2:
+        record(Step("2-GPU path", None, 0.0, f"{'CPU dry run' if emulate else f'{gpus} GPU(s) here'}: "
+                                             "it needs 2 or more GPUs, so it was NOT run"))
+        return
+    if not record(timed("2-GPU path: world.plan(4) with 2 GPUs visible", planned_on_two_gpus)).passed:
+        return
+    for name in TWO_GPU_NOTEBOOKS:
+        record(timed(f"notebook {name} on 2 GPUs",
+                     lambda name=name: run_notebook(ROOT / "notebooks" / name, failure_log, two_gpus_visible())))
 
 
 def check_lab(name: str) -> tuple[bool, str]:
@@ -227,6 +265,7 @@ def check(emulate: bool, wheels: Path | None, notebooks: list[Path], labs: list[
         list(pool.map(lambda n: record(timed(f"grader: tests/submissions/{n}.py", lambda: grade_submission(n))),
                       graded))
     record(timed("benchmarks/gpu_check.py: measured vs modelled", lambda: measure(emulate, report)))
+    two_gpu_steps(emulate, record, failure_log)
     notebook_steps(notebooks, 1 if emulate else 4, record, failure_log)
     return report
 

@@ -74,16 +74,8 @@ class Hardware:
         return "nccl" if self.on_gpus(world_size) else "gloo"
 
     def describe(self, world_size: int) -> str:
-        """One sentence saying what running on ``world_size`` ranks means on this machine, and what timings mean."""
-        emulated = (f"{world_size} emulated GPUs: {world_size} CPU processes on the gloo backend, "
-                    f"sharing {self.cpu_count} CPU core(s).")
-        if self.emulated:
-            return f"{emulated} Timings here are CPU timings, not GPU timings."
-        if not self.on_gpus(world_size):
-            return (f"{emulated} This machine's {self.gpu_count} GPU(s) are not used: nccl needs one GPU per rank, "
-                    f"so {world_size} ranks run emulated. Results are the same; timings are CPU timings, not GPU "
-                    f"timings. Use world_size <= {self.gpu_count} to run on the GPU(s).")
-        return f"{world_size} real GPUs on the nccl backend ({', '.join(self.gpu_names[:world_size])})."
+        """One sentence saying what running exactly ``world_size`` ranks means on this machine (:func:`plan`'s)."""
+        return _sentence(self, world_size, world_size, f"Use world_size <= {self.gpu_count} to run on the GPU(s).")
 
 
 def detect_hardware() -> Hardware:
@@ -97,6 +89,87 @@ def detect_hardware() -> Hardware:
         return Hardware(gpu_names=(), cpu_count=cpu_count)
     names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     return Hardware(gpu_names=names, cpu_count=cpu_count)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many ranks a lesson runs on this machine, on which backend and devices, and the sentence saying so.
+
+    Attributes:
+        asked: the ranks the lesson was written for.
+        world_size: the ranks it runs: ``asked``, or fewer where only that many GPUs are here.
+        backend: ``nccl`` (one GPU per rank) or ``gloo`` (CPU processes emulating the GPUs).
+        devices: each rank's device, by rank (``cuda:0``, ``cuda:1``, ... or ``cpu``).
+        sentence: what to print above the lesson's output.
+    """
+
+    asked: int
+    world_size: int
+    backend: str
+    devices: tuple[str, ...]
+    sentence: str
+
+    @property
+    def on_gpus(self) -> bool:
+        return self.backend == "nccl"
+
+    @property
+    def label(self) -> str:
+        """``"2 GPUs"`` or ``"4 emulated GPUs"``: what a plot's title or a printed line says the ranks ran on."""
+        return f"{self.world_size} {'GPUs' if self.on_gpus else 'emulated GPUs'}"
+
+
+def _gpu_sizes(asked: int, sizes: tuple[int, ...] | None, gpu_count: int) -> list[int]:
+    """The world sizes a lesson allows (default: any from 2 to ``asked``) that give each rank a GPU of its own."""
+    allowed = range(2, asked + 1) if sizes is None else sizes
+    return [n for n in allowed if 2 <= n <= gpu_count]
+
+
+def plan(asked: int, sizes: tuple[int, ...] | None = None, hardware: Hardware | None = None) -> Plan:
+    """Choose the world size, backend and devices for a lesson written for ``asked`` ranks. The one place that does.
+
+    * ``asked`` GPUs or more: ``asked`` ranks on nccl, one GPU each.
+    * 2 or more GPUs, but fewer than ``asked``: nccl refuses two ranks on one GPU, so the lesson runs on the
+      largest world size of ``sizes`` (default: any from 2 to ``asked``) that the GPUs allow, one rank per GPU.
+    * Otherwise (no GPU, one GPU, or no size in ``sizes`` fits): ``asked`` CPU processes on gloo.
+
+    Args:
+        asked: the ranks the lesson was written for (a positive integer).
+        sizes: the world sizes the lesson works at, e.g. ``(2, 4)`` when its work splits in halves or quarters.
+        hardware: the machine (default: :func:`detect_hardware`).
+
+    Returns:
+        A :class:`Plan`; print its ``sentence`` and launch ``world_size`` ranks. Taught in notebook 00.
+
+    Raises:
+        ValueError: ``asked`` is not a positive integer, or too many ranks to emulate (:func:`check_world_size`).
+    """
+    hardware = hardware or detect_hardware()
+    asked = check_count("asked", asked, unit="number of ranks")
+    fitting = [asked] if hardware.on_gpus(asked) else _gpu_sizes(asked, sizes, hardware.gpu_count)
+    world_size = check_world_size(max(fitting) if fitting else asked, hardware)
+    devices = tuple(str(device_for(rank, hardware, world_size)) for rank in range(world_size))
+    backend = hardware.backend_for(world_size)
+    needs = "" if sizes is None else f"This lesson runs at {' or '.join(map(str, sizes))} ranks."
+    return Plan(asked, world_size, backend, devices, _sentence(hardware, asked, world_size, needs))
+
+
+def _sentence(hardware: Hardware, asked: int, world_size: int, hint: str) -> str:
+    """What :func:`plan` chose, in words: how many ranks, on what, and what the timings then mean; ``hint`` ends
+    the sentence when GPUs are here but not used."""
+    if hardware.on_gpus(world_size):
+        names = ", ".join(hardware.gpu_names[:world_size])
+        if world_size == asked:
+            return f"{world_size} real GPUs on the nccl backend ({names})."
+        return (f"{asked} ranks asked, {hardware.gpu_count} GPUs here: running {world_size} ranks on NCCL, one GPU "
+                f"each ({names}). NCCL needs a GPU of its own for each rank.")
+    emulated = (f"{asked} emulated GPUs: {asked} CPU processes on the gloo backend, sharing {hardware.cpu_count} "
+                "CPU core(s).")
+    if hardware.emulated:
+        return f"{emulated} Timings here are CPU timings, not GPU timings."
+    return (f"{emulated} This machine's {hardware.gpu_count} GPU(s) are not used: nccl needs one GPU per rank, so "
+            f"{asked} ranks run emulated. Results are the same; timings are CPU timings, not GPU timings. {hint}"
+            ).rstrip()
 
 
 def gpus_present() -> bool:

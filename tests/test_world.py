@@ -5,6 +5,8 @@ import contextlib
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from course import world
 
@@ -204,3 +206,65 @@ def test_four_ranks_on_fewer_gpus_launch_emulated_and_say_so(monkeypatch, capsys
     assert [(r["rank"], r["backend"], r["device"]) for r in reports] == [(rank, "gloo", "cpu") for rank in range(4)]
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("launch: 4 emulated GPUs") and f"This machine's {gpus} GPU(s) are not used" in first
+
+
+def _machine(gpus: int) -> world.Hardware:
+    return world.Hardware(gpu_names=("Tesla T4",) * gpus, cpu_count=4)
+
+
+# GPUs here -> (world size, backend) that a 4-rank lesson runs at, for the sizes it allows
+PLANS = {
+    None: {0: (4, "gloo"), 1: (4, "gloo"), 2: (2, "nccl"), 3: (3, "nccl"), 4: (4, "nccl"), 8: (4, "nccl")},
+    (2, 4): {0: (4, "gloo"), 1: (4, "gloo"), 2: (2, "nccl"), 3: (2, "nccl"), 4: (4, "nccl"), 8: (4, "nccl")},
+    (4,): {0: (4, "gloo"), 1: (4, "gloo"), 2: (4, "gloo"), 3: (4, "gloo"), 4: (4, "nccl"), 8: (4, "nccl")},
+}
+
+
+@pytest.mark.parametrize("sizes", list(PLANS), ids=["any size", "2 or 4", "4 only"])
+@pytest.mark.parametrize("gpus", [0, 1, 2, 3, 4, 8])
+def test_plan_runs_a_four_rank_lesson_on_as_many_gpus_as_it_allows(gpus, sizes):
+    chosen = world.plan(4, sizes, _machine(gpus))
+    assert (chosen.world_size, chosen.backend) == PLANS[sizes][gpus]
+    cuda = [f"cuda:{rank}" for rank in range(chosen.world_size)]
+    assert list(chosen.devices) == (cuda if chosen.on_gpus else ["cpu"] * 4)
+    assert chosen.label == f"{chosen.world_size} {'GPUs' if chosen.on_gpus else 'emulated GPUs'}"
+    # the ranks that launch() starts take the same devices and backend (course.world.init_from_env reads these)
+    machine = _machine(gpus)
+    assert machine.backend_for(chosen.world_size) == chosen.backend
+    assert [str(world.device_for(r, machine, chosen.world_size)) for r in range(chosen.world_size)] == \
+        list(chosen.devices)
+
+
+@pytest.mark.parametrize(("gpus", "said"), [
+    (0, "4 emulated GPUs: 4 CPU processes on the gloo backend, sharing 4 CPU core(s). Timings here are CPU timings"),
+    (1, "This machine's 1 GPU(s) are not used: nccl needs one GPU per rank, so 4 ranks run emulated."),
+    (2, "4 ranks asked, 2 GPUs here: running 2 ranks on NCCL, one GPU each (Tesla T4, Tesla T4)."),
+    (3, "4 ranks asked, 3 GPUs here: running 3 ranks on NCCL, one GPU each (Tesla T4, Tesla T4, Tesla T4)."),
+    (4, "4 real GPUs on the nccl backend (Tesla T4, Tesla T4, Tesla T4, Tesla T4)."),
+    (8, "4 real GPUs on the nccl backend (Tesla T4, Tesla T4, Tesla T4, Tesla T4)."),
+])
+def test_plan_says_what_it_chose(gpus, said):
+    assert said in world.plan(4, hardware=_machine(gpus)).sentence
+
+
+def test_a_lesson_that_needs_four_ranks_says_why_two_gpus_are_not_used():
+    said = world.plan(4, (4,), _machine(2)).sentence
+    assert "This machine's 2 GPU(s) are not used" in said and "This lesson runs at 4 ranks." in said
+
+
+@given(asked=st.integers(1, 16), gpus=st.integers(0, 16),
+       sizes=st.none() | st.lists(st.integers(1, 16), min_size=1, max_size=4).map(tuple))
+def test_a_plan_is_one_gpu_per_rank_on_nccl_or_the_asked_ranks_on_gloo(asked, gpus, sizes):
+    chosen = world.plan(asked, sizes, _machine(gpus))
+    if chosen.on_gpus:
+        assert chosen.world_size <= min(asked, gpus) and len(set(chosen.devices)) == chosen.world_size
+        assert chosen.world_size == asked or (chosen.world_size >= 2 and (sizes is None or chosen.world_size in sizes))
+    else:
+        assert chosen.world_size == asked and set(chosen.devices) == {"cpu"} and chosen.backend == "gloo"
+        assert gpus < asked  # asked GPUs or more always run on them
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "4"])
+def test_plan_refuses_a_bad_rank_count(bad):
+    with pytest.raises(ValueError, match="asked must be a positive integer number of ranks, got"):
+        world.plan(bad, hardware=_machine(2))

@@ -25,27 +25,53 @@ from course.ddp.distributed_optimizer import DistributedOptimizer
 from course.ddp.horovod import broadcast_parameters
 from course.models import DigitsCNN, gradient_bytes
 
+#: torch's dist._DEFAULT_FIRST_BUCKET_BYTES and DDP's default bucket_cap_mb
+FIRST_BUCKET_BYTES, DEFAULT_BUCKET_CAP_MB = 2**20, 25.0
 
-def bucket_report(model: nn.Module, bucket_cap_mb: float = 25.0) -> dict[str, float]:
-    """How ``model``'s gradients fill DDP buckets of ``bucket_cap_mb`` MiB (DDP's default is 25).
 
-    DDP fills buckets in backward order and closes one as soon as it holds ``bucket_cap_mb`` or more (so a
-    bucket may overshoot by one tensor; :func:`~course.ddp.buckets.assign_buckets` never overshoots,
-    like Horovod's fusion buffer). That is DDP's plan from the second iteration on; the first uses a 1 MiB
-    first bucket, then DDP rebuilds its buckets in the order gradients actually arrived.
+def arrival_order(model: nn.Module, inputs: torch.Tensor) -> list[nn.Parameter]:
+    """``model``'s parameters in the order one backward on ``inputs`` makes their gradients final (DDP's order), on a
+    copy of the model (``model``'s gradients are left as they were)."""
+    copy_ = copy.deepcopy(model)
+    order: list[int] = []
+    for index, p in enumerate(q for q in copy_.parameters() if q.requires_grad):
+        p.register_post_accumulate_grad_hook(lambda _, index=index: order.append(index))
+    copy_(inputs).sum().backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [params[i] for i in order]
+
+
+def bucket_report(model: nn.Module, bucket_cap_mb: float | None = None, inputs: torch.Tensor | None = None) -> dict:
+    """How ``model``'s gradients fill DDP's buckets from its second iteration on, as torch 2.13 builds them.
+
+    DDP's first iteration reduces every gradient in one bucket: it does not know yet in which order they arrive.
+    Then it rebuilds its buckets in the order they arrived: observed with ``inputs`` (:func:`arrival_order`), else
+    assumed to be the reverse of ``model.parameters()`` (a layer's weight and bias may then swap). Left at its
+    default (``bucket_cap_mb=None``: 25 MiB), the first bucket is capped at 1 MiB
+    (``dist._DEFAULT_FIRST_BUCKET_BYTES``), so the first allreduce starts early; an explicit ``bucket_cap_mb``
+    caps every bucket. A bucket closes with the gradient that takes it to its cap or past it, so it may overshoot by
+    one tensor (:func:`~course.ddp.buckets.assign_buckets` never overshoots, like Horovod's fusion buffer). With
+    ``find_unused_parameters=True`` DDP keeps the buckets it built at first, from ``model.parameters()`` in order
+    (the small one for the first-defined parameters). Taught in notebook 05.
 
     Returns:
-        ``gradient_bytes``, ``bucket_cap_bytes``, ``buckets`` (allreduces per step) and ``fill`` (gradient bytes
-        / bucket capacity: below 1, the whole model is one allreduce after backward, with no overlap).
+        ``gradient_bytes``, ``bucket_cap_bytes``, ``first_bucket_cap_bytes``, ``sizes`` (each bucket's bytes, in the
+        order reduced), ``buckets`` (allreduces per step), ``first_iteration_buckets`` (1) and ``fill`` (gradient
+        bytes / bucket cap: below 1, one bucket holds every gradient, reduced once the last one is ready).
     """
-    cap = int(bucket_cap_mb * 2**20)
-    buckets, filled = 0, cap
-    for p in reversed([p for p in model.parameters() if p.requires_grad]):
-        if filled >= cap:
-            buckets, filled = buckets + 1, 0
+    cap = int((DEFAULT_BUCKET_CAP_MB if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
+    first = min(FIRST_BUCKET_BYTES, cap) if bucket_cap_mb is None else cap
+    sizes, filled = [], 0
+    order = arrival_order(model, inputs) if inputs is not None else \
+        reversed([p for p in model.parameters() if p.requires_grad])
+    for p in order:
         filled += p.numel() * p.element_size()
+        if filled >= (cap if sizes else first):
+            sizes, filled = [*sizes, filled], 0
+    sizes += [filled] if filled else []
     total = gradient_bytes(model)
-    return {"gradient_bytes": total, "bucket_cap_bytes": cap, "buckets": buckets, "fill": total / cap}
+    return {"gradient_bytes": total, "bucket_cap_bytes": cap, "first_bucket_cap_bytes": first, "sizes": sizes,
+            "buckets": len(sizes), "first_iteration_buckets": 1, "fill": total / cap}
 
 
 # -- rank functions checked against DDP -------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Which split would a cluster pick? Every tensor x pipeline x data split of a GPT model, the fastest that fits.
+"""Which split does the performance model pick? Every tensor x pipeline x data split of a GPT model, the fastest
+that fits, under the model's assumptions.
 
 For every ``t x p x d = N`` (``t`` dividing the heads, inside a node or across nodes, ``p`` dividing the layers,
 ``d`` dividing the global batch) :func:`splits` asks the course's performance model for one step
@@ -10,7 +11,10 @@ overlapped with compute (Megatron-LM's default; ``Plan(tp_overlap=True)`` models
 data-parallel ranks) and, with recomputation, every layer's 16-bit input for the ``p`` micro-batches 1F1B keeps
 in flight there (``1 + (p-1)/(p·v)`` times more with ``v`` interleaved chunks), one layer's working set and the
 logits (Korthikanti et al. 2022, section 4.2.3, for the ``p`` in flight). :func:`choose` keeps the splits that
-fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those GPUs.
+fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those GPUs. The pick is
+the model's answer under its assumptions (ZeRO-1 for every ``d > 1``, no sequence or context parallelism, a fixed
+global batch, fitted kernel efficiencies), not what a team would run: they also weigh what it leaves out (failures
+and checkpoints, other jobs on the network, a framework's kernels, the time to tune).
 Taught in ``notebooks/08_tensor_pipeline.ipynb``.
 """
 
@@ -21,8 +25,9 @@ from dataclasses import dataclass
 from course.perf import parallel, planner
 from course.perf.comm import Cluster
 
-#: GPT-3's shapes (Brown et al. 2020, Table 2.1): 1.3B, 13B and 175B parameters.
-GPT = [parallel.Transformer("GPT 1.3B", 24, 2048, 16), parallel.Transformer("GPT 13B", 40, 5120, 40),
+#: GPT-3's shapes (Brown et al. 2020, Table 2.1: n_layers, d_model, n_heads): XL (1.3B), 13B and 175B parameters.
+#: The table gives XL 24 heads of d_head 128, which is 3072 wide, not its d_model of 2048; the heads are the table's.
+GPT = [parallel.Transformer("GPT 1.3B", 24, 2048, 24), parallel.Transformer("GPT 13B", 40, 5120, 40),
        parallel.Transformer("GPT 175B", 96, 12288, 96)]
 GPT_SOURCE = "https://arxiv.org/abs/2005.14165"
 
@@ -71,7 +76,7 @@ def choose(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batc
 
 
 def table(models: list[parallel.Transformer], gpus: int, cluster: Cluster, global_batch: int = 512) -> list[dict]:
-    """One row per model: its size, the bytes data parallelism needs per GPU, and the split the planner picks.
+    """One row per model: its size, the bytes data parallelism needs per GPU, and the split the model picks.
 
     Two data-parallel columns, because they answer different questions: ``ddp_gb`` replicates every model
     state (plain DDP), ``zero1_gb`` shards Adam's state over all ``gpus`` ranks (DP + ZeRO-1). A model can fit

@@ -4,8 +4,15 @@ DDP overlaps each bucket's allreduce with the rest of backward because autograd 
 A compiled graph's backward is one autograd node: if the whole model were one graph, every gradient would be ready
 only when all of backward had run, and no allreduce could overlap it. Dynamo's DDPOptimizer
 (``torch._dynamo.config.optimize_ddp``, on by default) therefore splits the graph at DDP's bucket boundaries, one
-subgraph per bucket. It can do so only when it traces the model *inside* DDP's forward, i.e. when the model
-DDP wraps is the compiled one: ``DDP(torch.compile(model))``.
+subgraph per bucket. Both ways of compiling reach it. ``DDP(torch.compile(model))`` compiles the model DDP wraps.
+``torch.compile(DDP(model))`` compiles DDP's forward, and Dynamo stops there on purpose: the part of DDP's forward
+that marks "inside DDP" is never traced, and Dynamo compiles the wrapped model's forward as a frame of its own, under
+DDPOptimizer. (A model whose forward is torch's own code, such as ``nn.Sequential``, gives that frame nothing to
+compile: Dynamo skips torch's files unless it reached them from code it traces. So the model here is a class of ours.)
+
+Compiled autograd is the other way: with ``torch._dynamo.config.optimize_ddp = "python_reducer"`` and compiled
+autograd on, DDP hands the gradients to a Python reducer that Dynamo traces into the compiled backward, and inductor
+buckets and overlaps the allreduces itself (``torch._inductor.config._fuse_ddp_communication``). It is not run here.
 
 :func:`compile_contrast` runs on each rank (under :func:`course.runtime.launch.launch`) and counts the graphs
 the compiler received in three set-ups, with a backend that only counts (no code is generated, so it takes
@@ -23,9 +30,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course import world
 
 
+class Stack(nn.Module):
+    """``layers`` linear layers applied in turn: a forward of ours, which Dynamo compiles under DDP (see the module
+    doc)."""
+
+    def __init__(self, layers: int, width: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, width) -> (B, width)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 def _model(layers: int, width: int) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(world.current().device)
+    return Stack(layers, width).to(world.current().device)
 
 
 def _graphs_compiled(how: str, layers: int, width: int, bucket_cap_mb: float, steps: int) -> tuple[int, int]:
@@ -74,8 +95,10 @@ def describe(counts: dict[str, tuple[int, int]]) -> str:
         lines.append("With optimize_ddp off: one graph, so every bucket's gradients are ready only when the whole "
                      "compiled backward has run.")
     if whole == 0:
-        lines.append(f"compile(DDP(model)): no graph at all. With torch {torch.__version__}, dynamo stopped at a graph "
-                     "break inside DDP's forward, and the model ran uncompiled.")
+        lines.append("compile(DDP(model)): no graph. Dynamo stops at DDP's forward by design and compiles the model's "
+                     "forward on its own, and this model's forward gave it nothing to compile (torch's own code).")
     else:
-        lines.append(f"compile(DDP(model)): {whole} graph(s).")
+        lines.append(f"compile(DDP(model)): {whole} graph(s)"
+                     + (", split at the same buckets: Dynamo stops at DDP's forward by design, then compiles the "
+                        "model under it with DDPOptimizer." if whole == split == buckets else "."))
     return "\n".join(lines)

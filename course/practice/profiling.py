@@ -5,12 +5,15 @@ then profiles one step with ``torch.profiler`` and exports a Chrome/Perfetto tra
 in ``chrome://tracing`` or https://ui.perfetto.dev, both work offline on a local file). :func:`read_trace`
 reads the timeline back *from that file's events*: the ``forward``/``backward``/``optimizer`` ranges the step
 labels with ``record_function``, the end of the last gradient (the last ``AccumulateGrad``), and every
-``gloo:all_reduce`` the backend's own threads ran: one per bucket.
+allreduce: one per bucket.
 
-On a GPU the profiler also records CUDA activity, and the step ends with ``torch.cuda.synchronize`` (otherwise
-the ranges would time how fast Python issued kernels). There, the allreduces are NCCL's communication kernels
-(``ncclDevKernel_AllReduce...``), not the CPU's ``nccl:all_reduce`` ranges (a kernel launch), and the other
-kernels are the compute stream's.
+Which events are the communication depends on the backend. On gloo, the ``gloo:all_reduce`` ranges of gloo's own
+threads are: those threads move and add the data. On NCCL, the CPU's ``nccl:all_reduce`` range only enqueues a
+kernel on a CUDA stream, and returns; the communication is that kernel, ``ncclDevKernel_AllReduce...``
+(``ncclKernel_...`` in older NCCL), which the profiler records on the GPU with CUDA activity on. So on a GPU the
+step ends with ``torch.cuda.synchronize`` (otherwise the ranges would time how fast Python issued kernels), the
+allreduces are NCCL's kernels and the other kernels are the compute stream's. A NCCL trace without kernels has no
+communication time to read, and :func:`read_trace` refuses it.
 
 :func:`overlap_fraction` is the share of allreduce time spent while gradients were still being computed (on a
 GPU: while a compute kernel ran); :func:`modelled_overlap` reads the same share off
@@ -36,9 +39,11 @@ from course.perf.comm import Cluster
 from course.perf.model import Assumptions, StepTime, step_time
 
 PHASES = ("forward", "backward", "optimizer")  # the record_function labels of one step
-ALLREDUCE_EVENTS = ("gloo:all_reduce", "nccl:all_reduce")  # what the backends' threads record per bucket
+ALLREDUCE_EVENTS = ("gloo:all_reduce",)  # what gloo's threads record per bucket: the communication itself
+NCCL_ENQUEUE = "nccl:"  # the CPU's ranges on NCCL: a kernel enqueued on a stream, not the communication
 LAST_GRADIENT = "torch::autograd::AccumulateGrad"
-COMMUNICATION_KERNELS = "nccl"  # NCCL's kernels' names start so: ncclDevKernel_AllReduce_Sum_f32_RING_LL, ...
+#: NCCL's kernels' names start so: ncclDevKernel_AllReduce_Sum_f32_RING_LL (NCCL 2.19 on), ncclKernel_... (before)
+COMMUNICATION_KERNELS = ("ncclDevKernel_", "ncclKernel_")
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,8 @@ def read_trace(path: str | Path, rank: int = 0) -> Timeline:
     """Read one rank's step back from its Chrome trace: phases, end of the last gradient, allreduces.
 
     Raises:
-        ValueError: the trace has no ``forward``/``backward``/``optimizer`` range (not a trace this module wrote).
+        ValueError: the trace has no ``forward``/``backward``/``optimizer`` range (not a trace this module wrote),
+            or it is a NCCL trace without CUDA kernels (its ``nccl:`` ranges are enqueues, not communication).
     """
     events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
     ranges = {e["name"]: e for e in events if e["name"] in PHASES}
@@ -181,6 +187,10 @@ def read_trace(path: str | Path, rank: int = 0) -> Timeline:
     if kernels:  # a GPU's: its allreduces are NCCL's kernels, and the rest the compute stream's
         allreduces = [interval(e) for e in communication]
         compute = [interval(e) for e in kernels if not e["name"].startswith(COMMUNICATION_KERNELS)]
+    elif any(e["name"].startswith(NCCL_ENQUEUE) for e in events):
+        raise ValueError(f"{path} was recorded on NCCL without CUDA activity: its nccl: ranges are the CPU enqueuing "
+                         "kernels, not the communication. Profile with activities(device), which adds "
+                         "ProfilerActivity.CUDA.")
     else:
         allreduces = [interval(e) for e in events if e["name"] in ALLREDUCE_EVENTS and t0 <= e["ts"] <= end]
         compute = []

@@ -232,13 +232,15 @@ def _stop(processes: list[Any]) -> None:
         process.join(timeout=10)
 
 
-def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: float = 120.0,
+def launch(fn: Callable[..., Any], world_size: int | world.Plan = 4, *args: Any, timeout_s: float = 120.0,
            **kwargs: Any) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results in rank order.
 
     Args:
         fn: an importable function; inside it, ``course.world.current()`` says which rank it runs on.
-        world_size: number of ranks (GPUs, or CPU processes emulating them).
+        world_size: number of ranks (GPUs, or CPU processes emulating them), or a :func:`course.world.plan`, whose
+            world size is used and whose sentence is printed where there are GPUs (``launch(fn, world.plan(4))``
+            runs 2 ranks on nccl on a 2-GPU machine, 4 emulated ones on a machine with none).
         timeout_s: wall-clock limit for the whole job, in seconds, on a quiet machine: it grows on a busy or
             slow one (:func:`course.runtime.pace.machine_pace`), up to 4 times. Ranks that all stop making
             progress while one waits for another are stopped sooner, after ``progress.WINDOW_S`` (20 s).
@@ -258,9 +260,10 @@ def launch(fn: Callable[..., Any], world_size: int = 4, *args: Any, timeout_s: f
             the others waited for).
     """
     hardware = world.detect_hardware()
-    world_size = world.check_world_size(world_size, hardware)
+    chosen = world_size if isinstance(world_size, world.Plan) else None
+    world_size = world.check_world_size(chosen.world_size if chosen else world_size, hardware)
     if not hardware.emulated:  # GPUs: say whether the ranks get one each, and what the timings then mean
-        print(f"launch: {hardware.describe(world_size)}", flush=True)
+        print(f"launch: {chosen.sentence if chosen else hardware.describe(world_size)}", flush=True)
     if getattr(fn, "__module__", None) == "__main__" or "<locals>" in getattr(fn, "__qualname__", ""):
         raise ValueError(
             f"launch() needs an importable function, but {getattr(fn, '__qualname__', fn)!r} is defined in a "

@@ -73,6 +73,36 @@ def test_a_failed_notebooks_output_is_kept_in_the_failure_log(monkeypatch, tmp_p
     assert check.run_notebook(Path("03_naive_multi_gpu.ipynb"), log) == (False, "1 failed, 23 passed")
     assert log.read_text().startswith("===== 03_naive_multi_gpu.ipynb: 1 failed, 23 passed\nCell 3: RuntimeError")
 
+@pytest.mark.parametrize(("emulate", "gpus"), [(True, 0), (False, 0), (False, 1), (True, 8)])
+def test_the_two_gpu_path_is_skipped_and_says_so_without_two_gpus(monkeypatch, emulate, gpus):
+    monkeypatch.setattr(check.torch.cuda, "device_count", lambda: gpus)
+    steps = []
+    check.two_gpu_steps(emulate, steps.append)
+    assert [(s.name, s.passed) for s in steps] == [("2-GPU path", None)] and "NOT run" in steps[0].detail
+
+
+def test_on_two_gpus_or_more_the_plan_and_two_notebooks_run_with_two_gpus_visible(monkeypatch):
+    monkeypatch.setattr(check.torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    seen = []
+
+    def fake_run(command, **kwargs):
+        seen.append(kwargs["env"]["CUDA_VISIBLE_DEVICES"])
+        return subprocess.CompletedProcess(command, 0, "2 nccl cuda:0,cuda:1\n4 ranks asked, 2 GPUs here: ...", "")
+
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_notebook", lambda path, log, env: (env == {"CUDA_VISIBLE_DEVICES": "3,5"}, "ok"))
+    steps = []
+    check.two_gpu_steps(False, lambda step: steps.append(step) or step)
+    assert seen == ["3,5"] and [s.passed for s in steps] == [True, True, True]
+    assert [s.name for s in steps[1:]] == [f"notebook {n} on 2 GPUs" for n in check.TWO_GPU_NOTEBOOKS]
+
+
+def test_the_plan_probe_fails_where_the_plan_is_not_two_ranks_on_nccl():
+    passed, said = check.planned_on_two_gpus()  # this machine has no GPU: 4 emulated ranks on gloo
+    assert passed is False and said.startswith("4 emulated GPUs")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_cpu_dry_run_passes_and_writes_one_results_file(tmp_path):

@@ -257,10 +257,10 @@ def _target(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 @contextlib.contextmanager
-def declared(world_size: int) -> Iterator[None]:
-    """While open: ``course.world`` declares ``world_size`` GPUs whose device type is ``meta``; collectives check
-    their tensors' device; meta values read as ones."""
-    hardware = world.Hardware(gpu_names=("declared meta device",) * world_size, cpu_count=1, device_type="meta")
+def declared(gpus: int) -> Iterator[None]:
+    """While open: ``course.world`` declares ``gpus`` GPUs whose device type is ``meta`` (0: a machine with none);
+    collectives check their tensors' device; meta values read as ones."""
+    hardware = world.Hardware(gpu_names=("declared meta device",) * gpus, cpu_count=1, device_type="meta")
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(world, "detect_hardware", lambda: hardware))
         for name in CALLS + OBJECT_CALLS:
@@ -352,9 +352,11 @@ def _waits_for_a_later_rank(error: BaseException) -> bool:
     return False
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any) -> list[Outcome]:
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, gpus: int | None = None,
+              **kwargs: Any) -> list[Outcome]:
     """Call ``fn(*args, **kwargs)`` as each of ``world_size`` ranks in turn, with the declared device (see the module
-    doc); ``fn`` sees ``world.current().device == meta`` and a process group of ``world_size``.
+    doc); ``fn`` sees ``world.current().device == meta`` and a process group of ``world_size``, on a machine that
+    declares ``gpus`` GPUs (default: ``world_size``, one per rank).
 
     The ranks share one store. A rank that reads a key a later rank writes (rank 0 waiting for rank 3's message
     size, say) stops; then every rank runs again, on the store the last pass filled, until none stops so or a pass
@@ -362,18 +364,18 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, **kwargs: Any
     store = SharedStore()
     while True:
         written = set(store.values)
-        outcomes, waiting = _pass(store, fn, world_size, args, kwargs)
+        outcomes, waiting = _pass(store, fn, world_size, world_size if gpus is None else gpus, args, kwargs)
         if not waiting or set(store.values) == written:
             return outcomes
 
 
-def _pass(store: SharedStore, fn: Callable[..., Any], world_size: int, args: tuple,
+def _pass(store: SharedStore, fn: Callable[..., Any], world_size: int, gpus: int, args: tuple,
           kwargs: dict) -> tuple[list[Outcome], bool]:
     """One run of every rank in turn: the outcomes, and whether a rank stopped on a key a later rank writes."""
     outcomes, waiting = [], False
     environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "WORLD_SIZE": str(world_size),
                    "LOCAL_WORLD_SIZE": str(world_size)}
-    with declared(world_size):
+    with declared(gpus):
         for rank in range(world_size):
             outcome = Outcome(rank)
             with mock.patch.dict(os.environ, {**environment, "RANK": str(rank), "LOCAL_RANK": str(rank)}):

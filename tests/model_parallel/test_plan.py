@@ -15,6 +15,12 @@ CLUSTER = Cluster(catalog.gpu("H100 SXM5"), catalog.link("NVSwitch (H100, NVLink
 SMALL, MEDIUM, LARGE = plan.GPT
 
 
+def test_the_gpt_shapes_are_those_of_the_gpt3_papers_table():
+    """Brown et al. 2020, Table 2.1: (n_layers, d_model, n_heads) of GPT-3 XL, 13B and 175B."""
+    assert [(m.layers, m.hidden, m.heads) for m in plan.GPT] == [(24, 2048, 24), (40, 5120, 40), (96, 12288, 96)]
+    assert [round(m.params / 1e9, 1) for m in plan.GPT] == [1.3, 12.9, 174.6]
+
+
 def test_every_split_uses_every_gpu_and_is_priced_by_the_performance_model():
     found = plan.splits(MEDIUM, 64, CLUSTER)
     names = {split.name for split in found}

@@ -16,14 +16,18 @@ def test_ddpoptimizer_gives_one_graph_per_bucket_and_one_graph_when_off(layers):
     assert counts[0] == counts[1]  # the same on every rank
     split, buckets = counts[0]["DDP(compile(model))"]
     assert split == buckets == layers  # 1 MiB per layer, bucket_cap_mb=1: a layer per bucket
+    assert counts[0]["compile(DDP(model))"] == (layers, layers)  # the model under DDP's forward, split the same way
     assert counts[0]["DDP(compile(model)), optimize_ddp off"] == (1, layers)
 
 
 def test_describe_follows_the_counts():
-    split = {"compile(DDP(model))": (0, 6), "DDP(compile(model))": (6, 6),
+    split = {"compile(DDP(model))": (6, 6), "DDP(compile(model))": (6, 6),
              "DDP(compile(model)), optimize_ddp off": (1, 6)}
     text = compiled_ddp.describe(split)
-    assert "6 graph(s) for 6 buckets: DDPOptimizer split" in text and "no graph at all" in text
-    other = {**split, "compile(DDP(model))": (6, 6), "DDP(compile(model))": (1, 6)}
+    assert "6 graph(s) for 6 buckets: DDPOptimizer split" in text
+    assert "compile(DDP(model)): 6 graph(s), split at the same buckets" in text and "graph break" not in text
+    none = {**split, "compile(DDP(model))": (0, 6)}
+    assert "compile(DDP(model)): no graph. Dynamo stops at DDP's forward by design" in compiled_ddp.describe(none)
+    other = {**split, "compile(DDP(model))": (3, 6), "DDP(compile(model))": (1, 6)}
     text = compiled_ddp.describe(other)
-    assert "1 graph(s) for 6 buckets." in text and "compile(DDP(model)): 6 graph(s)." in text
+    assert "1 graph(s) for 6 buckets." in text and "compile(DDP(model)): 3 graph(s)." in text

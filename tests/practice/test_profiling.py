@@ -88,6 +88,25 @@ def test_a_gpu_trace_reads_the_allreduces_from_nccl_kernels(tmp_path):
     assert timeline.step_s == pytest.approx(400e-6)
 
 
+def test_old_and_new_nccl_kernel_names_are_communication_and_the_enqueue_range_is_not(tmp_path):
+    trace = json.loads(_gpu_trace(tmp_path).read_text())
+    for event in trace["traceEvents"]:
+        if event["name"].startswith("ncclDevKernel_"):
+            event["name"] = "ncclKernel_AllReduce_RING_LL_Sum_float"  # NCCL before 2.19
+    (tmp_path / "old.json").write_text(json.dumps(trace))
+    timeline = profiling.read_trace(tmp_path / "old.json")
+    assert [(a.name, a.start_s, a.end_s) for a in timeline.allreduces] == [
+        ("ncclKernel_AllReduce_RING_LL_Sum_float", 200e-6, 300e-6)]  # the kernel, not nccl:all_reduce at 150-155
+
+
+def test_a_nccl_trace_without_kernels_is_refused_not_read_as_communication(tmp_path):
+    trace = json.loads(_gpu_trace(tmp_path).read_text())
+    trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") != "kernel"]
+    (tmp_path / "cpu_only.json").write_text(json.dumps(trace))
+    with pytest.raises(ValueError, match="nccl: ranges are the CPU enqueuing kernels, not the communication"):
+        profiling.read_trace(tmp_path / "cpu_only.json")
+
+
 def test_gpu_overlap_is_the_communication_kernels_time_beside_compute_kernels(tmp_path):
     timeline = profiling.read_trace(_gpu_trace(tmp_path))
     assert profiling.overlap_fraction(timeline) == pytest.approx((50 + 40) / 100)  # 200-250 and 260-300 of 200-300

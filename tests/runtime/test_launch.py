@@ -39,6 +39,16 @@ def test_a_numpy_integer_world_size_is_accepted():
     assert launch(rf.identity, np.int64(2), "x", timeout_s=60) == [(0, "x"), (1, "x")]
 
 
+def test_a_plan_launches_its_world_size_and_says_so_on_a_gpu_machine(monkeypatch, capsys):
+    from course import world
+
+    two_gpus = world.Hardware(gpu_names=("Simulated T4",) * 2, cpu_count=2)
+    monkeypatch.setattr(world, "detect_hardware", lambda: two_gpus)
+    chosen = world.plan(3, (3,))  # a lesson that needs 3 ranks: more than the GPUs, so emulated on gloo
+    assert launch(rf.identity, chosen, "x", timeout_s=60) == [(0, "x"), (1, "x"), (2, "x")]
+    assert capsys.readouterr().out.splitlines()[0] == f"launch: {chosen.sentence}"
+
+
 def test_tensor_results_arrive_by_value():
     results = launch(rf.rank_tensor, 2, 100_000, timeout_s=60)
     assert [r.sum().item() for r in results] == [0.0, 100_000.0]

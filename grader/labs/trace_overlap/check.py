@@ -1,8 +1,9 @@
 """Lab (notebook 09b): the student reads a profiler trace and says how much communication hid behind backward.
 
 The student's ``overlap_fraction(trace, pid)`` gets a Chrome trace (``{"traceEvents": [...]}``) and a process id,
-and returns the share of that process's communication time (the union of its ``gloo:``/``nccl:`` events) that
-fell between the start of ``backward`` and the end of the last gradient. :func:`check_on_rank` first records a real
+and returns the share of that process's communication time (the union of its ``gloo:`` ranges and NCCL's kernels,
+never NCCL's ``nccl:`` CPU ranges, which only enqueue the kernels) that fell between the start of ``backward`` and
+the end of the last gradient. :func:`check_on_rank` first records a real
 trace: every rank profiles one DDP step (:func:`course.practice.profiling.profile_ddp_step`) and the ranks' traces
 are merged into one, as a multi-rank trace viewer shows them. Rank 0 then checks the student's reader on synthetic
 traces made from the run's seed (each kind isolates one thing a reader must get right), and every rank checks it on
@@ -11,7 +12,8 @@ the merged real trace for its own process. The answer is computed here (:func:`e
 course's own reader is refused (the lab's ``shortcuts``).
 
 Checks: one process, communication in and after backward; overlapping communication counted once (union); none
-counted during forward; only the given process; the real 2-rank DDP trace.
+counted during forward; only the given process; on NCCL the kernels, not the CPU's enqueue ranges; the real 2-rank
+DDP trace.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ CHECKS = (
     Check("union", "communication on two threads at once counts once (the union of intervals)", 2),
     Check("forward", "communication during forward does not count as overlapped", 2),
     Check("per_rank", "only the given process's events count (a trace with two ranks)", 2),
+    Check("nccl", "on NCCL the kernels are the communication, not the CPU's nccl: ranges that enqueue them", 2),
     Check("real_trace", "the fraction on a real 2-rank DDP trace recorded by the checker", 2),
 )
-COMMUNICATION = ("gloo:", "nccl:")
+COMMUNICATION = ("gloo:", "ncclDevKernel_", "ncclKernel_")  # gloo's threads' ranges; NCCL's kernels (old and new)
+NCCL_ENQUEUE = ("gloo:", "nccl:")  # the mistake: NCCL's CPU ranges, which only enqueue a kernel, and no kernel
+NCCL_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 LAST_GRADIENT = "torch::autograd::AccumulateGrad"
 TOLERANCE = 1e-6
 TRACES_PER_CHECK = 4
@@ -50,13 +55,15 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(start, end) for start, end in merged]
 
 
-def _fraction(trace: dict, pid: int | None, union: bool = True, window_from: str = "backward") -> float:
+def _fraction(trace: dict, pid: int | None, union: bool = True, window_from: str = "backward",
+              communication: tuple[str, ...] = COMMUNICATION) -> float:
     """The overlap as the lab defines it (defaults), or as a mistake computes it: ``pid=None`` reads every
-    process, ``union=False`` sums durations, ``window_from="forward"`` counts overlap with forward too."""
+    process, ``union=False`` sums durations, ``window_from="forward"`` counts overlap with forward too,
+    ``communication=NCCL_ENQUEUE`` takes NCCL's CPU ranges for its communication."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and (pid is None or e.get("pid") == pid)]
     start = min(e["ts"] for e in events if e["name"] == window_from)
     end = max(e["ts"] + e["dur"] for e in events if e["name"] == LAST_GRADIENT)
-    comm = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith(COMMUNICATION)]
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith(communication)]
     comm = _union(comm) if union else comm
     total = sum(b - a for a, b in comm)
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in comm) / total if total > 0 else 0.0
@@ -76,6 +83,9 @@ MISTAKES: dict[str, tuple[Callable[[dict, int], float], str]] = {
                 "it counts the communication during forward as overlapped: the window starts at \"backward\""),
     "every_pid": (lambda t, p: _fraction(t, None),
                   "it is the answer over every process in the trace: keep the events whose \"pid\" is the one asked"),
+    "cpu_enqueue": (lambda t, p: _fraction(t, p, communication=NCCL_ENQUEUE),
+                    "it reads NCCL's CPU ranges (nccl:all_reduce) as the communication: they only enqueue a kernel; "
+                    "on NCCL the communication is the kernel on the GPU (its name starts with ncclDevKernel_)"),
     "backward_end": (lambda t, p: _fraction_to_backward_end(t, p),
                      "it runs the window to the end of the \"backward\" range; backward's compute ends with the "
                      f"last {LAST_GRADIENT} (DDP then waits in the range for its last all-reduce)"),
@@ -92,11 +102,12 @@ def _fraction_to_backward_end(trace: dict, pid: int) -> float:
 
 
 def synthetic(kind: str, seed: int) -> tuple[dict, list[int]]:
-    """A made-up trace of ``kind`` ("one_rank", "union", "forward", "per_rank") and the pids to ask about.
+    """A made-up trace of ``kind`` ("one_rank", "union", "forward", "per_rank", "nccl") and the pids to ask about.
 
     Each kind adds one difficulty to "one_rank" (one process; communication on one thread, in backward, after the
     last gradient and after the step): "union" a second communication thread overlapping the first, "forward"
-    communication during forward, "per_rank" a second process with its own timings.
+    communication during forward, "per_rank" a second process with its own timings, "nccl" NCCL's events instead
+    of gloo's (:func:`_nccl_allreduces`).
     """
     rng = random.Random(f"{kind}-{seed}")
     pids = [rng.randrange(1000, 60000)]
@@ -115,10 +126,12 @@ def synthetic(kind: str, seed: int) -> tuple[dict, list[int]]:
             events.append(_event(pid, 1, LAST_GRADIENT, ts, min(5.0, done - ts)))
         events.append(_event(pid, 1, LAST_GRADIENT, done - 5, 5.0))
         ts = forward + rng.uniform(10, 60)
-        while ts < forward + backward + 100:  # one thread: one all-reduce after the other
+        while kind != "nccl" and ts < forward + backward + 100:  # one thread: one all-reduce after the other
             dur = rng.uniform(20, 90)
             events.append(_event(pid, 2, "gloo:all_reduce", ts, dur))
             ts += dur + rng.uniform(5, 40)
+        if kind == "nccl":
+            events += _nccl_allreduces(rng, pid, forward, done)
         if kind == "union":
             for _ in range(3):
                 ts = rng.uniform(forward, forward + backward)
@@ -128,6 +141,19 @@ def synthetic(kind: str, seed: int) -> tuple[dict, list[int]]:
             events.append(_event(pid, 2, "gloo:all_gather", ts, rng.uniform(20, forward / 2 - 10)))
     rng.shuffle(events)  # a trace's events come in no promised order
     return {"traceEvents": events}, pids
+
+
+def _nccl_allreduces(rng: random.Random, pid: int, forward: float, done: float) -> list[dict]:
+    """NCCL's events of one step: the CPU enqueues each bucket's all-reduce during backward (a short ``nccl:``
+    range), and the GPU's stream runs the kernels one after the other, the last ones after the gradients are done."""
+    enqueued = sorted(rng.uniform(forward + 10, done - 10) for _ in range(rng.randrange(3, 7))) + [done - 10]
+    events, free = [], 0.0
+    for ts in enqueued:
+        events.append(_event(pid, 1, "nccl:all_reduce", ts, rng.uniform(3, 8)))
+        start = max(ts + rng.uniform(5, 30), free + rng.uniform(1, 3))  # a gap: rounding never overlaps two
+        free = start + rng.uniform(20, 90)
+        events.append({**_event(pid, 7, NCCL_KERNEL, start, free - start), "cat": "kernel"})
+    return events
 
 
 def _event(pid: int, tid: int, name: str, ts: float, dur: float) -> dict:
@@ -150,7 +176,7 @@ def _judge(check: str, reader: Callable[[dict, int], object], trace: dict, pid: 
 
 def _synthetic_findings(reader: Callable[[dict, int], object], seed: int) -> list[Finding]:
     found = []
-    for kind in ("one_rank", "union", "forward", "per_rank"):
+    for kind in ("one_rank", "union", "forward", "per_rank", "nccl"):
         finding = Finding(kind, True)
         for index in range(TRACES_PER_CHECK):
             trace, pids = synthetic(kind, seed * 100 + index)

@@ -32,4 +32,11 @@ MISTAKES: dict[str, Mistake] = {
              '    merged = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith(COMMUNICATION)]\n'),
         ),
     ),
+    "reads_cpu_ranges": Mistake(
+        why="it takes NCCL's CPU ranges (nccl:all_reduce, the enqueue of a kernel) for the communication",
+        edits=(
+            ('COMMUNICATION = ("gloo:", "ncclDevKernel_", "ncclKernel_")\n',
+             'COMMUNICATION = ("gloo:", "nccl:")\n'),
+        ),
+    ),
 }

@@ -35,6 +35,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("sums_durations", {"union", "real_trace"}, "counted twice; merge the intervals"),
     ("counts_forward", {"forward"}, "communication during forward as overlapped"),
     ("ignores_pid", {"per_rank", "real_trace"}, "the answer over every process"),
+    ("reads_cpu_ranges", {"nccl"}, "reads NCCL's CPU ranges (nccl:all_reduce) as the communication"),
     ("imports_course", EVERY, "your file uses course.practice.profiling.overlap_fraction"),
 ])
 def test_each_wrong_reader_fails_the_checks_its_mistake_breaks(attempt, fails, fragment, planted):
@@ -48,7 +49,8 @@ def test_each_wrong_reader_fails_the_checks_its_mistake_breaks(attempt, fails, f
 def test_each_kind_of_synthetic_trace_catches_its_mistake_and_no_other(seed):
     # kind -> the mistake it must expose; every other mistake must give the right answer there
     catches = {"one_rank": {"backward_end"}, "union": {"summed", "backward_end"},
-               "forward": {"forward", "backward_end"}, "per_rank": {"every_pid", "backward_end"}}
+               "forward": {"forward", "backward_end"}, "per_rank": {"every_pid", "backward_end"},
+               "nccl": {"cpu_enqueue", "backward_end"}}
     for kind, exposed in catches.items():
         trace, pids = trace_overlap.synthetic(kind, seed)
         for name, (mistake, _) in trace_overlap.MISTAKES.items():
@@ -61,5 +63,10 @@ def test_the_answer_is_the_union_inside_the_backward_window():
               {"ph": "X", "pid": 7, "tid": 1, "name": "backward", "ts": 100, "dur": 300},
               {"ph": "X", "pid": 7, "tid": 1, "name": trace_overlap.LAST_GRADIENT, "ts": 290, "dur": 10},
               {"ph": "X", "pid": 7, "tid": 2, "name": "gloo:all_reduce", "ts": 200, "dur": 200},
-              {"ph": "X", "pid": 7, "tid": 3, "name": "nccl:all_gather", "ts": 250, "dur": 50}]
+              {"ph": "X", "pid": 7, "tid": 3, "name": "ncclDevKernel_AllGather_RING_LL", "ts": 250, "dur": 50}]
     assert trace_overlap.expected({"traceEvents": events}, 7) == pytest.approx(100 / 200)
+    # NCCL's CPU range enqueues a kernel: it is not communication, and moves nothing
+    enqueue = {"ph": "X", "pid": 7, "tid": 1, "name": "nccl:all_reduce", "ts": 120, "dur": 5}
+    assert trace_overlap.expected({"traceEvents": [*events, enqueue]}, 7) == pytest.approx(100 / 200)
+    old_name = {**events[-1], "name": "ncclKernel_AllGather_RING_LL_Sum_float", "ts": 420, "dur": 80}
+    assert trace_overlap.expected({"traceEvents": [*events, old_name]}, 7) == pytest.approx(100 / 280)
