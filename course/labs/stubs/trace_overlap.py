@@ -1,7 +1,7 @@
 """Lab: how much communication hid behind backward, read from a profiler trace (notebook 09b).
 Check: course.labs.check("trace_overlap")."""
 
-STUDENT_ID = ""  # your student id (the one you log in with): the check draws your own variant from it
+STUDENT_ID = ""  # optional: in a class, your student id draws your own variant; on your own, leave it empty
 
 COMMUNICATION = ("gloo:", "nccl:")  # the names of the backends' communication events start with these
 LAST_GRADIENT = "torch::autograd::AccumulateGrad"  # one event per gradient written into a parameter's .grad
