@@ -36,15 +36,14 @@ def is_untouched(path: Path, stub: Path) -> bool:
     return not path.is_file() or path.read_bytes() == stub.read_bytes()
 
 
-def start(lab: str, reset: bool = False) -> Path:
+def start(lab: str, reset: bool = False) -> None:
     """Write ``lab``'s file from its stub unless the learner has edited it, then show it.
 
     Args:
         lab: the lab's name, e.g. ``"ring"`` (see ``grader.labs.LABS``).
         reset: overwrite an edited file with the stub; the edited one is kept as ``<file>.bak``.
 
-    Returns:
-        The file's path, relative to the notebook's folder (``labs/ring_allreduce.py``).
+    The file is the lab's ``student_file``, relative to the notebook's folder (``labs/ring_allreduce.py``).
 
     Raises:
         ValueError: no lab called ``lab``.
@@ -63,7 +62,6 @@ def start(lab: str, reset: bool = False) -> Path:
         shutil.copyfile(stub, path)
     _show(path, f"{path} is {said}. Open it in JupyterLab's editor and write `{entry}`, then run the check cell. "
                 f"To start over from the stub: `labs.start(\"{lab}\", reset=True)`.")
-    return path
 
 
 def _show(path: Path, message: str) -> None:

@@ -21,8 +21,8 @@ def notebook_dir(tmp_path, monkeypatch):
 
 
 def test_start_writes_the_stub_and_says_how_to_reset(notebook_dir, capsys):
-    path = labs.start("ring")
-    assert path == Path(RING.student_file)
+    assert labs.start("ring") is None  # nothing for the cell to echo
+    path = Path(RING.student_file)
     assert (notebook_dir / path).read_bytes() == stub_path(RING).read_bytes()
     shown = capsys.readouterr().out
     assert 'labs.start("ring", reset=True)' in shown and "written from the lab's starting point" in shown
@@ -30,7 +30,8 @@ def test_start_writes_the_stub_and_says_how_to_reset(notebook_dir, capsys):
 
 
 def test_a_learners_edits_survive_running_the_start_cell_again(notebook_dir, capsys):
-    path = labs.start("ring")
+    labs.start("ring")
+    path = Path(RING.student_file)
     edited = path.read_text() + "\n# my notes: send right, receive from the left\n"
     path.write_text(edited)
     capsys.readouterr()
@@ -41,7 +42,8 @@ def test_a_learners_edits_survive_running_the_start_cell_again(notebook_dir, cap
 
 
 def test_reset_restores_the_stub_and_keeps_the_edited_file_beside_it(notebook_dir):
-    path = labs.start("ring")
+    labs.start("ring")
+    path = Path(RING.student_file)
     path.write_text("# my attempt\n")
     labs.start("ring", reset=True)
     assert path.read_bytes() == stub_path(RING).read_bytes()
@@ -49,7 +51,8 @@ def test_reset_restores_the_stub_and_keeps_the_edited_file_beside_it(notebook_di
 
 
 def test_an_untouched_stub_is_left_as_it_is(notebook_dir, capsys):
-    path = labs.start("ring")
+    labs.start("ring")
+    path = Path(RING.student_file)
     before = path.stat().st_mtime_ns
     labs.start("ring")
     assert path.stat().st_mtime_ns == before and "still the lab's starting point" in capsys.readouterr().out
@@ -74,7 +77,8 @@ def test_checking_a_missing_file_says_to_start_the_lab(notebook_dir, capsys):
 
 
 def test_an_attempted_lab_gets_the_full_feedback(notebook_dir, capsys):
-    path = labs.start("ring")
+    labs.start("ring")
+    path = Path(RING.student_file)
     path.write_text(path.read_text() + "\nimport course.collectives.allreduce  # noqa\n")  # a refused shortcut
     capsys.readouterr()
     result = labs.check("ring")
