@@ -88,7 +88,11 @@ class AlphaBeta:
         return 1.0 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
 
     def __str__(self) -> str:
-        return f"α = {self.alpha_s * 1e6:.1f} µs, 1/β = {self.bandwidth / 1e9:.2f} GB/s"
+        """A fit that found no latency or no per-byte cost says so, instead of "α = 0.0 µs" or "1/β = inf GB/s"."""
+        alpha = f"α = {self.alpha_s * 1e6:.1f} µs" if self.alpha_s >= 0.05e-6 else "α too small to measure here"
+        bandwidth = (f"1/β = {self.bandwidth / 1e9:.2f} GB/s" if self.bandwidth < 1e15 else
+                     "β too small to measure here")
+        return f"{alpha}, {bandwidth}"
 
 
 def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:

@@ -101,3 +101,22 @@ def plot_modelled_timeline(steps: dict[str, StepTime], devices: int = 4) -> obje
     figure.legend(legend.values(), legend.keys(), loc="upper center", fontsize=7, ncol=4)
     figure.tight_layout(rect=(0, 0, 1, 0.95))  # room for the legend above the first panel
     return figure
+
+
+def describe_modelled_step(label: str, curve: dict[int, dict], world_size: int) -> str:
+    """A modelled step on ``world_size`` GPUs, term by term, beside the 1-GPU step its efficiency divides by.
+
+    The efficiency is (1-GPU step) / (``world_size``-GPU step) at the same per-GPU batch. A fixed per-step cost
+    (the optimizer and the framework's overhead) is paid on 1 GPU too, so it can dwarf compute and communication:
+    the words say so when it does.
+    """
+    step, one = curve[world_size]["step"], curve[1]["step"]
+    us = 1e6
+    text = (f"modelled, {label} on {world_size} GPUs: step {step.step_s * us:,.0f} µs = compute "
+            f"{step.compute_s * us:,.0f} + allreduce not hidden behind backward {step.exposed_comm_s * us:,.0f} "
+            f"(of {step.comm_s * us:,.0f}) + optimizer and framework overhead {step.update_s * us:,.0f}; on 1 GPU "
+            f"{one.step_s * us:,.0f} µs; scaling efficiency {curve[world_size]['efficiency']:.0%}")
+    if step.update_s > step.compute_s + step.exposed_comm_s:
+        text += (". The fixed overhead, paid on 1 GPU too, is most of the step: it hides how much the allreduce "
+                 "adds to the compute")
+    return text + "."
