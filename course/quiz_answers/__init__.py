@@ -31,6 +31,7 @@ WHERE: dict[str, str] = {
     "autocast-bytes": "real_gpu_practice", "redone-steps": "real_gpu_practice", "hang-blame": "real_gpu_practice",
     "allreduces": "profiling_and_pitfalls", "stuck-loader": "profiling_and_pitfalls",
     "pitfalls": "profiling_and_pitfalls", "compiled-graphs": "profiling_and_pitfalls",
+    "real-world-size": "what_next", "least-sharding": "what_next",
 }
 
 
