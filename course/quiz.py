@@ -1,10 +1,13 @@
 """Predict, then run: a question asked before the cell that reveals its answer.
 
 A :class:`Question` is either multiple choice (``choices``, ``answer`` one of them) or numeric (``answer`` a
-number, accepted within ``rel_tol``). Its answer is computed by the course's own functions or a closed form in
-the notebook cell that asks it, or, for a published figure, carries its ``source`` link; never typed in.
-``reveal`` names the later code cell that shows the answer: that cell carries the line ``# reveals: <reveal>``
-(``tests/test_quiz.py`` checks every notebook asks at least two questions, each before its reveal).
+number, accepted within ``rel_tol``). Its answer is computed by the course's own functions or a closed form, or,
+for a published figure, carries its ``source`` link; never typed in. A notebook asks by name,
+``quiz.ask("ring-bytes")``: the prompt, answer and explanation live in :mod:`course.quiz_answers`, out of the
+learner's sight, and :func:`named` builds the question from there. ``reveal`` (the name) also names the later
+code cell that shows the answer: that cell carries the line ``# reveals: <reveal>`` (``tests/test_quiz.py``
+checks every notebook asks at least two questions, each before its reveal, and that no notebook's source holds
+an answer).
 
 :func:`grade` is pure (testable without a browser): it turns a response into :class:`Feedback`, whose text
 gives the answer and the explanation only once the student has answered. :func:`ask` shows the question as a
@@ -183,14 +186,36 @@ def widget(question: Question) -> Any:
     return widgets.VBox([prompt, entry, button, feedback])
 
 
-def ask(question: Question) -> None:
-    """Show the question (a widget in Jupyter, text elsewhere); never waits for an answer."""
+def named(name: str, **context: Any) -> Question:
+    """The question called ``name``, built from :mod:`course.quiz_answers` with the numbers in ``context``.
+
+    Raises:
+        KeyError: no question has that name. TypeError: ``context`` does not fit the question.
+    """
+    from course import quiz_answers  # the answers load only when a question is asked
+
+    return Question(reveal=name, **quiz_answers.fields(name, **context))
+
+
+def ask(question: Question | str, **context: Any) -> None:
+    """Show the question (a widget in Jupyter, text elsewhere); never waits for an answer.
+
+    Args:
+        question: a :class:`Question`, or the name of one in :mod:`course.quiz_answers` (what notebooks pass,
+            so that the answer stays out of the notebook's source).
+        context: for a name, the numbers the question is built from (``quiz.ask("server-bytes", workers=3)``).
+    """
+    if isinstance(question, str):
+        question = named(question, **context)
+    elif context:
+        raise TypeError(f"context is for a question given by name, got a Question and {sorted(context)}")
     try:
         box = widget(question)
     except ImportError:
         options = "".join(f"\n  - {choice}" for choice in question.choices)
         print(f"Predict, then run: {question.prompt}{options}\n(ipywidgets is not installed: write your "
-              f"prediction down, or grade it with quiz.grade(question, your_answer), then run the next cells)")
+              f"prediction down, or grade it with quiz.named({question.reveal!r}).check(your_answer), then run "
+              f"the next cells)")
         return
     from IPython.display import display
 

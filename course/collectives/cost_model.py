@@ -88,7 +88,11 @@ class AlphaBeta:
         return 1.0 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
 
     def __str__(self) -> str:
-        return f"α = {self.alpha_s * 1e6:.1f} µs, 1/β = {self.bandwidth / 1e9:.2f} GB/s"
+        """A fit that found no latency or no per-byte cost says so, instead of "α = 0.0 µs" or "1/β = inf GB/s"."""
+        alpha = f"α = {self.alpha_s * 1e6:.1f} µs" if self.alpha_s >= 0.05e-6 else "α too small to measure here"
+        bandwidth = (f"1/β = {self.bandwidth / 1e9:.2f} GB/s" if self.bandwidth < 1e15 else
+                     "β too small to measure here")
+        return f"{alpha}, {bandwidth}"
 
 
 def coefficients(algorithm: str, world_size: int) -> tuple[float, float]:
@@ -264,8 +268,8 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
 
     Args:
         world_size: ranks in the model. link: α, β to predict with.
-        measured: ``{algorithm: {nbytes: seconds}}`` as :func:`course.collectives.timing_ranks.time_allreduce`
-        returns, or None.
+        measured: ``{algorithm: {nbytes: seconds}}``, or ``{algorithm: {nbytes: Estimate}}`` (median and 95%
+            interval, :func:`course.timing.summarize`: drawn as error bars), or None.
         nbytes: sizes to draw the lines over (default: the measured sizes, else 1 KB to 1 GB).
     """
     import matplotlib.pyplot as plt
@@ -279,12 +283,22 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
         color = colors[index % len(colors)]
         ax.plot(sizes, predict(name, sizes, world_size, link), color=color, label=f"{name} (model)")
         if measured and name in measured:
-            points = sorted(measured[name].items())
-            ax.plot(*zip(*points, strict=True), "o", color=color, label=f"{name} (measured)")
+            _measured_points(ax, measured[name], "o", color, f"{name} (measured)")
     if measured and REFERENCE in measured:
-        ax.plot(*zip(*sorted(measured[REFERENCE].items()), strict=True), "k^", label=f"{REFERENCE} (measured)")
+        _measured_points(ax, measured[REFERENCE], "^", "k", f"{REFERENCE} (measured)")
     ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes)", ylabel="seconds per allreduce",
            title=title or f"allreduce on {world_size} ranks; model: {link}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def _measured_points(ax: object, points: dict[int, object], marker: str, color: str, label: str) -> None:
+    """Measured times as dots, with their 95% interval as error bars when they carry one (``.low``, ``.high``)."""
+    sizes = sorted(points)
+    median = np.array([getattr(points[n], "median", points[n]) for n in sizes], dtype=float)
+    if all(hasattr(points[n], "low") for n in sizes):
+        spread = np.array([[median[i] - points[n].low, points[n].high - median[i]] for i, n in enumerate(sizes)]).T
+        ax.errorbar(sizes, median, yerr=spread, fmt=marker, color=color, capsize=3, label=label)
+    else:
+        ax.plot(sizes, median, marker, color=color, label=label)

@@ -42,22 +42,27 @@ def speedup_against_limit(one: Estimate, many: Estimate, world_size: int, cores:
 
 def plot_measured(timings: dict[tuple[int, int], Estimate], calibration: Calibration | None = None) -> object:
     """Measured ms per step (median, 95% interval) against ranks, one line per batch size; dashed: the
-    calibration's prediction (:mod:`course.ddp.calibration`)."""
+    calibration's prediction (:mod:`course.ddp.calibration`); dotted: the yardstick, the best these cores allow
+    (the 1-rank step times max(1, ranks / cores): flat, as on real GPUs, until the ranks outnumber the cores)."""
     import matplotlib.pyplot as plt
 
-    figure, ax = plt.subplots(figsize=(5.5, 3.4))
+    cores = timing.usable_cores()
+    figure, ax = plt.subplots(figsize=(6.5, 3.8))
     for i, batch in enumerate(sorted({b for _, b in timings})):
         sizes = sorted(n for n, b in timings if b == batch)
         med = np.array([timings[n, batch].median for n in sizes]) * 1e3
         err = np.array([[med[j] - timings[n, batch].low * 1e3, timings[n, batch].high * 1e3 - med[j]]
                         for j, n in enumerate(sizes)]).T
         ax.errorbar(sizes, med, yerr=err, fmt="o-", color=f"C{i}", capsize=3, label=f"measured, batch {batch}/rank")
+        if 1 in sizes:
+            ax.plot(sizes, [med[0] * max(1.0, n / cores) for n in sizes], ":", color=f"C{i}",
+                    label=f"best {cores} core(s) allow, batch {batch}")
         if calibration:
             ax.plot(sizes, [calibration.predict(n, batch) * 1e3 for n in sizes], "--", color=f"C{i}",
                     label=f"calibration, batch {batch}")
     ax.set(xlabel="emulated ranks (CPU processes)", ylabel="ms per step", xticks=sorted({n for n, _ in timings}),
-           title=f"measured here, on {timing.usable_cores()} core(s)")
-    ax.legend(fontsize=7)
+           ylim=(0, None), title=f"measured here, on {cores} core(s); dotted: the best they allow")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
     return figure
 
@@ -101,3 +106,22 @@ def plot_modelled_timeline(steps: dict[str, StepTime], devices: int = 4) -> obje
     figure.legend(legend.values(), legend.keys(), loc="upper center", fontsize=7, ncol=4)
     figure.tight_layout(rect=(0, 0, 1, 0.95))  # room for the legend above the first panel
     return figure
+
+
+def describe_modelled_step(label: str, curve: dict[int, dict], world_size: int) -> str:
+    """A modelled step on ``world_size`` GPUs, term by term, beside the 1-GPU step its efficiency divides by.
+
+    The efficiency is (1-GPU step) / (``world_size``-GPU step) at the same per-GPU batch. A fixed per-step cost
+    (the optimizer and the framework's overhead) is paid on 1 GPU too, so it can dwarf compute and communication:
+    the words say so when it does.
+    """
+    step, one = curve[world_size]["step"], curve[1]["step"]
+    us = 1e6
+    text = (f"modelled, {label} on {world_size} GPUs: step {step.step_s * us:,.0f} µs = compute "
+            f"{step.compute_s * us:,.0f} + allreduce not hidden behind backward {step.exposed_comm_s * us:,.0f} "
+            f"(of {step.comm_s * us:,.0f}) + optimizer and framework overhead {step.update_s * us:,.0f}; on 1 GPU "
+            f"{one.step_s * us:,.0f} µs; scaling efficiency {curve[world_size]['efficiency']:.0%}")
+    if step.update_s > step.compute_s + step.exposed_comm_s:
+        text += (". The fixed overhead, paid on 1 GPU too, is most of the step: it hides how much the allreduce "
+                 "adds to the compute")
+    return text + "."

@@ -91,11 +91,16 @@ def plot_timeline(events: Sequence[Event], ax: Axes | None = None, title: str = 
     for e in events:
         ax.broken_barh([(1e3 * e.start, 1e3 * (e.end - e.start))], (e.stage - 0.4, 0.8), color=colors[e.kind],
                        edgecolor="white")
-        if e.end - e.start > 0.03 * max(x.end for x in events):
-            ax.text(1e3 * (e.start + e.end) / 2, e.stage, f"{e.kind}{e.micro_batch}", ha="center", va="center",
-                    color="white", fontsize=8)
+        narrow = e.end - e.start < 0.03 * max(x.end for x in events)  # a narrow bar gets a smaller label
+        ax.text(1e3 * (e.start + e.end) / 2, e.stage, f"{e.kind}{e.micro_batch}", ha="center", va="center",
+                color="white", fontsize=5 if narrow else 8)
     stages = sorted({e.stage for e in events})
     ax.set_yticks(stages, [f"stage {s}" for s in stages])
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=colors["F"], label="forward (F<micro-batch>)"),
+                       Patch(color=colors["B"], label="backward (B<micro-batch>)")],
+              fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.set_title(title or f"bubble {measured_bubble(events):.0%}")

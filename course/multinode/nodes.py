@@ -37,6 +37,7 @@ from course.multinode.netns import (
     shaping,
     two_node_network,
 )
+from course.runtime import paths
 from course.runtime.ports import reserved_port
 from course.runtime.process import run_together
 
@@ -91,7 +92,7 @@ def run_two_nodes(link: SlowLink | None = DEFAULT_LINK, nbytes: tuple[int, ...] 
                 commands = node_commands(endpoint, rdzv_id, args, network.namespaces)
                 result = {"mode": "namespaces", "why": None, "shaping": shaping(network), "notes": network.notes}
                 shown = _start_and_wait(commands, network.interfaces, timeout_s)
-        result["commands"] = shown
+        result["commands"] = [paths.shorten(command) for command in shown]  # as typed in the project's folder
         result.update(json.loads(Path(out).read_text()))
     result["inside"] = cost_model.AlphaBeta(**result["inside"])
     result["between"] = cost_model.AlphaBeta(**result["between"])

@@ -189,7 +189,8 @@ def plot_sweep(measured: Sequence[Measurement], modelled: Sequence[float] | None
     if modelled is not None:
         axes[0].plot(workers, modelled, "k--", label="model: min(data rate, device rate); serial at 0 workers")
     axes[0].set_ylabel("samples / s")
-    axes[0].legend()
+    axes[0].set_ylim(bottom=0)
+    axes[0].legend(fontsize=9, loc="upper left", bbox_to_anchor=(0, -0.2), frameon=False)  # below: clear of the data
     axes[1].bar([str(w) for w in workers], [100 * m.wait_fraction for m in measured])
     axes[1].set_ylabel("% of time waiting for data")
     for ax in axes:

@@ -269,8 +269,12 @@ def plot(measured: dict[str, list[RankShare]], modelled: dict[str, list[Modelled
                 left = [a + b for a, b in zip(left, widths, strict=True)]
             ax.set(yticks=range(len(parts)), yticklabels=[f"GPU {d}" for d in range(len(parts))], xlim=(0, 1))
             ax.invert_yaxis()
-            where = "MEASURED on emulated GPUs (this machine)" if kind == "measured" else modelled_title
-            ax.set_title(f"{LABELS[strategy]}: {where}, step {1e3 * step:.3g} ms", fontsize=9)
+            if kind == "measured":  # rank 0's median step, the number describe() prints
+                median_ms = 1e3 * measured[strategy][0].step.median
+                where = f"MEASURED on emulated GPUs (this machine), step {median_ms:.1f} ms"
+            else:
+                where = f"{modelled_title}, step {1e3 * step:.3g} ms"
+            ax.set_title(f"{LABELS[strategy]}: {where}", fontsize=9)
     axes[-1, 0].set_xlabel("share of one step (median)")
     axes[-1, 1].set_xlabel("share of one step")
     axes[0, 1].legend(fontsize=7, loc="lower right")
@@ -300,3 +304,21 @@ def describe(measured: dict[str, list[RankShare]], cores: int | None = None) -> 
     speedup = ratio(alone[0].step_samples, shared[0].step_samples)
     lines.append(f"data parallelism vs rank 0 alone, measured here: {speedup_verdict(speedup, len(shared), cores)}")
     return "\n".join(lines)
+
+
+def speedup_in_words(alone_s: float, shared_s: float, world_size: int) -> str:
+    """How much ``world_size`` GPUs gain over one (``alone_s`` against ``shared_s`` per step), against the ideal.
+
+    A speedup counts as paying off when it reaches half the ideal ``world_size``x; below that, most of the GPUs'
+    time goes to communication, however much faster the step got.
+    """
+    speedup = alone_s / shared_s
+    efficiency = speedup / world_size
+    if speedup <= 1:
+        verdict = "no faster: communication eats all the compute it saves"
+    elif efficiency < 0.5:
+        verdict = (f"faster, but far from the ideal {world_size}x: each GPU computes too little per step, so most of "
+                   "its time goes to communication")
+    else:
+        verdict = f"it pays off, at {efficiency:.0%} of the ideal {world_size}x"
+    return f"{speedup:.2f}x on {world_size} GPUs ({efficiency:.0%} of the ideal {world_size}x): {verdict}"

@@ -62,8 +62,9 @@ def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: fl
         ax.set(xscale="log", yscale="log", xlabel="global batch size",
                ylabel=f"{label} to {target_text(target_accuracy)} val. accuracy")
         ax.set_xticks(sizes, [str(b) for b in sizes])
-    steps_ax.legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = steps_ax.get_legend_handles_labels()  # one legend for both panels, below them, legible
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.06 * ((len(labels) - 1) // 4), 1, 1))
     return fig
 
 
@@ -86,7 +87,10 @@ def accuracy_against_batch_size(runs: Sequence[RunResult], title: str) -> Figure
     sizes = [r.global_batch_size for r in runs]
     ax.plot(sizes, [r.train_accuracy for r in runs], marker="o", label="training")
     ax.plot(sizes, [r.val_accuracy for r in runs], marker="s", label="validation")
-    ax.set(xscale="log", xlabel="global batch size", ylabel="accuracy", title=title)
+    for size, run in zip(sizes, runs, strict=True):  # the values, since the axis starts at 0
+        ax.annotate(f"{run.val_accuracy:.3f}", (size, run.val_accuracy), textcoords="offset points", xytext=(0, -14),
+                    ha="center", fontsize=8)
+    ax.set(xscale="log", xlabel="global batch size", ylabel="accuracy (axis from 0)", title=title, ylim=(0, 1.05))
     ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.legend()
     fig.tight_layout()

@@ -281,3 +281,28 @@ def draw(timelines: list[Timeline]):  # -> matplotlib Figure
     axes[-1, 0].set_xlabel("ms from the start of forward (read from the trace files)")
     figure.tight_layout()
     return figure
+
+
+def describe_allreduces(timeline: Timeline) -> str:
+    """One rank's allreduces in words: their summed time, the wall time they span, and their overlap with backward.
+
+    The allreduces run on the backend's threads, side by side with backward and with each other, so their summed
+    time can exceed the step; the words say so when it does (notebook 09b).
+    """
+    total = sum(a.end_s - a.start_s for a in timeline.allreduces)
+    spanned = _union(timeline.allreduces)
+    text = (f"rank {timeline.rank}: step {timeline.step_s * 1e3:.1f} ms, {len(timeline.allreduces)} allreduces "
+            f"{total * 1e3:.1f} ms summed, spanning {spanned * 1e3:.1f} ms of wall time; "
+            f"{overlap_fraction(timeline):.0%} of their time ran while gradients were still being computed (measured)")
+    if total > timeline.step_s:
+        text += ". The sum exceeds the step: they ran at the same time as each other and as backward"
+    return text
+
+
+def _union(intervals: list[Interval]) -> float:
+    """The length of time covered by at least one of ``intervals``."""
+    covered, end = 0.0, float("-inf")
+    for interval in sorted(intervals, key=lambda i: i.start_s):
+        covered += max(0.0, interval.end_s - max(interval.start_s, end))
+        end = max(end, interval.end_s)
+    return covered

@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course import data, world
 from course.ddp.scripts import torchrun_command, torchrun_environment
 from course.practice import checkpoint
-from course.runtime import process
+from course.runtime import paths, process
 
 CRASH_RANK = 1
 #: Without it a restarted gloo job reads the dead attempt's addresses (see the module docstring).
@@ -159,7 +159,7 @@ def run(directory: str | Path, crash_at: int | None = None, nproc_per_node: int 
     command.insert(command.index("--standalone") + 1, "--max-restarts=1")
     env = torchrun_environment(nproc_per_node) | {FRESH_STORE_ENV: "1"}
     outcome = process.run(command, timeout_s, env=env)
-    output = outcome.stdout + outcome.stderr
+    output = paths.shorten(outcome.stdout + outcome.stderr)  # no machine's paths in what a notebook prints
     if outcome.status == "timeout" or outcome.returncode != 0:
         raise RuntimeError(f"torchrun resume.py {'timed out' if outcome.status == 'timeout' else 'failed'}; "
                            f"its output:\n{output[-3000:]}")

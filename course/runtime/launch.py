@@ -40,21 +40,21 @@ import psutil
 import torch.distributed as dist
 
 from course import world
-from course.runtime import environment, fork_server, progress, rank_stacks, waits
+from course.runtime import environment, fork_server, paths, progress, rank_stacks, waits
 from course.runtime.pace import machine_pace
 from course.runtime.process_tree import kill_tree
 from course.runtime.rank_output import RankOutput, StderrRelay, stderr_to
 
 
 class RankFailed(RuntimeError):
-    """A rank raised an exception or died; ``rank`` says which, ``remote_traceback`` says why."""
+    """A rank raised an exception or died; ``rank`` says which, ``remote_traceback`` says why (its paths short)."""
 
     def __init__(self, rank: int, remote_traceback: str) -> None:
         self.rank = rank
-        self.remote_traceback = remote_traceback
+        self.remote_traceback = paths.shorten(remote_traceback)
         super().__init__(
             f"rank {rank} failed; the other ranks were stopped.\n--- on rank {rank} ---\n"
-            f"{remote_traceback.rstrip()}"
+            f"{self.remote_traceback.rstrip()}"
         )
 
 

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from course.runtime import paths
 from course.runtime.capture import Capped
 
 #: Bytes of each rank's stderr kept for the error that blames it (a head and a tail); the notebook sees it all.
@@ -92,12 +93,12 @@ class StderrRelay:
                              f"after rank {failed} failed: not shown)\n")
             return
         for line in lines:
-            sys.stderr.write(f"[rank {rank}] {line}\n")
+            sys.stderr.write(f"[rank {rank}] {paths.shorten(line)}\n")
 
     def _relay_start_up(self, final: bool) -> None:
         if self._start_up is not None:
             for line in self._start_up.read_new(whole_lines=not final).decode(errors="replace").splitlines():
-                sys.stderr.write(f"[rank start-up] {line}\n")
+                sys.stderr.write(f"[rank start-up] {paths.shorten(line)}\n")
 
     def tail(self, rank: int, lines: int = 40) -> str:
         """The end of a rank's stderr (which is relayed first), from its last traceback if it printed one."""
@@ -114,5 +115,5 @@ class StderrRelay:
 
 def _last_traceback(text: str, lines: int) -> str:
     """The last ``lines`` lines of ``text``, from its last traceback if it holds one."""
-    text = text.rstrip()
+    text = paths.shorten(text.rstrip())
     return "\n".join(text[max(0, text.rfind("Traceback (most recent call last)")):].splitlines()[-lines:])

@@ -90,8 +90,8 @@ NOT_ATTEMPTED = ("Not attempted yet: your {entry} still raises NotImplementedErr
 def load_entry(path: str, entry: str) -> Any:
     """In a rank: import the student's file and return its ``entry``; raises :class:`StudentError` if it cannot."""
     if not os.path.isfile(path):
-        raise StudentError(f"{path} does not exist: run the lab's %%writefile cell first (it creates the file), "
-                           "or pass the path of your file.")
+        raise StudentError(f"{path} does not exist: run the lab's start cell first (labs.start(...) in its "
+                           "notebook creates the file), or pass the path of your file.")
     spec = importlib.util.spec_from_file_location(f"student_lab_{os.getpid()}", os.path.abspath(path))
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[module.__name__] = module

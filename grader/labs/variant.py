@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 #: The name in the student's file that holds their id.
 ID_NAME = "STUDENT_ID"
 #: Said once when a file has no id: its check runs the published parameters.
-NO_ID = (f"INFO: {ID_NAME} is empty in {{path}}, so this checked the published parameters. Set {ID_NAME} at the "
-         "top of the file to your student id (the one you log in with): the grader checks your own variant.")
+NO_ID = (f"INFO: {ID_NAME} is empty in {{path}}, so this checked the published variant: right when you learn on "
+         f"your own. In a class, set {ID_NAME} at the top of the file to your student id: the grader checks your own "
+         "variant.")
 #: The id the grader knows differs from the file's: the grader's wins.
 OTHER_ID = (f"INFO: {{path}} sets {ID_NAME} = {{given!r}}, but this submission is from {{known!r}}: it was "
             f"checked on {{known!r}}'s variant. Set {ID_NAME} to your own id, then run the self-check again.")

@@ -152,3 +152,9 @@ def test_hierarchical_sends_fewer_bytes_and_steps_across_nodes_than_the_flat_rin
 def test_hierarchical_needs_ranks_and_nodes():
     with pytest.raises(ValueError, match="ranks_per_node must be a positive integer number of ranks, got 0"):
         cm.hierarchical_coefficients(0, 2)
+
+
+def test_a_fit_without_latency_or_per_byte_cost_says_too_small_to_measure():
+    assert str(cm.AlphaBeta(2e-6, 1e-9)) == "α = 2.0 µs, 1/β = 1.00 GB/s"
+    assert str(cm.AlphaBeta(0.0, 0.0)) == "α too small to measure here, β too small to measure here"
+    assert "inf" not in str(cm.AlphaBeta(1e-9, 1e-18)) and "0.0 µs" not in str(cm.AlphaBeta(1e-9, 1e-9))

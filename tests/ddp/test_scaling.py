@@ -42,3 +42,19 @@ def test_measured_plot_draws_medians_intervals_and_calibration():
                                     (16, 64))
     figure = scaling.plot_measured(timings, model)
     assert len(figure.axes[0].lines) >= 4  # a measured line and a calibration line per batch size
+
+
+def test_a_modelled_step_is_described_term_by_term_and_the_overhead_named_when_it_dominates():
+    from course.perf import catalog, workloads
+    from course.perf import model as perf_model
+
+    cluster = perf_model.Cluster(catalog.gpu("A100 SXM4"), catalog.link("NVSwitch (A100, NVLink 3)"), 8,
+                                 catalog.link("InfiniBand HDR"))
+    mixed = perf_model.Assumptions(precision="amp")
+    for workload, dominated in ((workloads.digits_cnn(), True), (workloads.resnet(), False)):
+        curve = perf_model.scaling_curve(workload, 32, (1, 8), cluster, "hierarchical", mixed)
+        step = curve[8]["step"]
+        assert step.compute_s + step.exposed_comm_s + step.update_s == pytest.approx(step.step_s, rel=1e-6)
+        text = scaling.describe_modelled_step("w", curve, 8)
+        assert f"{step.update_s * 1e6:,.0f}" in text and f"{curve[8]['efficiency']:.0%}" in text
+        assert ("fixed overhead" in text) is dominated

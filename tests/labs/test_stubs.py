@@ -1,4 +1,5 @@
-"""Every registered lab is one folder, and is introduced in its notebook: a %%writefile cell holding exactly the
+"""Every registered lab is one folder, and is introduced in its notebook: a cell calling course.labs.start on the
+lab, which writes the
 packaged stub, then a check cell calling course.labs.check on that file."""
 
 import os
@@ -11,18 +12,26 @@ from grader.labs import LABS
 from grader.labs.core import folder, reference_path, stub_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: Notebooks whose owner has not yet moved their lab to labs.start: their %%writefile cell must hold the stub.
+PENDING = {"05c_performance_model"}
 
 
 @pytest.mark.parametrize("name", sorted(LABS))
-def test_the_notebook_writes_the_stub_then_checks_it(name):
+def test_the_notebook_starts_the_lab_then_checks_it(name):
     lab = LABS[name]
     notebook = nbformat.read(os.path.join(ROOT, "notebooks", f"{lab.notebook}.ipynb"), as_version=4)
     sources = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
-    header = f"%%writefile {lab.student_file}\n"
-    written = [i for i, source in enumerate(sources) if source.startswith(header)]
-    assert len(written) == 1, f"{lab.notebook} should write {lab.student_file} in one cell"
-    with open(stub_path(lab)) as handle:
-        assert sources[written[0]][len(header):].rstrip("\n") == handle.read().rstrip("\n")
+    if lab.notebook in PENDING:
+        header = f"%%writefile {lab.student_file}\n"
+        written = [i for i, source in enumerate(sources) if source.startswith(header)]
+        assert len(written) == 1, f"{lab.notebook} should write {lab.student_file} in one cell"
+        with open(stub_path(lab)) as handle:
+            assert sources[written[0]][len(header):].rstrip("\n") == handle.read().rstrip("\n")
+    else:
+        written = [i for i, source in enumerate(sources) if f'labs.start("{name}")' in source]
+        assert len(written) == 1, f"{lab.notebook} should start lab {name!r} in one cell: labs.start(\"{name}\")"
+        assert not any(source.startswith("%%writefile labs/") for source in sources), (
+            f"{lab.notebook}: a %%writefile cell overwrites the learner's edits each time it runs; use labs.start")
     assert f'labs.check("{name}", "{lab.student_file}")' in sources[written[0] + 1]
 
 

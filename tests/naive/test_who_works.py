@@ -110,3 +110,12 @@ def test_describe_waiting_cpu_gives_no_verdict_without_readings():
 def test_describe_waiting_cpu_gives_no_verdict_when_the_monitor_found_no_ranks():
     assert "no verdict" in who_works.describe_waiting_cpu({"rank0": [], "ranks": []})
     assert "no verdict" in who_works.describe_waiting_cpu({"rank0": [80.0], "ranks": [40.0]})
+
+
+@pytest.mark.parametrize(("alone", "shared", "words"), [
+    (104.0, 59.0, "1.76x on 4 GPUs (44% of the ideal 4x): faster, but far from the ideal 4x"),
+    (100.0, 30.0, "3.33x on 4 GPUs (83% of the ideal 4x): it pays off"),
+    (100.0, 120.0, "no faster"),
+])
+def test_a_speedup_is_judged_against_the_ideal(alone, shared, words):
+    assert words in who_works.speedup_in_words(alone, shared, 4)

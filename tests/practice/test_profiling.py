@@ -134,3 +134,14 @@ def test_the_datasheet_peak_is_the_catalog_entry_of_the_detected_gpu():
 def test_the_matmul_fraction_divides_by_the_measured_rate():
     assert profiling.matmul_fraction(1e9, 0.5, 8e9) == pytest.approx(0.25)
     assert profiling.measured_peak_flops(n=32, repeats=2) > 0
+
+
+def test_allreduces_that_overlap_each_other_are_summed_and_spanned_and_the_excess_said():
+    phases = {"forward": profiling.Interval("forward", 0, 1), "backward": profiling.Interval("backward", 1, 5),
+              "optimizer": profiling.Interval("optimizer", 5, 6)}
+    crowded = profiling.Timeline(0, phases, 4.0, [profiling.Interval(f"a{i}", 1 + i * 0.5, 5.5) for i in range(3)])
+    text = profiling.describe_allreduces(crowded)  # 4.5 + 4 + 3.5 = 12 s summed within a 6 s step, spanning 4.5
+    assert "3 allreduces 12000.0 ms summed, spanning 4500.0 ms" in text and "sum exceeds the step" in text
+    sparse = profiling.Timeline(0, phases, 4.0, [profiling.Interval("a", 2, 3), profiling.Interval("b", 3.5, 5.5)])
+    text = profiling.describe_allreduces(sparse)
+    assert "3000.0 ms summed, spanning 3000.0 ms" in text and "exceeds" not in text

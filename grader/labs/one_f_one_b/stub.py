@@ -6,7 +6,7 @@ stage, simulates the stages together (a forward takes 1 time unit, a backward 2)
 You also write that simulation, idle_fraction: it finds your schedule's bubble, or its deadlock.
 """
 
-STUDENT_ID = ""  # your student id (the one you log in with): the check draws your own variant from it
+STUDENT_ID = ""  # optional: in a class, your student id draws your own variant; on your own, leave it empty
 
 
 def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tuple[str, int]]:

@@ -14,7 +14,7 @@ Run it on 4 ranks from a terminal: torchrun --nproc_per_node=4 labs/zero1_adam.p
 import torch
 import torch.distributed as dist  # noqa: F401 - you will need it
 
-STUDENT_ID = ""  # your student id (the one you log in with): the check draws your own variant from it
+STUDENT_ID = ""  # optional: in a class, your student id draws your own variant; on your own, leave it empty
 
 
 class MyZeRO1Adam:

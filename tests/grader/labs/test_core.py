@@ -60,7 +60,7 @@ def test_the_stub_fails_every_check_as_not_attempted_and_stops_after_the_first_r
 
 def test_a_missing_file_and_a_missing_entry_are_explained(tmp_path):
     missing = run_lab(toy_lab.LAB, str(tmp_path / "nope.py"))
-    assert "does not exist: run the lab's %%writefile cell first" in missing.checks[0].message
+    assert "does not exist: run the lab's start cell first" in missing.checks[0].message
     wrong_name = run_lab(toy_lab.LAB, write(tmp_path, "def triple(tensor):\n    return tensor * 3\n"))
     assert "defines no double: the lab calls double, keep that name" in wrong_name.checks[0].message
 

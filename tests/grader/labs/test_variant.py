@@ -91,7 +91,7 @@ def test_whose_prefers_the_graders_id_and_says_when_the_file_names_another(tmp_p
     assert variant.whose(str(path), ("alice",)) == ("alice", ())  # the grader knows: nothing to say
     student_id, notes = variant.whose(str(path))
     assert student_id == "" and notes[0].startswith(f"INFO: STUDENT_ID is empty in {path}, so this checked the "
-                                                    "published parameters.")
+                                                    "published variant: right when you learn on your own.")
 
 
 def test_the_feedback_names_the_variant_and_the_notes():
