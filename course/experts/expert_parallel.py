@@ -27,6 +27,9 @@ from course import world
 from course.experts.moe import Config, MoELayer, build
 from course.runtime.comm_log import CommLog
 
+#: all_to_all_single calls per layer and step: forward counts, dispatch, combine; backward combine's and dispatch's
+ALL_TO_ALLS = {"forward": 3, "backward": 2}
+
 
 class AllToAll(torch.autograd.Function):
     """``all_to_all_single`` with autograd: rows ``input_splits[j]`` go to rank ``j``; backward sends the
