@@ -97,7 +97,8 @@ class ExpertParallelMoE(nn.Module):
     def _run_experts(self, arrived: torch.Tensor, received_counts: torch.Tensor) -> torch.Tensor:
         """Rows arrive by source rank, then by my expert: run each expert on its rows, keep the rows' order."""
         n = received_counts.shape[0]
-        which = torch.repeat_interleave(torch.arange(self.local).repeat(n), received_counts.reshape(-1))
+        which = torch.repeat_interleave(torch.arange(self.local, device=arrived.device).repeat(n),
+                                        received_counts.reshape(-1))
         out = torch.zeros_like(arrived)
         for index, expert in enumerate(self.layer.experts):
             rows = (which == index).nonzero(as_tuple=True)[0]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.long_context import balance
 from course.long_context.blockwise import attention, block_attention, block_backward, causal_mask, merge
 from course.runtime.comm_log import CommLog
@@ -150,10 +151,10 @@ def step_on_rank(problem: Problem) -> dict:
         ``{"out_error", "grad_error": {"q", "k", "v"}, "sends": {"forward", "backward"}: [(peer, nbytes)],
         "work": query-key pairs computed, "positions"}`` on this rank.
     """
-    rank, n = dist.get_rank(), dist.get_world_size()
-    ranks = balance.layout(problem.layout, n, problem.seq_len)
+    rank, n, device = dist.get_rank(), dist.get_world_size(), world.current().device
+    ranks = [positions.to(device) for positions in balance.layout(problem.layout, n, problem.seq_len)]
     mine = ranks[rank]
-    q, k, v, dout = problem.tensors()
+    q, k, v, dout = (t.to(device) for t in problem.tensors())
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     reference, _ = attention(*full)
     reference.backward(dout)
@@ -167,4 +168,5 @@ def step_on_rank(problem: Problem) -> dict:
     return {"out_error": float((out.detach() - reference.detach()[..., mine, :]).abs().max()),
             "grad_error": {name: float((mine_t.grad - whole.grad[..., mine, :]).abs().max())
                            for name, mine_t, whole in zip("qkv", local, full, strict=True)},
-            "sends": sends, "work": sum(balance.work_per_step(ranks)[rank]), "positions": mine.tolist()}
+            "sends": sends, "work": sum(balance.work_per_step([p.cpu() for p in ranks])[rank]),
+            "positions": mine.tolist()}

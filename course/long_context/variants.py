@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.long_context import balance
 from course.long_context.blockwise import attention, block_attention, causal_mask
 from course.long_context.ring_attention import Problem, ring_forward
@@ -94,9 +95,9 @@ def compare_on_rank(problem: Problem) -> dict:
     Returns:
         ``{scheme: {"error": largest |difference|, "sent": bytes this rank sent}}``.
     """
-    rank, n = dist.get_rank(), dist.get_world_size()
-    ranks = balance.layout(problem.layout, n, problem.seq_len)
-    q, k, v, _ = problem.tensors()
+    rank, n, device = dist.get_rank(), dist.get_world_size(), world.current().device
+    ranks = [positions.to(device) for positions in balance.layout(problem.layout, n, problem.seq_len)]
+    q, k, v, _ = (t.to(device) for t in problem.tensors())
     reference = attention(q, k, v)[0][..., ranks[rank], :]
     local = [t[..., ranks[rank], :].contiguous() for t in (q, k, v)]
     runs = {"ring": lambda: ring_forward(*local, ranks)[0], "all-gather": lambda: allgather_attention(*local, ranks),

@@ -10,7 +10,7 @@ On every rank :func:`check_on_rank` loads the student's file and:
   experts and the course's combine, forward and backward, against the one-process MoE layer on every rank's
   tokens (``outputs``: judged at the capacity the dispatch enforced, so that ignoring it fails only ``capacity``);
 * calls the student's ``combine`` on two probes of the course's dispatch: rows that carry their token's id with
-  unit gates (``token_order``), and rows of ones, nothing dropped, with the same gates for every token
+  unit gates (``token_order``), and rows of ones, nothing dropped, every gate 0.3
   (``gates``: every token's sum is then the same whatever the order).
 """
 
@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.experts import expert_parallel, moe
 from course.experts import router as gating
 from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
@@ -79,7 +80,7 @@ def _dispatch(x: torch.Tensor, chosen: torch.Tensor, kept: torch.Tensor, num_exp
 def _combine(expert_out: torch.Tensor, plan: Plan, gates: torch.Tensor, num_tokens: int) -> torch.Tensor:
     returned = expert_parallel.AllToAll.apply(expert_out, plan.send, plan.receive, None)
     weighted = gates[plan.token, plan.choice, None] * returned
-    return torch.zeros(num_tokens, expert_out.shape[1]).index_add(0, plan.token, weighted)
+    return torch.zeros(num_tokens, expert_out.shape[1], device=expert_out.device).index_add(0, plan.token, weighted)
 
 
 def check_on_rank(path: str, config: dict) -> RankFindings:
@@ -96,11 +97,11 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
 
 def _split_sizes(exchange: object, config: dict) -> Finding:
     rank, n, experts = dist.get_rank(), dist.get_world_size(), config["num_experts"]
-    got = exchange(100 * rank + torch.arange(experts))
+    got = exchange(100 * rank + torch.arange(experts, device=world.current().device))
     share = experts // n
     want = torch.tensor([[100 * source + rank * share + e for e in range(share)] for source in range(n)])
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or not torch.equal(got.to(want.dtype), want):
-        shown = got.tolist() if isinstance(got, torch.Tensor) else got
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or not torch.equal(got.cpu().to(want.dtype), want):
+        shown = got.tolist() if isinstance(got, torch.Tensor) else got  # .tolist() reads a GPU tensor too
         return Finding("split_sizes", False, f"rank {rank}'s exchange_counts returned {shown}, but ranks 0..{n - 1} "
                        f"send it {want.tolist()} rows for its experts: a rank cannot know what it will receive "
                        "until the counts are exchanged, with all_to_all_single, before the rows")
@@ -109,9 +110,9 @@ def _split_sizes(exchange: object, config: dict) -> Finding:
 
 def _through_dispatch(dispatch: object, config: dict) -> list[Finding]:
     """The student's dispatch, the course's experts and combine: rows sent, then forward and backward."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    layer = moe.build(_config(config))
-    x = expert_parallel.tokens(layer.config, config["tokens"], rank, config["seed"]).requires_grad_()
+    rank, n, device = dist.get_rank(), dist.get_world_size(), world.current().device
+    layer = moe.build(_config(config)).to(device)
+    x = expert_parallel.tokens(layer.config, config["tokens"], rank, config["seed"]).to(device).requires_grad_()
     gates, chosen, kept = _routing(layer, x)
     share = config["num_experts"] // n
     mine = copy.deepcopy(layer.experts[rank * share:(rank + 1) * share])
@@ -124,16 +125,17 @@ def _through_dispatch(dispatch: object, config: dict) -> list[Finding]:
                        f"rank {rank} sent {len(sent)} rows, but {len(fits)} of its {kept.numel()} assignments fit "
                        f"under capacity {limit}: send only the kept ones (within_capacity); the rest are dropped")
     y = _combine(_run_experts(arrived, plan, mine), plan, gates, x.shape[0])
-    upstream = expert_parallel.tokens(layer.config, config["tokens"], n + rank, config["seed"])
+    upstream = expert_parallel.tokens(layer.config, config["tokens"], n + rank, config["seed"]).to(device)
     (y * upstream).sum().backward()
-    reference = moe.build(_config(config, 1e9 if everything else None))  # the capacity this dispatch enforced
+    reference = moe.build(_config(config, 1e9 if everything else None)).to(device)  # the capacity enforced
     expected = _reference(reference, config, rank, n)
     return [capacity, _outputs(rank, y, x, mine, expected, reference, share)]
 
 
 def _run_experts(arrived: torch.Tensor, plan: Plan, experts: torch.nn.ModuleList) -> torch.Tensor:
-    which = torch.repeat_interleave(torch.arange(len(experts)).repeat(plan.received_counts.shape[0]),
-                                    torch.as_tensor(plan.received_counts).reshape(-1))
+    mine = torch.arange(len(experts), device=arrived.device)
+    which = torch.repeat_interleave(mine.repeat(plan.received_counts.shape[0]),
+                                    torch.as_tensor(plan.received_counts, device=arrived.device).reshape(-1))
     out = torch.zeros_like(arrived)
     for index, expert in enumerate(experts):
         rows = (which == index).nonzero(as_tuple=True)[0]
@@ -145,10 +147,11 @@ def _reference(layer: moe.MoELayer, config: dict, rank: int, n: int) -> dict:
     """The one-process layer on each rank's tokens in turn (the router's gradients are ranks' 0 .. n-1 summed
     for the experts; this rank's output and input gradient)."""
     mine: dict = {}
+    device = world.current().device
     for source in range(n):
-        x = expert_parallel.tokens(layer.config, config["tokens"], source, config["seed"]).requires_grad_()
+        x = expert_parallel.tokens(layer.config, config["tokens"], source, config["seed"]).to(device).requires_grad_()
         y = layer(x)
-        upstream = expert_parallel.tokens(layer.config, config["tokens"], n + source, config["seed"])
+        upstream = expert_parallel.tokens(layer.config, config["tokens"], n + source, config["seed"]).to(device)
         (y * upstream).sum().backward()
         if source == rank:
             mine = {"y": y.detach(), "x": x.grad}
@@ -173,12 +176,12 @@ def _outputs(rank: int, y: torch.Tensor, x: torch.Tensor, mine: torch.nn.ModuleL
 def _combine_probes(combine: object, config: dict) -> list[Finding]:
     """Two calls of the student's combine on the course's dispatch: token ids with unit gates, ones with the
     same gates on every token. Each probe is blind to the other mistake."""
-    rank = dist.get_rank()
-    layer = moe.build(_config(config))
-    x = expert_parallel.tokens(layer.config, config["tokens"], rank, config["seed"])
+    rank, device = dist.get_rank(), world.current().device
+    layer = moe.build(_config(config)).to(device)
+    x = expert_parallel.tokens(layer.config, config["tokens"], rank, config["seed"]).to(device)
     gates, chosen, kept = (t.detach() for t in _routing(layer, x))
     tokens, width = x.shape
-    ids = torch.arange(tokens, dtype=x.dtype)[:, None].expand(tokens, width).contiguous()
+    ids = torch.arange(tokens, dtype=x.dtype, device=device)[:, None].expand(tokens, width).contiguous()
     arrived, plan = _dispatch(ids, chosen, kept, config["num_experts"])  # identity experts: rows keep their id
     got = combine(arrived, plan, torch.ones_like(gates), tokens)
     want = kept.sum(1, dtype=x.dtype)[:, None] * ids
@@ -186,7 +189,7 @@ def _combine_probes(combine: object, config: dict) -> list[Finding]:
         f"token {t} on rank {rank} got back rows of token(s) "
         f"{sorted({round(float(got[t, 0]) / max(int(kept[t].sum()), 1))})}: add each returned row at "
         "plan.token, the token it was sent for, not in the order the rows came back"))]
-    same = torch.softmax(torch.arange(config["k"], 0, -1, dtype=x.dtype), 0).expand_as(gates).contiguous()
+    same = torch.full_like(gates, 0.3)  # one gate for every row: any order of k rows per token sums the same
     every = torch.ones_like(kept)  # nothing dropped: every token then gets the same sum, in any order
     arrived, plan = _dispatch(torch.ones_like(x), chosen, every, config["num_experts"])
     got = combine(arrived, plan, same, tokens)

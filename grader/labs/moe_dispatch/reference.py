@@ -65,8 +65,8 @@ class Plan(NamedTuple):
 
 def run_experts(arrived, plan, experts):
     """Rows arrive by source rank, then by my expert: run each of my experts on its rows, keep the order."""
-    which = torch.repeat_interleave(torch.arange(len(experts)).repeat(plan.received_counts.shape[0]),
-                                    plan.received_counts.reshape(-1))
+    mine = torch.arange(len(experts), device=arrived.device)
+    which = torch.repeat_interleave(mine.repeat(plan.received_counts.shape[0]), plan.received_counts.reshape(-1))
     out = torch.zeros_like(arrived)
     for index, expert in enumerate(experts):
         rows = (which == index).nonzero(as_tuple=True)[0]
@@ -109,7 +109,7 @@ def combine(expert_out, plan, gates, num_tokens):
     Returns (num_tokens, d)."""
     returned = all_to_all(expert_out, plan.send, plan.receive)
     weighted = gates[plan.token, plan.choice, None] * returned
-    return torch.zeros(num_tokens, expert_out.shape[1]).index_add(0, plan.token, weighted)
+    return torch.zeros(num_tokens, expert_out.shape[1], device=expert_out.device).index_add(0, plan.token, weighted)
 
 
 if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/moe_dispatch.py

@@ -65,8 +65,8 @@ class Plan(NamedTuple):
 
 def run_experts(arrived, plan, experts):
     """Rows arrive by source rank, then by my expert: run each of my experts on its rows, keep the order."""
-    which = torch.repeat_interleave(torch.arange(len(experts)).repeat(plan.received_counts.shape[0]),
-                                    plan.received_counts.reshape(-1))
+    mine = torch.arange(len(experts), device=arrived.device)
+    which = torch.repeat_interleave(mine.repeat(plan.received_counts.shape[0]), plan.received_counts.reshape(-1))
     out = torch.zeros_like(arrived)
     for index, expert in enumerate(experts):
         rows = (which == index).nonzero(as_tuple=True)[0]

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from course import world
 from course.long_context import balance, blockwise
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
@@ -44,11 +45,12 @@ SCORE_SCALE = 40.0  # q's scale in the forward run: scores near 100, past float3
 TOLERANCE = 1e-4  # relative and absolute
 
 
-def problem(config: dict, scale: float = 1.0) -> tuple[torch.Tensor, ...]:
-    """``(q, k, v, dout)`` of the whole sequence, ``(B, H, S, D)`` each, from the run's seed; ``q`` times ``scale``."""
+def problem(config: dict, scale: float = 1.0, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """``(q, k, v, dout)`` of the whole sequence, ``(B, H, S, D)`` each, from the run's seed, on ``device`` (drawn
+    on the CPU); ``q`` times ``scale``."""
     generator = torch.Generator().manual_seed(config["seed"])
     shape = (config["batch"], config["heads"], config["seq_len"], config["head_dim"])
-    q, k, v, dout = (torch.randn(shape, generator=generator) for _ in range(4))
+    q, k, v, dout = (torch.randn(shape, generator=generator).to(device) for _ in range(4))
     return scale * q, k, v, dout
 
 
@@ -63,8 +65,8 @@ def _attempted(checks: tuple[str, ...], what: str, call: Callable[[], Any]) -> t
 
 def check_on_rank(path: str, config: dict) -> RankFindings:
     """On every rank: the layout, the probe, the forward and the backward of the student's file."""
-    rank, n, seq_len = dist.get_rank(), dist.get_world_size(), config["seq_len"]
-    layout = balance.layout("zigzag", n, seq_len)
+    rank, n, seq_len, device = dist.get_rank(), dist.get_world_size(), config["seq_len"], world.current().device
+    layout = [positions.to(device) for positions in balance.layout("zigzag", n, seq_len)]
     mine = layout[rank]
     with CommLog() as log:
         forward = load_entry(path, "ring_attention_forward")
@@ -74,11 +76,11 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
                                            lambda: [zigzag(r, n, seq_len).tolist() for r in range(n)])
         probe, more = _attempted(FORWARD_CHECKS, "ring_attention_forward", lambda: _probe(forward, config, layout))
         found += more
-        q, k, v, _ = problem(config, SCORE_SCALE)
+        q, k, v, _ = problem(config, SCORE_SCALE, device)
         mark = log.mark()
         result = forward(q[..., mine, :], k[..., mine, :], v[..., mine, :], layout) if probe is not None else None
         forward_calls = log.since(mark)
-        q, k, v, dout = problem(config)
+        q, k, v, dout = problem(config, device=device)
         out, lse = blockwise.attention(q, k, v)
         mark = log.mark()
         grads, more = _attempted(BACKWARD_CHECKS, "ring_attention_backward", lambda: backward(
@@ -97,10 +99,11 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
 
 def _probe(forward: Callable, config: dict, layout: list[torch.Tensor]) -> torch.Tensor:
     """Zero queries, one-hot values: row i of the output is 1/|keys seen| at each key query i saw."""
-    seq_len, mine = config["seq_len"], layout[dist.get_rank()]
-    keys = torch.randn(1, 1, seq_len, seq_len, generator=torch.Generator().manual_seed(config["seed"] + 1))
-    values = torch.eye(seq_len)[None, None]
-    out = forward(torch.zeros(1, 1, len(mine), seq_len), keys[..., mine, :], values[..., mine, :], layout)[0]
+    seq_len, mine, device = config["seq_len"], layout[dist.get_rank()], world.current().device
+    keys = torch.randn(1, 1, seq_len, seq_len, generator=torch.Generator().manual_seed(config["seed"] + 1)).to(device)
+    values = torch.eye(seq_len, device=device)[None, None]
+    out = forward(torch.zeros(1, 1, len(mine), seq_len, device=device), keys[..., mine, :], values[..., mine, :],
+                  layout)[0]
     return out[0, 0].detach().cpu()
 
 

@@ -72,7 +72,7 @@ def _unused_forward(q, k, v, layout):
     block travels while this one is computed; wait both requests before using the received block."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     kv = torch.stack([k, v]).contiguous()
-    out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], -math.inf)
+    out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], -math.inf, device=q.device)
     for step in range(world_size):
         if step < world_size - 1:
             requests, incoming = _send_receive(kv, rank, world_size)  # the next block travels meanwhile
