@@ -3,7 +3,8 @@
 ``python -m grader.evaluate CHECKPOINT --seed N`` prints one JSON line: ``{"accuracy": ..., "val_accuracy":
 ..., "fingerprint": [...]}`` or ``{"error": "..."}``. The checkpoint is loaded with
 ``torch.load(weights_only=True)`` (tensors only: a pickle that tries to run code is refused), must be a
-``DigitsCNN`` state_dict (a ``module.`` prefix left by DDP, or ``_orig_mod.`` by torch.compile, is accepted).
+``DigitsCNN`` state_dict (a ``module.`` prefix left by DDP or ``AveragedModel``, or ``_orig_mod.`` by
+torch.compile, is accepted, as is ``AveragedModel``'s ``n_averaged``).
 
 ``accuracy`` is measured on a :func:`perturbed` copy of the test split: the same held-out digits, each moved
 by a small random affine jitter (rotation, scale, sub-pixel shift) and given pixel noise, all drawn from the
@@ -40,6 +41,10 @@ NOISE_STD = 0.06  # of the pixel noise on the held-out images (pixels in [0, 1])
 JITTER = (2.0, 0.02, 0.2)
 
 
+#: Keys an averaged model adds to its state_dict (torch.optim.swa_utils.AveragedModel's count of averages).
+AVERAGING_KEYS = ("n_averaged",)
+
+
 class CheckpointError(ValueError):
     """The checkpoint is missing, not loadable with weights_only, or not a DigitsCNN state_dict."""
 
@@ -62,7 +67,7 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path.name} is not a state_dict (a dict of tensors): save model.state_dict().")
-    return {_unwrapped(k): v for k, v in state.items()}
+    return {_unwrapped(k): v for k, v in state.items() if k not in AVERAGING_KEYS}
 
 
 def _unwrapped(key: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from course import data
-from grader import replay
+from grader import averages, replay
 from grader.inrank import channel, fingerprints
 from grader.inrank.records import Call as CallRecord
 from grader.inrank.records import Collective as CollectiveRecord
@@ -126,6 +126,9 @@ class Checkpoint:
             step did (then ``test_accuracy`` is None).
         foreign: the checkpoint holds parameters, but not ones rank 0's recorded steps produced (a second
             model, weights changed outside ``optimizer.step()``): integrity flags the run for review.
+        relation: how a checkpoint that is no single step's weights relates to the recorded training (an EMA,
+            an SWA mean: :func:`grader.averages.explain`), in words; None otherwise. Such a checkpoint is graded
+            as the student's model.
     """
 
     test_accuracy: float | None = None
@@ -134,6 +137,7 @@ class Checkpoint:
     error: str | None = None
     step: int | None = None
     foreign: bool = False
+    relation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,8 +156,8 @@ class Evidence(RunRecords):
         expected_backend: ``nccl`` on GPUs, ``gloo`` on emulated ones.
         train_size: samples in the training split.
         status: how the run ended (``ok``, ``timeout``, ``hang on rank 3``, ...), see :mod:`grader.runner`.
-        test_accuracy, checkpoint_val_accuracy, checkpoint_fingerprint, checkpoint_error, checkpoint_step:
-            the fields of :class:`Checkpoint`.
+        test_accuracy, checkpoint_val_accuracy, checkpoint_fingerprint, checkpoint_error, checkpoint_step,
+            checkpoint_foreign, checkpoint_relation: the fields of :class:`Checkpoint`.
         comparisons, replay_error: the fields of :class:`Replay`.
     """
 
@@ -166,6 +170,7 @@ class Evidence(RunRecords):
     checkpoint_error: str | None = None
     checkpoint_step: int | None = None
     checkpoint_foreign: bool = False
+    checkpoint_relation: str | None = None
     comparisons: tuple[replay.Comparison, ...] = ()
     replay_error: str | None = None
 
@@ -184,7 +189,7 @@ class Evidence(RunRecords):
                    test_accuracy=checkpoint.test_accuracy, checkpoint_val_accuracy=checkpoint.val_accuracy,
                    checkpoint_fingerprint=checkpoint.fingerprint, checkpoint_error=checkpoint.error,
                    checkpoint_step=checkpoint.step, checkpoint_foreign=checkpoint.foreign,
-                   comparisons=replay.comparisons, replay_error=replay.error)
+                   checkpoint_relation=checkpoint.relation, comparisons=replay.comparisons, replay_error=replay.error)
 
 
 def collect(raw: list[dict[str, Any]], world_size: int, rejected_records: int = 0) -> RunRecords:
@@ -268,11 +273,35 @@ def judge_checkpoint(records: RunRecords, verdict: dict[str, Any], checkpoint: s
     if verdict.get("error") is not None:
         return Checkpoint(error=verdict["error"])
     bound = bind_checkpoint(records, verdict.get("digests"), checkpoint)
-    if bound.error is not None:
-        return bound
     fingerprint = verdict.get("fingerprint")
+    relation = _averaged(records, fingerprint) if bound.foreign and _only_optimizer_steps(records) else None
+    if bound.error is not None and relation is None:
+        return bound
     return Checkpoint(test_accuracy=verdict.get("accuracy"), val_accuracy=verdict.get("val_accuracy"),
-                      fingerprint=tuple(fingerprint) if fingerprint is not None else None, step=bound.step)
+                      fingerprint=tuple(fingerprint) if fingerprint is not None else None, step=bound.step,
+                      relation=relation)
+
+
+def _only_optimizer_steps(records: RunRecords) -> bool:
+    """Rank 0's parameters changed only in its recorded optimizer steps: each step started from the parameters
+    the one before it left, and none changed after the last."""
+    steps = [s for s in records.steps.get(0, ()) if s.digests]
+    chain = all(after.digests_before == before.digests for before, after in zip(steps, steps[1:], strict=False))
+    ends = [e for e in records.ends.get(0, ()) if e.digests]
+    return bool(steps) and chain and not (ends and sorted(ends[-1].digests) != sorted(steps[-1].digests))
+
+
+def _averaged(records: RunRecords, fingerprint: list[float] | None) -> str | None:
+    """How the checkpoint (its ``fingerprint``) averages rank 0's recorded weights, or None (:mod:`grader.averages`)."""
+    steps, initial = records.steps.get(0, ()), records.initials.get(0, ())
+    if fingerprint is None or not steps or not initial:
+        return None
+    dims = fingerprints.FINGERPRINT_DIMS
+    trajectory = averages.Trajectory(
+        initial=torch.tensor(initial[0].fingerprint[:dims], dtype=torch.float64),
+        after=torch.tensor([s.fingerprint[:dims] for s in steps], dtype=torch.float64),
+        epochs=tuple(s.epoch for s in steps))
+    return averages.explain(trajectory, torch.tensor(fingerprint[:dims], dtype=torch.float64))
 
 
 def replay_first_steps(records: RunRecords) -> Replay:
@@ -293,11 +322,15 @@ def replay_first_steps(records: RunRecords) -> Replay:
             shapes = [list(shape) for shape in step.shapes]
             reference = replay.union_batch_gradient(fingerprints.decode(step.params_before), shapes, indices, train)
             comparisons.append(replay.compare(step.step, fingerprints.decode(step.grads), reference))
-    except (ValueError, RuntimeError, KeyError, IndexError) as error:
+    except ValueError as error:  # raised above, in the learner's terms
         return Replay(tuple(comparisons), str(error))
+    except (RuntimeError, KeyError, IndexError):  # torch's or the grader's own: never quoted to the learner
+        return Replay(tuple(comparisons), GRADER_FAULT)
     return Replay(tuple(comparisons))
 
 
+#: The replay's error when the grader itself failed (not the recorded run): the check is then not assessed.
+GRADER_FAULT = "the grader's replay failed on the recorded parameters (a fault of the grader, not of your script)"
 _NO_STEP = Step(rank=-1, step=0, epoch=0, indices=(), lr=(), fingerprint=())
 
 

@@ -1,7 +1,7 @@
 """Apply the rubric (:data:`grader.checks.CHECKS`) to a run's evidence: one CheckResult per check.
 
-A check that the records did not allow (a field missing where the check needed it) fails with a message saying
-so, never with a traceback. A check that returns ``passed`` None
+A check that the records did not allow (a field missing where the check needed it) is not assessed, saying it
+is the grader's fault, never quoting the grader's exception or its traceback. A check that returns ``passed`` None
 could not be assessed on a run that finished (its evidence cannot show): it scores 0 and its points are left out
 of the total (:attr:`grader.results.Results.score`).
 """
@@ -12,6 +12,7 @@ import time
 
 from grader.assignment import Assignment
 from grader.checks import CHECKS
+from grader.checks.common import cannot_assess
 from grader.evidence import Evidence
 from grader.results import CheckResult, Results
 
@@ -35,8 +36,9 @@ def apply(results: Results, evidence: Evidence | None, assignment: Assignment, v
             continue
         try:
             passed, message = check.test(evidence, assignment)
-        except (AttributeError, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
-            passed, message = False, f"the records did not allow this check ({type(error).__name__}: {error})."
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+            passed, message = cannot_assess("the grader could not evaluate this check on what it recorded (a "
+                                            "fault of the grader, not of your script).")
         results.checks.append(CheckResult(check.name, check.title, check.points if passed else 0.0,
                                           check.points, check.visibility, bool(passed), message,
                                           voids_score=check.voids_score, assessed=passed is not None))

@@ -35,6 +35,18 @@ def not_assessed(ev: Evidence, advice: str) -> Finding:
     return False, advice
 
 
+def unseen_ranks(ev: Evidence) -> str:
+    """Why the grader cannot tell what some ranks trained on ('' when it can): the ranks whose optimizer steps
+    came with no training sample the grader recognised, neither in a DataLoader over data.load().train nor in
+    what their model consumed (inputs changed before the forward, e.g. augmented, are not recognised)."""
+    unseen = [r for r in ev.ranks if ev.steps.get(r) and not any(s.indices for s in ev.steps[r])]
+    if not unseen:
+        return ""
+    return (f"the grader could not tell which training samples {ranks_text(unseen)} trained on: it recognises "
+            "the samples of data.load().train in what the model receives, and these inputs were not among them "
+            "(changed before the forward, e.g. augmented?). So it cannot say whether the ranks' data differed.")
+
+
 def idle_ranks(ev: Evidence) -> list[int]:
     """Ranks that took no optimizer step."""
     return [r for r in ev.ranks if not ev.steps.get(r)]
@@ -64,9 +76,9 @@ def needs_data_parallel(ev: Evidence) -> Finding | None:
             advice = (f"needs every rank to train: {took(idle)}, so no step combined the ranks' batches "
                       "(the union batch is the training ranks' alone): see ran to the end.")
         return not_assessed(ev, advice)
-    if not any(s.indices for s in ev.steps[0]):
-        return False, ("needs the samples each rank trained on: build the training DataLoader on "
-                       "data.load().train itself (see disjoint shards).")
+    unseen = unseen_ranks(ev)
+    if unseen:
+        return cannot_assess(unseen)
     same = copies_of_rank0(ev)
     if same:
         return cannot_assess(f"needs each rank to see its own shard: {ranks_text(same)} trained on rank 0's "
@@ -110,7 +122,10 @@ def last_step(ev: Evidence) -> int | None:
 
 
 def report_of_checkpoint(ev: Evidence, a: Assignment) -> Report | None:
-    """Rank 0's last report made with the parameters the checkpoint holds (no step between), or None."""
+    """Rank 0's last report made with the parameters the checkpoint holds (no step between), or None (also
+    when the checkpoint averages several steps' weights: no report was made with them)."""
+    if ev.checkpoint_relation is not None:
+        return None
     step = checkpoint_step(ev, a)
     reports = [r for r in ev.reports.get(0, ()) if step is not None and r.step == step]
     return reports[-1] if reports else None

@@ -41,7 +41,8 @@ def integrity(ev: Evidence, a: Assignment) -> Finding:
 def _records_disagree_with_checkpoint(ev: Evidence, a: Assignment) -> str | None:
     """Why rank 0's records do not describe the checkpoint the grader evaluated, or None if they do."""
     step = checkpoint_step(ev, a)
-    if checkpoint_save(ev, a) is None or step is None or ev.checkpoint_fingerprint is None:
+    if checkpoint_save(ev, a) is None or step is None or ev.checkpoint_fingerprint is None \
+            or ev.checkpoint_relation is not None:  # an average of the recorded weights: no one step's
         return None
     recorded = (ev.initials.get(0) or (None,))[0] if step == 0 else next(
         (s for s in ev.steps.get(0, ()) if s.step == step), None)

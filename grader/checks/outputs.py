@@ -132,15 +132,30 @@ def target_accuracy(ev: Evidence, a: Assignment) -> Finding:
     if ev.test_accuracy is None:
         return not_assessed(ev, ev.checkpoint_error or f"no checkpoint at {a.checkpoint} to evaluate.")
     held, last = checkpoint_step(ev, a), last_step(ev)
+    relation = f"your checkpoint is {ev.checkpoint_relation}, graded as your model: it" \
+        if ev.checkpoint_relation else "your checkpoint"
     if held is not None and last is not None and held < last:
-        return False, (f"your checkpoint holds the parameters rank 0 had after step {held}, not after its last "
-                       f"step {last}: it is not the final model. Save model.state_dict() on rank 0 after the last "
-                       f"optimizer step. (That older model scored {ev.test_accuracy:.3f} on held-out data.)")
+        epoch = _epoch_ended_at(ev, held)
+        if epoch is None:
+            return False, (f"your checkpoint holds the parameters rank 0 had after step {held}, not after its last "
+                           f"step {last}: it is not the final model. Save model.state_dict() on rank 0 after the "
+                           f"last optimizer step. (That older model scored {ev.test_accuracy:.3f} on held-out data.)")
+        relation = (f"your checkpoint holds rank 0's weights at the end of epoch {epoch} (step {held} of {last}: "
+                    "an earlier epoch's model, such as the best one), graded as your model: it")
     if ev.test_accuracy < a.target_accuracy:
-        return False, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data; the target is "
+        return False, (f"{relation} scored {ev.test_accuracy:.3f} on held-out data; the target is "
                        f"{a.target_accuracy:.2f}. {HELD_OUT}")
-    return True, (f"your checkpoint scored {ev.test_accuracy:.3f} on held-out data the grader kept to itself "
+    return True, (f"{relation} scored {ev.test_accuracy:.3f} on held-out data the grader kept to itself "
                   f"(target {a.target_accuracy:.2f}). {HELD_OUT}")
+
+
+def _epoch_ended_at(ev: Evidence, step: int) -> int | None:
+    """The epoch rank 0's ``step`` ended, or None when it ended none (a step in the middle of an epoch)."""
+    steps = list(ev.steps.get(0, ()))
+    at = next((i for i, s in enumerate(steps) if s.step == step), None)
+    if at is None or at + 1 >= len(steps) or steps[at + 1].epoch == steps[at].epoch:
+        return None
+    return steps[at].epoch
 
 
 # why `grader check` and the class grade print different accuracies for one script (grader.evaluate, grader.secret)

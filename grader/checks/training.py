@@ -9,14 +9,16 @@ from course.optimization.lr_scaling import RULES
 from grader.assignment import Assignment
 from grader.checks.common import (
     Finding,
+    cannot_assess,
     copies_of_rank0,
     idle_ranks,
     needs_data_parallel,
     not_assessed,
     ranks_text,
     took,
+    unseen_ranks,
 )
-from grader.evidence import Evidence, fingerprints_equal
+from grader.evidence import GRADER_FAULT, Evidence, fingerprints_equal
 from grader.replay import Transformation, transformation
 
 
@@ -72,10 +74,9 @@ def disjoint_shards(ev: Evidence, a: Assignment) -> Finding:
     idle = idle_ranks(ev)
     if idle:
         return not_assessed(ev, f"needs every rank to train: {took(idle)} (see ran to the end).")
-    unseen = [r for r in ev.ranks if not epochs[r]]
+    unseen = unseen_ranks(ev)
     if unseen:
-        return not_assessed(ev, (f"the grader saw no training samples fetched on {ranks_text(unseen)}: build the "
-                                  "training DataLoader on data.load().train itself (not on its tensors)."))
+        return cannot_assess(unseen)
     first = {r: epochs[r][min(epochs[r])] for r in ev.ranks}
     n = ev.train_size
     union = set().union(*first.values())
@@ -101,6 +102,9 @@ def reshuffled(ev: Evidence, a: Assignment) -> Finding:
     idle = idle_ranks(ev)
     if idle:
         return not_assessed(ev, f"needs every rank to train: {took(idle)} (see ran to the end).")
+    unseen = unseen_ranks(ev)
+    if unseen:
+        return cannot_assess(unseen)
     short = [r for r in ev.ranks if len(epochs[r]) < 2]
     if short:
         return not_assessed(ev, (f"fewer than two training epochs were seen on {ranks_text(short)}: train for the "
@@ -162,6 +166,8 @@ def matches_single_process(ev: Evidence, a: Assignment) -> Finding:
     needs = needs_data_parallel(ev)
     if needs:
         return needs
+    if ev.replay_error == GRADER_FAULT:
+        return cannot_assess(f"{GRADER_FAULT}.")
     if ev.replay_error or not ev.comparisons:
         return False, f"the grader could not replay the first steps: {ev.replay_error or 'no steps recorded'}."
     precision = next((s.precision for s in ev.steps[0] if s.precision), None)
@@ -233,6 +239,9 @@ def lr_scaled(ev: Evidence, a: Assignment) -> Finding:
                f"{took(idle)}, so no step averaged the ranks' batches")
         return not_assessed(ev, f"needs a global batch to scale for: {why}; see ran to the end.")
     global_batch = sum(len(ev.steps[r][0].indices) for r in ev.ranks)
+    if not global_batch:
+        return cannot_assess(unseen_ranks(ev) or "the grader could not tell how many samples the first step "
+                             "averaged, so the global batch the learning rate scales with is unknown.")
     k = global_batch / a.base_batch_size
     optimizer = steps[0].optimizer
     rules = {rule: a.base_lr * factor(k) for rule, factor in lr_rules(optimizer).items()}

@@ -30,6 +30,53 @@ class ProbedDataset(TensorDataset):
         super().__init__(*dataset.tensors)
 
 
+class Catalogue:
+    """Names the training samples in any batch a model consumes, by content, however the batch was made.
+
+    A batch from a DataLoader, a custom sampler, a pre-sharded tensor or a dataset indexed on the device holds
+    the same sample contents. Each sample is keyed by its standardized contents (so scaling or shifting every
+    input alike, e.g. a normalization, keeps the key) projected on a fixed direction; a batch row matches the
+    training sample with the nearest key whose standardized contents are equal within :data:`MATCH`.
+    """
+
+    MATCH = 1e-3  # largest difference of standardized contents (float32 copies, another device)
+
+    def __init__(self, images: torch.Tensor) -> None:
+        rows = _standardized(images)
+        self.per_sample = rows.shape[1] if rows.dim() == 2 else 0
+        self.direction = torch.randn(self.per_sample, generator=torch.Generator().manual_seed(0),
+                                     dtype=torch.float64)
+        keys = rows @ self.direction
+        self.keys, self.order = keys.sort()
+        self.rows = rows
+
+    def lookup(self, batch: torch.Tensor) -> list[int] | None:
+        """The training-sample index of every row of ``batch``, or None when not all of them are training
+        samples (activations, validation data, augmented inputs)."""
+        if batch.dim() < 2 or not batch.is_floating_point() or batch[0].numel() != self.per_sample \
+                or not len(self.keys):
+            return None
+        rows = _standardized(batch)
+        keys = rows @ self.direction
+        low = torch.searchsorted(self.keys, keys - self.MATCH * self.per_sample ** 0.5)
+        high = torch.searchsorted(self.keys, keys + self.MATCH * self.per_sample ** 0.5, right=True)
+        found = []
+        for row, start, end in zip(rows, low.tolist(), high.tolist(), strict=True):
+            candidates = self.order[start:end]
+            close = (self.rows[candidates] - row).abs().amax(dim=1) <= self.MATCH if len(candidates) else None
+            if close is None or not bool(close.any()):
+                return None
+            found.append(int(candidates[int(close.float().argmax())]))
+        return found
+
+
+def _standardized(images: torch.Tensor) -> torch.Tensor:
+    """Each sample's contents (float64, on the CPU), less their mean, over their standard deviation."""
+    rows = images.detach().reshape(images.shape[0], -1).to("cpu", torch.float64)
+    rows = rows - rows.mean(dim=1, keepdim=True)
+    return rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12) * rows.shape[1] ** 0.5
+
+
 class RecordedBatches:
     """Stands in for a training DataLoader's batch sampler: notes every index batch as it is dispatched.
 
@@ -78,6 +125,8 @@ class TrainedBatches:
     """
 
     def __init__(self) -> None:
+        self.catalogue: Catalogue | None = None  # set when the script loads the training split
+        self._consumed: list[list[int]] = []  # training samples the model consumed since the last step
         self._batches: list[tuple[list[int], torch.Tensor | None]] = []  # (indices, per-sample sums)
         self._sizes: list[int] = []  # elements per sample of each batch's first tensor
         self._used: set[int] = set()
@@ -92,7 +141,10 @@ class TrainedBatches:
     def forward(self, module: torch.nn.Module, args: tuple) -> None:
         """A module's forward is about to run on ``args``: mark the fetched batch among them as trained (the
         latest fetched that matches: a peeked batch can hold the same samples as the one trained on)."""
-        if not self._batches or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return
+        self._consume(module, args)
+        if not self._batches:
             return
         for arg in _tensors(args):
             if id(arg) in self._seen:  # a submodule's forward on the same tensor: one batch per tensor
@@ -110,11 +162,27 @@ class TrainedBatches:
                     self.precision = self.precision or _precision(module, arg)
                     break
 
+    def _consume(self, module: torch.nn.Module, args: tuple) -> None:
+        """Note the training samples among a forward's inputs, by content (:class:`Catalogue`): once per batch
+        (a wrapper's forward and its module's see the same batch), so the model's own input is what counts."""
+        if self.catalogue is None:
+            return
+        for arg in _tensors(args):
+            indices = self.catalogue.lookup(arg)
+            if indices is not None and indices not in self._consumed:
+                self._consumed.append(indices)
+                if not self._batches:
+                    self.precision = self.precision or _precision(module, arg)
+
     def take(self) -> tuple[list[int], str | None]:
-        """The trained batches' indices (else every fetched batch's) and their precision; starts afresh."""
+        """The indices of the training samples the model consumed since the last step (else the trained
+        batches', else every fetched batch's) and their precision; starts afresh."""
         kept = [b for i, b in enumerate(self._batches) if i in self._used] or self._batches
         indices, precision = [i for batch, _ in kept for i in batch], self.precision
+        if self._consumed:
+            indices = [i for batch in self._consumed for i in batch]
         self._batches, self._sizes, self._used, self._seen, self.precision = [], [], set(), set(), None
+        self._consumed = []
         return indices, precision
 
 

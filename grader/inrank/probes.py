@@ -57,6 +57,7 @@ class Probes:
         self.silent = False  # True in a forked child (DataLoader worker, ...): only the rank itself records
         self.batches = probed_data.TrainedBatches()  # fetched since the last optimizer step, and trained on
         self.epoch = -1  # how many times a loader over the training split has been iterated, less one
+        self._consumed_epoch = (0, set())  # without such a loader: epochs told by a sample consumed again
         self.steps = 0
         self._pending_grads: list[torch.Tensor] | None = None
         self._pending_full: dict[str, Any] = {}  # rank 0's full parameters before one of the first steps
@@ -161,6 +162,8 @@ class Probes:
                 probed_data.refuse_other_splits(original.__name__, signature.bind(*args, **kwargs).arguments)
                 splits = original(*args, **kwargs)
                 probes._val = splits.val
+                if probes.batches.catalogue is None:  # names the samples the model consumes, however batched
+                    probes.batches.catalogue = probed_data.Catalogue(splits.train.tensors[0])
                 hidden = TensorDataset(splits.test.tensors[0][:0], splits.test.tensors[1][:0])
                 return data.Splits(probed_data.ProbedDataset(splits.train), splits.val, hidden,
                                    splits.num_classes, splits.name)
@@ -285,7 +288,7 @@ class Probes:
         params = full_tensors(self._parameters(optimizer))
         indices, precision = self.batches.take()
         fields: dict[str, Any] = {
-            "step": self.steps, "epoch": self.epoch, "indices": indices, "precision": precision,
+            "step": self.steps, "epoch": self._epoch_of(indices), "indices": indices, "precision": precision,
             "lr": [float(g.get("lr", float("nan"))) for g in optimizer.param_groups],
             "optimizer": self._algorithm, "fingerprint": self._fingerprint(params),
             "world_size": dist.get_world_size() if dist.is_initialized() else None,
@@ -299,6 +302,18 @@ class Probes:
         fields.update(self._pending_full)
         self.emit("step", **fields)
         self._check_tampering()
+
+    def _epoch_of(self, indices: list[int]) -> int:
+        """The epoch of a step: the DataLoader's over the training split, else (a dataset indexed by hand, a
+        pre-sharded tensor) counted from what the model consumed: an epoch ends when a sample comes again."""
+        if self.epoch >= 0:
+            return self.epoch
+        epoch, seen = self._consumed_epoch
+        if seen.intersection(indices):
+            epoch, seen = epoch + 1, set()
+        seen.update(indices)
+        self._consumed_epoch = (epoch, seen)
+        return epoch
 
     def _check_tampering(self) -> None:
         replaced = [key for key, wrapper in self._wrappers.items()

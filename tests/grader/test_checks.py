@@ -9,7 +9,7 @@ import torch
 from grader.assignment import ASSIGNMENT
 from grader.checks import CHECKS
 from grader.checks.outputs import HELD_OUT
-from grader.evidence import Evidence, collect, fingerprints_equal
+from grader.evidence import GRADER_FAULT, Evidence, collect, fingerprints_equal
 from grader.inrank import records
 from grader.replay import Comparison, compare
 
@@ -439,3 +439,40 @@ def test_the_metrics_advice_shards_without_repeated_samples():
     message = outcome(defect("not_averaged"), "metrics_averaged")[1]
     assert "dataset[rank::world_size]" in message and "shuffle=False" not in message
     assert "Sum both counts across ranks" in message
+
+
+def test_an_earlier_epochs_checkpoint_is_graded_as_the_students_model_and_said_so():
+    """A best-epoch checkpoint (the end of epoch 0, step 10 of 20) is the student's model; a mid-epoch one is not."""
+    ev = perfect_run()
+    ev.checkpoint_step, ev.checkpoint_fingerprint = STEPS_PER_EPOCH, [float(STEPS_PER_EPOCH)] * 5
+    passed, message = outcome(ev, "target_accuracy")
+    assert passed and "at the end of epoch 0 (step 10 of 20" in message and "graded as your model" in message
+    assert failures(ev) == set()
+    assert "not the final model" in outcome(defect("stale_checkpoint"), "target_accuracy")[1]
+
+
+def test_an_averaged_checkpoint_is_graded_as_the_students_model_and_not_flagged():
+    ev = perfect_run()
+    ev.checkpoint_relation = "an exponential moving average (EMA, decay 0.9) of rank 0's weights"
+    ev.checkpoint_fingerprint, ev.checkpoint_val_accuracy = [18.5] * 5, 0.93  # no one step's, no report's
+    passed, message = outcome(ev, "target_accuracy")
+    assert passed and message.startswith("your checkpoint is an exponential moving average (EMA, decay 0.9)")
+    assert failures(ev) == set() and outcome(ev, "integrity")[0]
+
+
+def test_samples_the_grader_could_not_recognise_leave_the_data_checks_not_assessed():
+    """No rank's steps name a training sample (inputs changed before the forward): nothing false is said."""
+    ev = perfect_run()
+    for r in ev.ranks:
+        ev.steps[r] = [{**s, "indices": [], "epoch": -1} for s in ev.steps[r]]
+    assert {"disjoint_shards", "reshuffled", "equal_parameters", "matches_single_process", "lr_scaled"} <= \
+        unassessed(ev)
+    message = outcome(ev, "disjoint_shards")[1]
+    assert "could not tell which training samples ranks 0–3 trained on" in message and "same samples" not in message
+
+
+def test_a_replay_the_grader_itself_failed_is_not_assessed_and_quotes_no_exception():
+    ev = perfect_run()
+    ev.comparisons, ev.replay_error = [], GRADER_FAULT
+    assert unassessed(ev) == {"matches_single_process"}
+    assert "a fault of the grader, not of your script" in outcome(ev, "matches_single_process")[1]

@@ -8,7 +8,7 @@ import pytest
 from course import models
 from grader.evidence import Checkpoint, Evidence, RunRecords, bind_checkpoint, judge_checkpoint
 from grader.inrank import probes
-from grader.inrank.records import End, Step
+from grader.inrank.records import End, Initial, Step
 
 pytestmark = pytest.mark.unit6
 
@@ -100,3 +100,22 @@ def test_evidence_is_frozen_once_built():
         evidence.steps[0].append(None)  # and each rank's records a tuple
     with pytest.raises(dataclasses.FrozenInstanceError):
         evidence.steps[0][0].step = 5  # and each record frozen
+
+
+def test_an_average_of_the_recorded_weights_is_graded_and_said_so_not_flagged():
+    """A checkpoint whose fingerprint is the mean of the last two steps' is evaluated (an SWA mean); the same
+    checkpoint after a chain broken by weights copied in is still refused."""
+    records, states = trained(3)
+    prints = [(1.0, 2.0, 3.0, 4.0), (2.0, 1.0, 5.0, 3.0), (4.0, 2.0, 1.0, 7.0)]
+    steps = [dataclasses.replace(s, fingerprint=(*p, 9.0)) for s, p in zip(records.steps[0], prints, strict=True)]
+    initial = Initial(rank=0, fingerprint=(0.5, 0.5, 0.5, 0.5, 1.0), device="cpu")
+    records = dataclasses.replace(records, steps={0: steps}, initials={0: [initial]})
+    verdict = {"accuracy": 0.95, "val_accuracy": 0.9, "fingerprint": [3.0, 1.5, 3.0, 5.0, 8.0], "digests": ["x"]}
+    judged = judge_checkpoint(records, verdict, "c.pt")
+    assert judged.test_accuracy == 0.95 and not judged.foreign and judged.error is None
+    assert judged.relation == "the mean of rank 0's weights after steps 2-3 (SWA)"
+    broken, _ = trained(3, broken_before=2)
+    broken = dataclasses.replace(broken, steps={0: [dataclasses.replace(s, fingerprint=t.fingerprint) for s, t in
+                                                    zip(broken.steps[0], steps, strict=True)]}, initials={0: [initial]})
+    refused = judge_checkpoint(broken, verdict, "c.pt")
+    assert refused.foreign and refused.test_accuracy is None and refused.relation is None

@@ -2,7 +2,7 @@
 marks, and the failure classes next to them get feedback that names what happened.
 
 Each submission in tests/submissions/ listed here is graded for real (4 ranks in the sandbox), once per test session,
-in one pool with the proof set's (tests/grader/conftest.py): 17 four-rank runs. Issue 35's classes are here too:
+in one pool with the proof set's (tests/grader/conftest.py): 24 four-rank runs. Issue 35's classes are here too:
 every route to a process group (init_device_mesh), a reduction made of point-to-point messages (the course's
 Horovod-style allreduce, a hand-written ring), a gradient transformation applied the same way on every rank
 (clipping, a constant factor) and a checkpoint that is not the final model; each with a script that must pass and
@@ -26,13 +26,18 @@ from grader.sandbox import Limits
 pytestmark = [pytest.mark.unit6, pytest.mark.slow, pytest.mark.timeout(2400)]
 SUBMISSIONS = Path(__file__).resolve().parents[1] / "submissions"
 SCORED = {c.name for c in CHECKS if c.points > 0}
+EFFECTS = ("device_resident_shards", "custom_sampler", "pre_sharded_tensor", "ema_checkpoint",
+           "best_epoch_checkpoint")
 BASE = GradingConfig()  # as the proof set: a correct rank that ends last under load is waited for
 CONFIGS = {
     "spawn_under_torchrun": replace(BASE, limits=Limits(wall_s=60.0)),
     "writes_huge_file": replace(BASE, limits=Limits(wall_s=90.0, file_size_bytes=8 * 2**20)),
 }
 CORRECT = ("tutorial_trainer_peek", "zero1_ddp", "fsdp2_uneven_shards", "bf16_autocast", "torch_compile_ddp",
-           "device_mesh_ddp", "horovod_val_counts", "ring_val_counts", "clipped_gradients")
+           "device_mesh_ddp", "horovod_val_counts", "ring_val_counts", "clipped_gradients",
+           # issue 43: what a rank trained on is read from what its model consumed, not from a DataLoader; and an
+           # honest checkpoint that is no single step's weights (an EMA, the best epoch's) is the student's model
+           *EFFECTS)
 WRONG = ("unsharded_val_no_reduce", "missing_library", "spawn_under_torchrun", "writes_huge_file",
          "short_last_batch_unaveraged", "one_way_messages", "scaled_gradients", "stale_checkpoint")
 # wrong submission -> (its status, the checks it must fail); None: any status but "ok" (nothing but the status
@@ -203,3 +208,15 @@ def test_a_checkpoint_that_is_not_the_final_model_is_a_mistake_not_tampering(gra
     assert "holds the parameters rank 0 had after step 57, not after its last step 60" in message
     assert "not the final model" in message
     assert messages(graded["reference"])["target_accuracy"].startswith("your checkpoint scored")
+
+
+def test_an_ema_checkpoint_is_said_to_be_one_and_graded_as_the_students_model(graded):
+    message = messages(graded["ema_checkpoint"])["target_accuracy"]
+    assert message.startswith("your checkpoint is an exponential moving average (EMA, decay 0.9) of rank 0's "
+                              "weights after each optimizer step"), message
+    assert "graded as your model" in message
+
+
+def test_the_data_checks_read_what_the_model_consumed(graded):
+    for name in ("device_resident_shards", "pre_sharded_tensor"):
+        assert "saw disjoint shards" in messages(graded[name])["disjoint_shards"], name

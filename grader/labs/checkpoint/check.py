@@ -6,18 +6,19 @@ step)`` (called on every rank; rank 0 writes) and ``load_checkpoint(path, model,
 rank; returns ``(epoch, step)``). On every rank :func:`check_on_rank` trains a small MLP with dropout under DDP
 (SGD with momentum, a StepLR schedule, ``DistributedSampler`` batches) twice: once without a stop, once stopped
 after ``stop_at`` steps, saved, "restarted" (a new model with other weights, a new optimizer and scheduler, the
-random number generators reseeded) and loaded. ``torch.save`` is watched while the student's save runs; on rank
-0 it waits (up to :data:`WRITE_DELAY_S`) until rank 1 has returned from its own save, so a missing barrier is
-seen every time, not by luck. Checks:
+random number generators reseeded) and loaded. While the student's save runs, every write to disk is
+watched (:mod:`grader.labs.checkpoint.disk`: ``torch.save`` to a path or an open file, file writes, copies);
+on rank 0 the first write waits (up to :data:`WRITE_DELAY_S`) until rank 1 has returned from its own save, so a
+missing barrier is seen every time, not by luck. Checks:
 
 * ``training_state``: after loading, every rank's parameters, optimizer state (momentum) and scheduler equal
   what they were when saved;
 * ``rng_and_position``: every rank's random number generators (torch's, Python's ``random``, numpy's) are its
   own states at the save, and the returned ``(epoch, step)`` is where the run stopped;
-* ``one_writer``: only rank 0 calls ``torch.save``, and the file is complete when ``save_checkpoint`` returns on
+* ``one_writer``: only rank 0 writes to disk, and the file is complete when ``save_checkpoint`` returns on
   every rank (a barrier);
-* ``atomic``: rank 0 writes another file and renames it to ``path`` (``os.replace``), so a crash in the middle of
-  the write leaves the previous checkpoint whole;
+* ``atomic``: the checkpoint is saved a second time under a crash drill: a crash after any piece rank 0 writes
+  must leave a complete checkpoint at ``path`` (the previous one, or the new one once renamed into place);
 * ``bit_for_bit``: the resumed run's final parameters equal the uninterrupted run's exactly.
 """
 
@@ -28,6 +29,7 @@ import random
 import shutil
 import tempfile
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course import world
 from course.practice.checkpoint import epoch_batches
+from grader.labs.checkpoint.disk import DiskWatch, Tear, watched
 from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 
 #: Not to be used by the student: the course's own checkpoint does what the lab asks.
@@ -86,27 +89,21 @@ def _momentum(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     return _flat(state.get("momentum_buffer") for state in optimizer.state.values())
 
 
-class _WatchedSave:
-    """``torch.save`` replaced while the checker runs: counts the calls to a file made inside the student's save,
-    and on rank 0 waits for rank 1's signal (or :data:`WRITE_DELAY_S`) before writing."""
+def _signal(folder: str) -> str:
+    """The file rank 1 makes once its first save_checkpoint returned."""
+    return os.path.join(folder, "rank1-returned")
 
-    def __init__(self, signal: str, rank: int) -> None:
-        self.original, self.signal, self.rank = torch.save, signal, rank
-        self.calls, self.watching, self.targets = 0, False, []
 
-    def __call__(self, obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.watching and isinstance(f, (str, os.PathLike)):  # all_gather_object saves to memory: not counted
-            self.calls += 1
-            self.targets.append(os.path.abspath(os.fspath(f)))
-            if self.rank == 0:
-                deadline = time.monotonic() + WRITE_DELAY_S
-                while not os.path.exists(self.signal) and time.monotonic() < deadline:
-                    time.sleep(0.02)
-        return self.original(obj, f, *args, **kwargs)
+def _wait_for(signal: str, rank: int) -> None:
+    """Before rank 0's first write: wait for rank 1's signal (or :data:`WRITE_DELAY_S`)."""
+    if rank == 0:
+        deadline = time.monotonic() + WRITE_DELAY_S
+        while not os.path.exists(signal) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def train(config: dict, me: world.Rank, save: Any = None, load: Any = None, path: str = "",
-          watch: _WatchedSave | None = None) -> tuple[torch.Tensor, dict]:
+          watch: DiskWatch | None = None) -> tuple[torch.Tensor, dict]:
     """Train ``config["epochs"]``; with ``save``/``load``, stop after ``stop_at`` steps, save, restart, load.
 
     Returns the final parameters and what was measured around the stop."""
@@ -135,8 +132,9 @@ def train(config: dict, me: world.Rank, save: Any = None, load: Any = None, path
 
 
 def _stop_and_resume(config: dict, me: world.Rank, training: tuple, save: Any, load: Any, path: str,
-                     watch: _WatchedSave, position: tuple[int, int]) -> dict:
-    """Save, then build everything anew as a restarted job would, load, and measure what came back."""
+                     watch: DiskWatch, position: tuple[int, int]) -> dict:
+    """Save, save again under the crash drill (:mod:`grader.labs.checkpoint.disk`), then build everything anew
+    as a restarted job would, load, and measure what came back."""
     model, optimizer, scheduler = training
     saved = {"params": _flat(model.parameters()), "momentum": _momentum(optimizer),
              "scheduler": dict(scheduler.state_dict()), "rng": torch.get_rng_state(), "python_rng": random.getstate(),
@@ -144,10 +142,15 @@ def _stop_and_resume(config: dict, me: world.Rank, training: tuple, save: Any, l
     watch.watching = True
     save(path, model, optimizer, scheduler, *position)
     watch.watching = False
-    exists_on_return = os.path.exists(path)
+    exists_on_return, written = os.path.exists(path), dict(watch.written)
     if me.rank == 1:
-        open(watch.signal, "w").close()
-    dist.barrier()  # the checker's: every rank's save is over before anything is loaded
+        open(_signal(os.path.dirname(path)), "w").close()
+    dist.barrier()  # the checker's: every rank's first save is over
+    watch.watching, previous = True, os.path.exists(path)
+    with watch.drill(path) if me.rank == 0 else nullcontext():
+        save(path, model, optimizer, scheduler, *position)  # the same state again: a crash may come anywhere
+    watch.watching = False
+    dist.barrier()  # every rank's save is over before anything is loaded
     fresh = _build(config["seed"] + 1000, me)
     torch.manual_seed(12345 + me.rank)  # a restarted process starts from other random numbers
     random.seed(12345 + me.rank)
@@ -155,8 +158,8 @@ def _stop_and_resume(config: dict, me: world.Rank, training: tuple, save: Any, l
     loaded = load(path, *fresh)
     loaded_position = tuple(int(x) for x in loaded) if isinstance(loaded, (tuple, list)) and len(loaded) == 2 \
         else None
-    return {"saved": saved, "calls": watch.calls, "exists_on_return": exists_on_return, "path": path,
-            "targets": list(watch.targets),
+    return {"saved": saved, "written": written, "exists_on_return": exists_on_return, "path": path,
+            "previous": previous, "tear": watch.tear,
             "after": {"params": _flat(fresh[0].parameters()), "momentum": _momentum(fresh[1]),
                       "scheduler": dict(fresh[2].state_dict()), "rng": torch.get_rng_state(),
                       "python_rng": random.getstate(), "numpy_rng": np.random.get_state(), "cuda_rng": _cuda_rng(me)},
@@ -220,16 +223,27 @@ def _same_state(a: object, b: object) -> bool:
 
 
 def judge_atomic(measured: dict, rank: int) -> Finding:
-    """Finding for ``atomic``, on rank 0: torch.save wrote another file, and ``path`` exists after the save."""
+    """Finding for ``atomic``, on rank 0: would a crash at any point of the second save (the crash drill of
+    :mod:`grader.labs.checkpoint.disk`) have left a complete checkpoint at ``path``?"""
     if rank != 0:
         return Finding("atomic", True)
-    target = os.path.abspath(measured["path"])
-    if not measured["targets"]:
-        return Finding("atomic", False, "rank 0 never called torch.save on a file in save_checkpoint")
-    if target in measured["targets"]:
-        return Finding("atomic", False, "rank 0's torch.save wrote the checkpoint in place: a crash in the middle "
-                       "of the write would leave half a file and no checkpoint. Write to another file (path + "
-                       "\".partial\") and os.replace() it onto path: a rename is atomic")
+    if not measured["previous"]:
+        return Finding("atomic", False, "path held no checkpoint after your first save_checkpoint, so a crash "
+                       "during the next one could not be tried: write the checkpoint on rank 0 (see one_writer)")
+    tear: Tear | None = measured["tear"]
+    if tear is not None:
+        left = "no file at path" if tear.left < 0 else f"{tear.left:,} bytes at path that torch.load cannot read"
+        start = (f"a crash after rank 0 had written {tear.written:,} bytes in save_checkpoint would leave {left}, "
+                 "and the previous checkpoint lost")
+        same = os.path.abspath(tear.into) == os.path.abspath(measured["path"])
+        why = {"torch.save": "rank 0's torch.save wrote the checkpoint in place",
+               "a file copy": "the new file was copied over path, and a copy writes path piece by piece",
+               "a write": "path itself was opened and written piece by piece",
+               "a removal": "the previous checkpoint was removed before the new one was in place",
+               }.get(tear.how, "path held no complete checkpoint when save_checkpoint returned") if same or \
+            tear.how == "a removal" else f"{tear.how} into {os.path.basename(tear.into)} changed path"
+        return Finding("atomic", False, f"{start}: {why}. Write the whole checkpoint to another file (path + "
+                       "\".partial\"), then os.replace() it onto path: a rename is atomic, a copy is not")
     if not measured["exists_on_return"]:
         return Finding("atomic", False, "rank 0 wrote another file but path did not exist when save_checkpoint "
                        "returned: os.replace() the file you wrote onto path")
@@ -237,14 +251,15 @@ def judge_atomic(measured: dict, rank: int) -> Finding:
 
 
 def judge_writer(measured: dict, rank: int) -> Finding:
-    """Finding for ``one_writer`` on this rank."""
-    calls = measured["calls"]
-    if rank == 0 and calls == 0:
-        return Finding("one_writer", False, "rank 0 never called torch.save in save_checkpoint: write the "
+    """Finding for ``one_writer`` on this rank: which ranks put bytes on disk during the first save."""
+    written = measured["written"]
+    if rank == 0 and not written:
+        return Finding("one_writer", False, "rank 0 wrote nothing to disk in save_checkpoint: write the "
                        "checkpoint with torch.save on rank 0")
-    if rank != 0 and calls:
-        return Finding("one_writer", False, f"rank {rank} called torch.save too: every rank wrote the same file. "
-                       "Only rank 0 writes (if dist.get_rank() == 0); the others wait at a barrier")
+    if rank != 0 and written:
+        files = ", ".join(sorted(os.path.basename(name) for name in written))
+        return Finding("one_writer", False, f"rank {rank} wrote to disk too ({files}): every rank wrote the "
+                       "checkpoint. Only rank 0 writes (if dist.get_rank() == 0); the others wait at a barrier")
     if not measured["exists_on_return"]:
         return Finding("one_writer", False, f"the file did not exist yet when save_checkpoint returned on rank "
                        f"{rank}: end save_checkpoint with dist.barrier(), so no rank goes on (or loads) before "
@@ -267,14 +282,11 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
     """Run the uninterrupted and the stopped-and-resumed training on this rank; judge what came back."""
     me = world.current()
     folder = _shared_folder(config)
-    watch = _WatchedSave(os.path.join(folder, "rank1-returned"), me.rank)
-    torch.save = watch  # before the student's file is loaded, so a ``from torch import save`` is watched too
-    try:
+    watch = DiskWatch(lambda: _wait_for(_signal(folder), me.rank))
+    with watched(watch):  # before the student's file is loaded, so a ``from torch import save`` is watched too
         save, load = load_entry(path, "save_checkpoint"), load_entry(path, "load_checkpoint")
         expected, _ = train(config, me)
         final, measured = train(config, me, save, load, os.path.join(folder, "checkpoint.pt"), watch)
-    finally:
-        torch.save = watch.original
     rank0_rng = measured["saved"]["rng"].to(me.device, copy=True)  # nccl moves device tensors only
     dist.broadcast(rank0_rng, src=0)
     rank0_rng = rank0_rng.cpu()

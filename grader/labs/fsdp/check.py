@@ -18,34 +18,29 @@ backward and reduce-scatters the gradients into the shards' ``.grad``; ``torch.o
   (two all-gathers and one reduce-scatter of the parameters, each (N-1)/N of them, against the allreduce's
   2(N-1)/N), within the padding;
 * ``prefetch`` (the stretch goal): in forward, and again in backward, every layer's all-gather but the first was
-  issued (``async_op=True``) before a matrix multiply of the layer before it and waited for after it: timestamps of
-  every matrix multiply on the rank (a ``TorchDispatchMode``) against each gather's launch and ``wait()``, as the DDP
-  lab checks its allreduces against backward's gradients. An asynchronous gather's result lands in the student's
-  tensor only at ``wait()`` (:class:`grader.labs.late_results.Late`), so reading it earlier is wrong every time.
+  issued (``async_op=True``) before a matrix multiply of the layer before it and its data first waited for after
+  it: timestamps of every matrix multiply on the rank (a ``TorchDispatchMode``) against each gather's launch and
+  first wait (``wait()``, or taking its future to wait on), as the DDP lab checks its allreduces against
+  backward's gradients. An asynchronous gather's result lands in the student's tensor only at that first wait
+  (:class:`grader.labs.late_results.Late`), so reading it earlier is wrong every time, and a second ``wait()``
+  later does not make an early one overlap anything. The list form of ``dist.all_gather`` is watched as the
+  tensor forms are, for memory and for timing.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from course import world
-from course.runtime import intercept
 from course.runtime.collective_names import named
-from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
+from course.runtime.recorder import ORIGINAL, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, StudentError, load_entry
-from grader.labs.late_results import Late
+from grader.labs.fsdp.gathers import Gather, MatmulClock, watching_gathers
 from grader.labs.zero.check import BETAS, EPS, LR, TOLERANCE, _batch, _loss, reference_trajectory
 
 ENTRY = "MyFSDP"
@@ -57,7 +52,6 @@ CHECKS = (
     Check("prefetch", "stretch goal: the next layer's all-gather runs while this layer computes (forward and "
           "backward)", 2),
 )
-GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base")
 
 
 def _model(config: dict) -> nn.Sequential:
@@ -80,74 +74,6 @@ def _linears(model: nn.Sequential) -> list[nn.Linear]:
 def _piece(linear: nn.Linear, world_size: int) -> int:
     """Elements of one rank's piece of ``linear`` (weight and bias, padded to a multiple of world_size)."""
     return -(-(linear.weight.numel() + linear.bias.numel()) // world_size)
-
-
-class GatherWatch:
-    """Every tensor an all-gather wrote into, weakly held: the bytes still alive at each gather, and their peak.
-
-    Gathers with the output as first positional argument are watched (what the lab's text asks). An asynchronous
-    one (``async_op=True``, a prefetch) is noted in ``prefetched``; its result lands at ``wait()``."""
-
-    def __init__(self) -> None:
-        self.outputs: list[weakref.ref] = []
-        self.peak = 0
-        self.prefetched = False  # some gather was asynchronous: two layers may be alive at once
-        self._inside = threading.local()  # a deprecated name calling its new one: watch the outer call only
-
-    def alive(self) -> int:
-        storages = {}
-        for ref in self.outputs:
-            tensor = ref()
-            if tensor is not None:
-                storage = tensor.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()  # resize_(0) frees it in place
-        return sum(storages.values())
-
-    def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            output = args[0] if args else None
-            if not isinstance(output, torch.Tensor) or getattr(self._inside, "on", False):
-                return original(*args, **kwargs)
-            self.outputs.append(weakref.ref(output))
-            self.peak = max(self.peak, self.alive())
-            self.prefetched |= bool(kwargs.get("async_op"))
-            # gather into the checker's own buffer, then copy: gloo may hold its output a while after returning,
-            # and what it holds must not count as the student's
-            private = torch.empty_like(output)
-            self._inside.on = True
-            try:
-                result = original(private, *args[1:], **kwargs)
-            finally:
-                self._inside.on = False
-            if kwargs.get("async_op"):
-                return Late(result, private, output)  # copied into the student's tensor at wait(), not before
-            output.copy_(private)
-            return result
-        return watched
-
-
-class MatmulClock(TorchDispatchMode):
-    """When each matrix multiply ran on this rank (``time.perf_counter()``), the student's layers among them."""
-
-    KERNELS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv"})
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func.overloadpacket.__name__ in self.KERNELS:
-            self.times.append(time.perf_counter())
-        return func(*args, **(kwargs or {}))
-
-
-@contextmanager
-def watching_gathers() -> Iterator[GatherWatch]:
-    """While open, every all-gather's output tensor is watched (:class:`GatherWatch`)."""
-    watch = GatherWatch()
-    with intercept.replacing(GATHERS, lambda _name, current: watch.wrap(current)):
-        yield watch
 
 
 def full_parameters(fsdp: nn.Module, linears: list[nn.Linear], me: world.Rank) -> torch.Tensor:
@@ -184,10 +110,9 @@ class Overlap:
         return sum(any(launched < t < waited for t in self.matmuls) for launched, waited, _ in self.gathers)
 
 
-def _passes(step: int, calls: list[Call], matmuls: list[float], backward_start: float) -> list[Overlap]:
+def _passes(step: int, watched: list[Gather], matmuls: list[float], backward_start: float) -> list[Overlap]:
     """The step's gathers and matmuls, split into its forward and its backward."""
-    gathers = [(c.launched, c.waited if c.waited is not None else float("inf"), c.async_op) for c in calls
-               if c.name in GATHERS]
+    gathers = [(g.launched, g.waited, g.async_op) for g in watched]
     return [Overlap(step, "forward", [g for g in gathers if g[0] < backward_start],
                     [t for t in matmuls if t < backward_start]),
             Overlap(step, "backward", [g for g in gathers if g[0] >= backward_start],
@@ -210,13 +135,14 @@ def _train_student(my_fsdp: type, config: dict, recorder: Recorder, me: world.Ra
         for step in range(1, config["steps"] + 1):
             optimizer.zero_grad(set_to_none=True)
             recorder.clear()
+            watch.gathers = []
             with MatmulClock() as clock:
                 loss = _loss(fsdp, *_batch(step - 1, config["seed"], me))
                 backward_start = time.perf_counter()
                 loss.backward()
             optimizer.step()
             sent.append(recorder.sent_bytes())
-            passes += _passes(step, recorder.calls, clock.times, backward_start)
+            passes += _passes(step, watch.gathers, clock.times, backward_start)
             trajectory.append(full_parameters(fsdp, linears, me))
     kept = sum(p.numel() * p.element_size() for p in fsdp.parameters())
     return trajectory, sent, kept, watch.peak, watch.prefetched, passes

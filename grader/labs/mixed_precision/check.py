@@ -10,6 +10,9 @@ CPU, as :mod:`course.practice.mixed_precision` uses it), and at step ``overflow_
 inf (a hook the checker registers: what an fp16 overflow looks like). Checks:
 
 * ``autocast``: the first linear layer's output is bf16 (the forward ran under autocast);
+* ``scales_loss``: the loss backward runs on is the loss times the scale the scaler reports (``get_scale()``):
+  measured where backward enters the model, as the gradient at the model's output divided by the unscaled
+  cross-entropy's (so a scaler that never scales fails, even though powers of two leave its steps bit-identical);
 * ``unscale_then_clip``: after every step before the overflow the parameters equal the reference's
   (clipping the scaled gradients, or not clipping, is named from what it matches);
 * ``skips_overflow``: the step with inf gradients leaves the parameters as they were (none becomes nan);
@@ -18,6 +21,8 @@ inf (a hook the checker registers: what an fp16 overflow looks like). Checks:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -29,10 +34,14 @@ from grader.labs.core import Check, Finding, Lab, load_entry
 SHORTCUTS = ("torch.amp:GradScaler", "torch.amp.grad_scaler:GradScaler", "torch.cuda.amp:GradScaler")
 #: Largest |parameter difference| accepted (powers-of-two scales make the same steps equal to the last bit).
 TOLERANCE = 1e-6
+#: Largest relative gap between the factor backward's loss was multiplied by and the reported scale (the
+#: gradient at the model's output is bf16 under autocast: about 3 significant digits).
+SCALE_TOLERANCE = 0.05
 LR, BATCH_SIZE, INIT_SCALE, MAX_NORM = 1e-2, 16, 2.0**16, 0.5
 
 CHECKS = (
     Check("autocast", "the forward runs under bf16 autocast", 1),
+    Check("scales_loss", "backward runs on the loss times the scale your scaler reports", 2),
     Check("unscale_then_clip", "parameters equal torch's GradScaler loop: unscale, then clip, then step", 3),
     Check("skips_overflow", "a step whose gradients hold inf or nan is skipped", 3),
     Check("updates_scale", "the scale halves after an overflow and grows after growth_interval clean steps", 3),
@@ -74,19 +83,42 @@ def _overflow_hook(model: nn.Module, now: list[bool]) -> None:
     model[0].weight.register_hook(lambda grad: grad * float("inf") if now[0] else grad)
 
 
-def train(config: dict, step_fn: object, scaler: object, dtypes: list[torch.dtype] | None = None
-          ) -> tuple[list[torch.Tensor], list[float]]:
-    """Parameters and scale after each step (the first entry: before any), the overflow at ``overflow_at``."""
+def _unscaled_factor(grad: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """How many times ``grad`` (at the model's output) is the mean cross-entropy's own gradient,
+    (softmax(logits) - one_hot(targets)) / batch: the factor the loss was multiplied by before backward."""
+    own = (torch.softmax(logits, dim=1) - F.one_hot(targets, logits.shape[1]).float()) / len(targets)
+    return float((grad.float() * own).sum() / (own * own).sum())
+
+
+def _watch_backward(model: nn.Module, scaler: object, batch: list, seen: list[tuple[int, float, float]]) -> None:
+    """At each forward, note the scale the scaler reports; when backward reaches the model's output, append
+    (step, that scale, the factor the loss was multiplied by) to ``seen``. ``batch``: [step, targets]."""
+    def forward_hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        if not out.requires_grad:
+            return
+        step, targets, scale, logits = batch[0], batch[1], float(scaler.get_scale()), out.detach().float()
+        out.register_hook(lambda grad: seen.append((step, scale, _unscaled_factor(grad, logits, targets))))
+    model.register_forward_hook(forward_hook)
+
+
+def train(config: dict, step_fn: object, scaler: object, dtypes: list[torch.dtype] | None = None,
+          seen: list[tuple[int, float, float]] | None = None) -> tuple[list[torch.Tensor], list[float]]:
+    """Parameters and scale after each step (the first entry: before any), the overflow at ``overflow_at``;
+    with ``seen``, what backward saw at each step (:func:`_watch_backward`)."""
     model = _model(config["seed"])
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    now = [False]
+    now, batch = [False], [0, None]
     _overflow_hook(model, now)
     if dtypes is not None:
         model[0].register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    if seen is not None:
+        _watch_backward(model, scaler, batch, seen)
     trajectory, scales = [_flat(model)], [float(scaler.get_scale())]
     for step in range(1, config["steps"] + 1):
         now[0] = step == config["overflow_at"]
-        step_fn(model, optimizer, scaler, *_batch(step, config["seed"]))
+        inputs, targets = _batch(step, config["seed"])
+        batch[:] = [step, targets]
+        step_fn(model, optimizer, scaler, inputs, targets)
         trajectory.append(_flat(model))
         scales.append(float(scaler.get_scale()))
     return trajectory, scales
@@ -103,6 +135,27 @@ def _gap(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # -- verdicts -----------------------------------------------------------------------------------------------------
+def judge_scaled(seen: list[tuple[int, float, float]], config: dict) -> Finding:
+    """Finding for ``scales_loss``: at every step, backward's loss was the loss times the reported scale, while
+    the model's output is finite (once a step made the parameters nan: ``skips_overflow`` says why)."""
+    for step in range(1, config["steps"] + 1):
+        mine = [(scale, factor) for at, scale, factor in seen if at == step]
+        if not all(math.isfinite(factor) for _, factor in mine):
+            break
+        if not mine:
+            return Finding("scales_loss", False, f"at step {step} backward never reached the model's output: "
+                           "call .backward() on what scaler.scale(loss) returns")
+        for scale, factor in mine:
+            if abs(factor / scale - 1) <= SCALE_TOLERANCE:
+                continue
+            never = " (it was never scaled)" if abs(factor - 1) <= SCALE_TOLERANCE else ""
+            return Finding("scales_loss", False, f"at step {step} backward ran on your loss times {factor:.4g}"
+                           f"{never}, but your scaler's scale was {scale:g}: scale(loss) must return the loss "
+                           "times the scale, and backward must run on what it returns. Otherwise small fp16 "
+                           "gradients still flush to zero")
+    return Finding("scales_loss", True)
+
+
 def judge_clip(ours: list[torch.Tensor], config: dict) -> Finding:
     """Finding for ``unscale_then_clip``: the steps before the overflow against the reference's."""
     expected, _ = reference(config)
@@ -161,11 +214,13 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     scaler_class, train_step = load_entry(path, "LossScaler"), load_entry(path, "train_step")
     scaler = scaler_class(init_scale=INIT_SCALE, growth_interval=config["growth_interval"])
     dtypes: list[torch.dtype] = []
-    ours, scales = train(config, lambda *args: train_step(*args, MAX_NORM), scaler, dtypes)
+    seen: list[tuple[int, float, float]] = []
+    ours, scales = train(config, lambda *args: train_step(*args, MAX_NORM), scaler, dtypes, seen)
     autocast = Finding("autocast", dtypes[:1] == [torch.bfloat16], "" if dtypes[:1] == [torch.bfloat16] else
                        f"the first linear layer's output is {dtypes[0] if dtypes else 'never computed'}: run the "
                        "forward (model and loss) inside torch.autocast(\"cpu\", dtype=torch.bfloat16)")
-    return [autocast, judge_clip(ours, config), judge_skip(ours, config), judge_scale(scales, config, ours)]
+    return [autocast, judge_scaled(seen, config), judge_clip(ours, config), judge_skip(ours, config),
+            judge_scale(scales, config, ours)]
 
 
 LAB = Lab(

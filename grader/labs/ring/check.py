@@ -28,7 +28,7 @@ CHECKS = (
     Check("point_to_point_only", "only point-to-point calls (send/recv or isend/irecv), no collective", 2),
     Check("bytes", "each rank sends 2(n-1)/n of the tensor", 2),
     Check("steps", "2(n-1) steps: one message per step, n-1 reduce-scatter and n-1 all-gather", 2),
-    Check("neighbours", "every message goes to the right neighbour and comes from the left one", 2),
+    Check("neighbours", "every message goes to one neighbour and comes from the other (either way round)", 2),
 )
 
 
@@ -110,18 +110,26 @@ def _mismatch(mismatch: SizeMismatch, world_size: int) -> str:
 
 
 def _neighbours_finding(case: str, rank: int, world_size: int, calls: list[Call]) -> Finding:
-    """Every send goes to rank + 1 and every receive comes from rank - 1 (mod n): the ring's one hop per step."""
+    """Every send goes to one neighbour and every receive comes from the other: the ring's one hop per step.
+
+    The ring may run either way round, consistently: the first message says which (sending to rank + 1 or
+    receiving from rank - 1 is clockwise; sending to rank - 1 or receiving from rank + 1 the other way)."""
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     messages = [call for call in calls if call.name in POINT_TO_POINT]
+    if messages and messages[0].peer == (left if messages[0].name in SENDS else right):
+        right, left = left, right  # counter-clockwise: from here on "right" names where this rank sends
     for number, call in enumerate(messages, start=1):
         sending = call.name in SENDS
         if call.peer == (right if sending else left):
             continue
         verb, peer = ("sent", f"to rank {call.peer}") if sending else ("received", "from any rank (src=None)" if
                                                                         call.peer is None else f"from rank {call.peer}")
+        way = "right" if right == (rank + 1) % world_size else "left"
+        other = "left" if way == "right" else "right"
         return Finding("neighbours", False, f"{case}: rank {rank}'s message {number} was {verb} {peer}; in a ring "
-                       f"rank {rank} sends only to its right neighbour, rank {right}, and receives only from its left "
-                       f"one, rank {left}: pass each partial sum on one hop per step, never straight to its owner")
+                       f"rank {rank} sends only to its {way} neighbour, rank {right}, and receives only from its "
+                       f"{other} one, rank {left}: pass each partial sum on one hop per step, never straight to its "
+                       "owner (a ring may run either way round, the same way at every step)")
     return Finding("neighbours", True)
 
 

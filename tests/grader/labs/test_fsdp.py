@@ -41,11 +41,16 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("no_prefetch", ["prefetch"], "every all-gather was blocking, so each layer waited for its parameters"),
     ("waits_at_once", ["prefetch"], "step 1, forward: 0 of 4 all-gathers ran while a layer computed; you waited for "
      "each asynchronous all-gather before any layer computed"),
+    # each future waited for as it is issued, the handle again later: judged by the first wait, not the last
+    ("waits_on_futures", ["prefetch"], "you waited for each asynchronous all-gather before any layer computed"),
+    # the list form of dist.all_gather is watched like the tensor forms: right when used right, caught when kept
+    ("list_all_gather", [], ""),
+    ("list_keeps_gathered", ["memory"], "bytes of gathered parameters were alive at once; prefetching holds two"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
     result = run_lab(fsdp.LAB, os.path.join(ATTEMPTS, f"fsdp_{attempt}.py"))
     assert result.failed() == failed, render.lab_feedback(result)
-    first = next(r.message for r in result.checks if not r.passed)
+    first = next((r.message for r in result.checks if not r.passed), "world_size=4, ")
     assert first.startswith("world_size=4, ") and fragment in first, first
 
 

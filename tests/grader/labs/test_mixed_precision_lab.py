@@ -35,6 +35,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("clips_before_unscale", ["unscale_then_clip"], "they match clipping the SCALED gradients"),
     ("never_skips", ["skips_overflow"], "at step 4 a gradient was inf (an overflow), and your parameters now hold"),
     ("no_update", ["updates_scale"], "after step 2 your scale is 65536, GradScaler's 131072: it did not grow"),
+    ("never_scales", ["scales_loss"], "at step 1 backward ran on your loss times 1 (it was never scaled), but your "
+     "scaler's scale was 65536"),
     ("uses_grad_scaler", ALL, "your file uses torch.amp.GradScaler, a ready-made version"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment):
@@ -65,3 +67,16 @@ def test_the_verdicts_name_the_mistake():
     assert "did not change: update() multiplies it by backoff_factor" in mixed_precision.judge_scale(
         kept, CONFIG, trajectory).message
     assert mixed_precision.judge_scale(scales, CONFIG, trajectory).passed
+    steps = range(1, CONFIG["steps"] + 1)
+    assert mixed_precision.judge_scaled([(step, 2.0**16, 2.0**16 * 1.01) for step in steps], CONFIG).passed
+    halved = mixed_precision.judge_scaled([(step, 2.0**16, 2.0**15) for step in steps], CONFIG).message
+    assert "at step 1 backward ran on your loss times 3.277e+04, but your scaler's scale was 65536" in halved
+    assert "never reached the model's output" in mixed_precision.judge_scaled([], CONFIG).message
+
+
+def test_the_factor_backward_saw_is_the_loss_scale():
+    """The gradient at the model's output, divided by the unscaled loss's, is the factor the loss was scaled by."""
+    logits = torch.randn(8, 5, requires_grad=True)
+    targets = torch.randint(0, 5, (8,))
+    (torch.nn.functional.cross_entropy(logits, targets) * 1024.0).backward()
+    assert abs(mixed_precision._unscaled_factor(logits.grad, logits.detach(), targets) - 1024.0) < 1e-2

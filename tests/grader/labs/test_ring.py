@@ -8,6 +8,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -44,6 +45,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 
 @pytest.mark.parametrize(("attempt", "failed", "fragment"), [
     ("blocking_send_recv", [], ""),  # right, with blocking messages: torch's send calls isend, counted once
+    ("counter_clockwise", [], ""),  # right: the ring runs the other way round (to the left, from the right)
     ("adds_own_chunk_twice", ["matches"],
      # chunk 0 is completed on rank 3, which adds its own input once more
      "rank 0's chunk 0 (elements 0-250) is off by -4 at element 0 (got 2, expected 6) after the reduce-scatter: every "
@@ -88,3 +90,21 @@ def test_the_solution_runs_under_torchrun():
                           SOLUTION], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "ring_allreduce on 2 ranks: [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0, 24.0, 27.0]" in run.stdout
+
+
+def _messages(*sent_and_received):
+    """Calls of one rank: ("isend", peer) or ("recv", peer) in order (a call as the comm log records it)."""
+    return [SimpleNamespace(name=name, peer=peer, nbytes=4) for name, peer in sent_and_received]
+
+
+def test_a_ring_may_run_either_way_round_but_the_same_way_at_every_step():
+    clockwise = _messages(("isend", 1), ("recv", 3), ("isend", 1), ("recv", 3))
+    counter = _messages(("isend", 3), ("recv", 1), ("isend", 3), ("recv", 1))
+    assert ring._neighbours_finding("case", 0, 4, clockwise).passed
+    assert ring._neighbours_finding("case", 0, 4, counter).passed
+    assert ring._neighbours_finding("case", 0, 4, _messages(("recv", 1), ("isend", 3))).passed
+    mixed = ring._neighbours_finding("case", 0, 4, _messages(("isend", 3), ("recv", 1), ("isend", 1)))
+    assert not mixed.passed and "rank 0's message 3 was sent to rank 1; in a ring rank 0 sends only to its left " \
+        "neighbour, rank 3, and receives only from its right one, rank 1" in mixed.message
+    owner = ring._neighbours_finding("case", 0, 4, _messages(("recv", 2)))
+    assert not owner.passed and "sends only to its right neighbour, rank 1" in owner.message
