@@ -61,6 +61,8 @@ REAL_JOBS = (
     ("average gradients, overlapped with backward", "04, 04b, 05", "DistributedDataParallel (DDP)"),
     ("shard optimizer state, gradients and parameters", "07", "FSDP (fully_shard), DeepSpeed ZeRO"),
     ("split layers across GPUs: tensor, sequence, pipeline", "08", "Megatron-LM, torch.distributed.tensor"),
+    ("split long sequences over GPUs; route tokens to experts", "08b",
+     "context parallelism in torchtitan and Megatron-LM; expert parallelism in Megatron-LM and DeepSpeed-MoE"),
     ("compose all of them for a large model", "05c, 07, 08", "torchtitan, Megatron-LM, DeepSpeed"),
     ("mixed precision, checkpoints, restarts", "09", "torch.autocast, torch.distributed.checkpoint"),
     ("find where a step's time goes", "09b", "torch.profiler, NCCL's flight recorder"),

@@ -19,7 +19,8 @@ torch.set_num_threads(1)
 # tests/<folder>/ mirrors course/<folder>/; a module of another unit says so with its own `pytestmark`
 UNIT_OF_FOLDER = {"runtime": "unit0", "optimization": "unit2", "naive": "unit3", "model_parallel": "unit3",
                   "collectives": "unit4", "ddp": "unit5", "multinode": "unit5", "perf": "unit5", "monitor": "unit6",
-                  "grader": "unit6", "memory": "unit7", "practice": "unit9"}
+                  "grader": "unit6", "memory": "unit7", "practice": "unit9",
+                  "long_context": "unit8b", "experts": "unit8b"}
 TESTS = Path(__file__).resolve().parent
 
 

@@ -24,6 +24,8 @@ MODULES = {
     "sequence_parallel": "grader.labs.sequence_parallel",  # notebook 08: the gather linear of sequence parallelism
     "pipeline_runner": "grader.labs.pipeline_runner",  # notebook 08: 1F1B executed with isend/irecv
     "trace_overlap": "grader.labs.trace_overlap",  # notebook 09b: communication overlap read from a trace
+    "ring_attention": "grader.labs.ring_attention",  # notebook 08b: causal ring attention over isend/irecv
+    "moe_dispatch": "grader.labs.moe_dispatch",  # notebook 08b: expert dispatch and combine with all_to_all_single
 }
 
 

@@ -53,6 +53,7 @@ PHRASES: dict[str, Callable[[Any], str]] = {
     "link": str,
     "chunks": lambda n: f"{n} chunks per rank",
     "interleaved_groups": lambda n: f"interleaved on {n}·p micro-batches",
+    "capacity_factor": lambda n: f"capacity factor {n}",
 }
 
 

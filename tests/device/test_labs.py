@@ -20,12 +20,19 @@ def _tensors(value):
             yield from _tensors(item)
 
 
+#: labs whose checker needs tensor values to go on: on meta tensors they stop there, checked up to that point
+STOPS = {"moe_dispatch": "routing picks rows by value (bincount, nonzero); a meta tensor has none"}
+
+
 @pytest.mark.parametrize("name", sorted(registry.LABS))
 def test_a_lab_checker_on_its_solution_stays_on_the_rank_device(name):
     lab = registry.LABS[name]
     config = lab.runs[0]
     outcomes = run_ranks(lab.rank_check, config["world_size"], str(reference_path(lab)), config)
     assert not device_errors(outcomes), "\n".join(device_errors(outcomes))
+    if name in STOPS:  # no device error before the stop; the stop is a value-dependent operator, not a bug
+        assert all("Meta" in o.stopped or not o.stopped for o in outcomes), [o.stopped for o in outcomes]
+        return
     assert [o.stopped for o in outcomes] == [""] * config["world_size"]
     evidence = [t for o in outcomes for t in _tensors(getattr(o.result, "evidence", {}))]
     assert all(t.device.type == "cpu" for t in evidence), "evidence for the cross-check must come back on the CPU"
