@@ -23,7 +23,7 @@ from torch import nn
 
 from course.numerics.bounds import Verdict, verdict
 
-FORWARD, GRADIENT = "forward", "gradient"
+FORWARD, GRADIENT = "forward", "backward"
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Divergence:
     record: Record
     verdict: Verdict | None
     detail: str = ""
+    position: int = 0  # the record's index in its run's records: which came first
 
     def __str__(self) -> str:
         judged = str(self.verdict) if self.verdict is not None else self.detail
@@ -73,16 +74,16 @@ def first_divergence(student: Sequence[Record], reference: Iterable[Record], bou
     is a divergence of its own, named with both shapes.
     """
     expected = {record.key: record.tensor for record in reference}
-    for record in student:
+    for position, record in enumerate(student):
         want = expected.get(record.key)
         if want is None:
             continue
         if record.tensor is None or record.tensor.shape != want.shape:
             got = "nothing" if record.tensor is None else f"shape {tuple(record.tensor.shape)}"
-            return Divergence(record, None, f"it has {got}, expected shape {tuple(want.shape)}")
+            return Divergence(record, None, f"it has {got}, expected shape {tuple(want.shape)}", position)
         judged = verdict(record.tensor, want, bound_fn(record, want))
         if not judged.within:
-            return Divergence(record, judged)
+            return Divergence(record, judged, position=position)
     return None
 
 
