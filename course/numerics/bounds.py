@@ -121,6 +121,14 @@ class Verdict:
         return f"within rounding ({numbers})" if self.within else f"beyond rounding: a bug ({numbers})"
 
 
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        flat, at = divmod(flat, size)
+        index.append(at)
+    return tuple(reversed(index))
+
+
 def verdict(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor | float) -> Verdict:
     """Compare ``got`` with ``expected`` element by element against ``bound`` (a number, or a tensor broadcast
     to their shape). NaN or infinity where ``expected`` is finite is beyond any bound.
@@ -135,8 +143,10 @@ def verdict(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor | flo
     limit = torch.as_tensor(bound, dtype=torch.float64).expand_as(error)
     if error.numel() == 0:
         return Verdict(True, 0.0, 0.0)
-    score = torch.where(limit > 0, error / limit, torch.where(error > 0, math.inf, 0.0))
+    beyond = error > limit
+    # beyond: the element furthest beyond its bound; within: the element closest to it (seen / bound largest)
+    score = (error - limit) if bool(beyond.any()) else torch.where(limit > 0, error / limit, 0.0)
     flat = int(torch.argmax(score))
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), error.shape))
+    index = _unravel(flat, tuple(error.shape))
     seen, at = float(error.reshape(-1)[flat]), float(limit.reshape(-1)[flat])
     return Verdict(seen <= at, at, seen, index)

@@ -4,6 +4,7 @@ The verdicts are also tested alone on timelines built by hand (no ranks): what c
 diagnosis of a wrong update from its measured ratio to DDP's.
 """
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -70,6 +71,23 @@ def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed
         built = next(r.message for r in result.checks if r.name == "no_torch_ddp")
         assert "you built torch's DistributedDataParallel" in built
 
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("attempt", ["no_wait", "no_copy_back", "sums"])
+def test_a_synchronization_mistake_names_the_first_parameter_gradient_that_diverges(attempt):
+    result = run_lab(ddp.LAB, os.path.join(ATTEMPTS, f"ddp_{attempt}.py"))
+    first = next(r.message for r in result.checks if not r.passed)
+    assert "the first tensor that diverges is last.bias's gradient (backward, step 1, rank 0): beyond rounding: " \
+           "a bug (bound " in first, first
+
+
+@pytest.mark.timeout(600)
+def test_the_solution_passes_on_5_and_6_ranks_within_the_derived_bound():
+    runs = tuple({**ddp.LAB.runs[0], "world_size": world_size, "seed": world_size} for world_size in (5, 6))
+    lab = dataclasses.replace(ddp.LAB, runs=runs, hidden_runs=(), variant={})
+    result = run_lab(lab, SOLUTION)
+    assert result.passed and result.runs == 2, render.lab_feedback(result)
 
 
 @pytest.mark.timeout(600)
