@@ -26,6 +26,7 @@ import torch.distributed as dist
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
+from grader.labs.pipeline_runner.precheck import precheck
 
 CHECKS = (
     Check("gradients", "each stage's gradients equal the unsplit model's after one 1F1B step", 5),
@@ -208,6 +209,7 @@ LAB = Lab(
     variant={"world_size": (4, 3), "micro_batches": (6, 5, 7, 8)},  # each student's own (grader.labs.variant)
     hidden_runs=(_run(4, 3, "jitter"), _run(3, 5, "jitter")),
     shortcuts=("course.model_parallel.pipeline:run",),
+    precheck=precheck,  # the message order simulated before any rank starts (a deadlock named at once)
     hang_hint=("A pipeline hangs when a stage waits for what its neighbour never sends: receive activations from "
                "rank - 1 and send them to rank + 1; gradients go the other way, once per micro-batch."),
 )
