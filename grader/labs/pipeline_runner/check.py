@@ -15,6 +15,7 @@ with ``isend``/``irecv``, one of each per micro-batch and neighbour.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -209,7 +210,8 @@ LAB = Lab(
     variant={"world_size": (4, 3), "micro_batches": (6, 5, 7, 8)},  # each student's own (grader.labs.variant)
     hidden_runs=(_run(4, 3, "jitter"), _run(3, 5, "jitter")),
     shortcuts=("course.model_parallel.pipeline:run",),
-    precheck=precheck,  # the message order simulated before any rank starts (a deadlock named at once)
+    # the message order simulated before any rank starts (a deadlock named at once)
+    precheck=functools.partial(precheck, model_config=_model_config),
     hang_hint=("A pipeline hangs when a stage waits for what its neighbour never sends: receive activations from "
                "rank - 1 and send them to rank + 1; gradients go the other way, once per micro-batch."),
 )

@@ -11,7 +11,7 @@ this way is left to the real run to explain.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -62,12 +62,12 @@ class _Messages:
         return [mock.patch.object(dist, name, value) for name, value in replaced.items()]
 
 
-def messages(path: str, config: dict) -> list[list[message_order.Call]] | None:
-    """Every stage's recorded calls, in 1F1B order on the run's pipeline; None if the student's code failed."""
-    from grader.labs.pipeline_runner.check import _model_config  # the same pipeline as the run's
-
+def messages(path: str, config: dict, model_config: Callable[[int], transformer.Config]
+             ) -> list[list[message_order.Call]] | None:
+    """Every stage's recorded calls, in 1F1B order on the run's pipeline (``model_config(p)``, as the run builds
+    it); None if the student's code failed."""
     p, m = config["world_size"], config["micro_batches"]
-    model_config = _model_config(p)
+    model_config = model_config(p)
     inputs, targets = transformer.sample_batch(model_config, m, config["seed"])
     stages = pipeline.split(transformer.build(model_config, config["seed"]), p)
     micro_inputs, micro_targets = list(inputs.chunk(m)), list(targets.chunk(m))
@@ -91,9 +91,10 @@ def messages(path: str, config: dict) -> list[list[message_order.Call]] | None:
     return recorded
 
 
-def precheck(path: str, config: dict) -> list[Finding]:
-    """The run's message order simulated: a deadlock fails every check at once, saying who waits for whom."""
-    recorded = messages(path, config)
+def precheck(path: str, config: dict, model_config: Callable[[int], transformer.Config]) -> list[Finding]:
+    """The run's message order simulated: a deadlock fails every check at once, saying who waits for whom.
+    The lab passes it as ``functools.partial(precheck, model_config=...)``, its own pipeline's configuration."""
+    recorded = messages(path, config, model_config)
     if recorded is None:
         return []
     try:
