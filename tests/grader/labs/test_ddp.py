@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course.runtime.recorder import Call
@@ -136,6 +136,7 @@ def test_bucket_count_is_judged_against_assign_buckets_in_the_order_gradients_we
     assert ddp.judge_buckets([_record(*[_allreduce(1.0, 5.0)] * 2)], 4224).passed
 
 
+@settings(deadline=None)  # the first call builds torch kernels: its time says nothing about the verdict
 @given(world_size=st.integers(2, 8), size=st.floats(1e-3, 1.0))
 def test_an_update_world_size_times_ddps_is_diagnosed_as_a_sum(world_size, size):
     reference = [torch.zeros(6), torch.full((6,), -size)]
