@@ -81,6 +81,10 @@ class Lab:
     #: and lengths that do not divide evenly, plus ``"assumes"``: what code that fails only there assumes
     #: (``"4 ranks"``); run once the published runs pass, so a hard-coded 4 fails before submission
     uneven: Mapping[str, Any] = field(default_factory=dict)
+    #: called as precheck(path, config) -> list[Finding] in a rank of its own before each run's ranks start: a
+    #: quick pure check (a schedule simulated, say) whose failing findings stand for the run, so no rank starts
+    #: (a deadlock reported at once, not after the run's time limit); [] lets the run go ahead
+    precheck: Callable[[str, dict], list[Finding]] | None = None
 
 
 NOT_ATTEMPTED = ("Not attempted yet: your {entry} still raises NotImplementedError. Replace the raise in "
@@ -159,10 +163,31 @@ def _label(config: dict) -> str:
     return f"world_size={config['world_size']}" + (f", {label}" if label else "")
 
 
+def _precheck(lab: Lab, path: str, config: dict, notes_dir: str) -> list[Finding]:
+    """The lab's precheck in one rank (never in this process, which runs no student code); [] if it has none,
+    found nothing wrong, or could not run (the run itself then explains why)."""
+    if lab.precheck is None:
+        return []
+    try:
+        found = launch(on_rank, 1, lab.precheck, path, lab.entry, config, notes_dir, lab.shortcuts,
+                       timeout_s=config.get("precheck_timeout_s", 30.0))[0]
+    except (RankFailed, RankTimeout):
+        return []
+    finally:
+        for name in os.listdir(notes_dir):
+            os.remove(os.path.join(notes_dir, name))
+    return list(found) if any(not finding.passed for finding in found) else []
+
+
 def _run_once(lab: Lab, path: str, config: dict) -> tuple[list[Finding], bool]:
     """One run: findings from every rank (cross-checked ones first), and whether to stop here (the stub is still
-    in place, or the run hung); a message that stops the run carries its own prefix, if any."""
+    in place, the run hung, or the precheck found it would); a message that stops the run carries its own prefix,
+    if any."""
     notes_dir = tempfile.mkdtemp(prefix="course-lab-")
+    if found := _precheck(lab, path, config, notes_dir):
+        shutil.rmtree(notes_dir, ignore_errors=True)
+        return [Finding(f.check, f.passed, f"{_label(config)}: {f.message}" if not f.passed else f.message)
+                for f in found], True
     try:
         per_rank = launch(on_rank, config["world_size"], lab.rank_check, path, lab.entry, config, notes_dir,
                           lab.shortcuts, timeout_s=config.get("timeout_s", 60.0))

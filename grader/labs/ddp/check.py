@@ -10,7 +10,8 @@ rank and measures, with :mod:`course.runtime.recorder` installed:
 * ``broadcast``: ranks seeded differently hold rank 0's parameters once ``MyDDP`` is built;
 * ``matches_ddp``: after each of ``steps`` SGD steps on the same data, the parameters equal those of torch's
   ``DistributedDataParallel`` (built before the recorder, with its default C++ allreduce: no comm hook) within
-  :data:`TOLERANCE`; a miss is diagnosed from the measured ratio of the two updates;
+  a bound derived from the allreduce's rounding (:mod:`.gradients`); a miss names the first averaged gradient
+  that diverged (parameter, step, rank), and is diagnosed from the measured ratio of the two updates;
 * ``one_allreduce_per_bucket``: each step makes as many ``all_reduce`` calls as there are buckets
   (``course.ddp.buckets.assign_buckets`` over the gradients' sizes in the order their hooks fired);
 * ``in_order``: the buckets were launched in order, bucket 0 first (the same order on every rank): each step's
@@ -36,20 +37,20 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course import world
 from course.ddp import buckets
+from course.numerics.bounds import verdict
 from course.perf import schedule as modelled
 from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, load_entry
+from grader.labs.ddp import gradients
+from grader.labs.divergence import named
 from grader.labs.late_results import results_at_wait
 
 ENTRY = "MyDDP"
-#: Largest |parameter difference| from torch's DDP accepted after each step (float32, lr 0.1: a wrong gradient
-#: moves parameters by ~1e-2, summation order by ~1e-7).
-TOLERANCE = 1e-5
 
 CHECKS = (
     Check("broadcast", "every rank starts from rank 0's parameters", 2),
-    Check("matches_ddp", f"parameters equal torch's DistributedDataParallel's after every step (±{TOLERANCE:g})", 4),
+    Check("matches_ddp", "parameters equal torch's DistributedDataParallel's after every step, within rounding", 4),
     Check("one_allreduce_per_bucket", "one allreduce per bucket of at most bucket_cap_bytes", 2),
     Check("in_order", "buckets launched in order, bucket 0 first, as every rank must", 2),
     Check("overlap", "an allreduce runs while backward is still computing gradients", 3),
@@ -127,6 +128,8 @@ class StepRecord:
     backward_end: float = 0.0
     planned: list[int] = field(default_factory=list)  # gradient bytes in reverse parameters() order
     sync: str = ""  # what .grad held after finish_gradient_synchronization: "", "no_wait", "no_copy", "early_read"
+    local: dict[str, torch.Tensor] = field(default_factory=dict)  # this rank's own gradients, by parameter name
+    synced: dict[str, torch.Tensor] = field(default_factory=dict)  # .grad after finish_gradient_synchronization
 
 
 def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Rank
@@ -155,10 +158,12 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Ran
         backward_end = time.perf_counter()
         wrapped.finish_gradient_synchronization()
         sync = _synchronized(recorder.calls, local, me.world_size)
+        own = {name: local[p] for name, p in list(model.named_parameters())[::-1] if p in local}
+        synced = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
         optimizer.step()
         planned = [p.nbytes for p in model.parameters() if p.requires_grad][::-1]
         records.append(StepRecord(list(recorder.calls), [t for t, _ in clock], [n for _, n in clock], backward_end,
-                                  planned, sync))
+                                  planned, sync, own, synced))
         trajectory.append(_flat(model))
     return trajectory, records
 
@@ -196,7 +201,7 @@ def _broadcast_spread(my_ddp: type, config: dict, me: world.Rank) -> tuple[float
 # -- verdicts (pure functions of what was measured) ---------------------------------------------------------------
 def judge_broadcast(spread: float, moved: float, rank: int) -> Finding:
     """Finding for ``broadcast``: ``spread`` = max |this rank - rank 0| once MyDDP was built from different seeds."""
-    if moved > TOLERANCE:
+    if moved > 0:
         return Finding("broadcast", False, f"rank 0's parameters changed by {moved:.2g} when {ENTRY} was built: "
                        "every rank must take rank 0's parameters as they are (broadcast from rank 0, not an average)")
     if spread > 0:
@@ -229,29 +234,33 @@ SYNC_MISTAKES = {
 
 
 def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], spreads: list[float], rank: int,
-                  world_size: int, sync: list[str] | None = None) -> Finding:
+                  world_size: int, sync: list[str] | None = None, limits: list[torch.Tensor] | None = None
+                  ) -> Finding:
     """Finding for ``matches_ddp``: ``ours``/``reference`` flat parameters before and after each step, ``spreads``
     the largest |rank r - rank 0| difference of ours over all ranks r after each step, ``sync`` each step's
-    ``StepRecord.sync``."""
+    ``StepRecord.sync``, ``limits`` how far each entry may be from DDP's by rounding (None: not at all)."""
     for step in range(len(reference)):
-        gap = (ours[step] - reference[step]).abs().max().item()
-        if gap <= TOLERANCE:
+        limit = limits[step] if limits is not None else torch.zeros_like(reference[step], dtype=torch.float64)
+        judged = verdict(ours[step], reference[step], limit)
+        if judged.within:
             continue
+        gap = (ours[step] - reference[step]).abs().max().item()
         if step == 0:
             return Finding("matches_ddp", False, f"rank {rank}'s parameters changed by {gap:.2g} when {ENTRY} was "
                            "built, on ranks that all start equal: building it must not change them")
-        start = f"after step {step} rank {rank}'s parameters differ from DDP's by {gap:.2g} (tolerance {TOLERANCE:g})"
+        start = (f"after step {step} rank {rank}'s parameters differ from DDP's by {gap:.2g} (rounding allows "
+                 f"{judged.bound:.2g} there)")
         if sync and sync[step - 1] in SYNC_MISTAKES:
             return Finding("matches_ddp", False, f"{start}: {SYNC_MISTAKES[sync[step - 1]]}")
-        if spreads[step] > TOLERANCE:
+        if spreads[step] > float(limit.max()):
             return Finding("matches_ddp", False, f"{start}, and the ranks no longer agree (they differ by up to "
                            f"{spreads[step]:.2g}): every rank must apply the same allreduced gradients")
         ours_update, ddp_update = ours[step] - ours[step - 1], reference[step] - reference[step - 1]
         ratio = (ours_update @ ddp_update / (ddp_update @ ddp_update)).item()
         return Finding("matches_ddp", False, f"{start}: your update is {ratio:.2f}x DDP's; "
                        f"{_diagnosis(ratio, world_size)}")
-    return Finding("matches_ddp", True, f"parameters equal DDP's after each of {len(reference) - 1} steps "
-                   f"(±{TOLERANCE:g})")
+    return Finding("matches_ddp", True, f"parameters equal DDP's after each of {len(reference) - 1} steps, "
+                   "within rounding")
 
 
 def judge_buckets(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
@@ -360,12 +369,16 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
         spread, moved = _broadcast_spread(my_ddp, config, me)
         trajectory, records = _train_student(my_ddp, config, recorder, me)
     world.settle()  # the student's models (a torch DDP among them, maybe) go when this returns
-    return [judge_broadcast(spread, moved, me.rank),
-            judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size,
-                          [record.sync for record in records]),
-            judge_buckets(records, config["bucket_cap_bytes"]), judge_in_order(records, config["bucket_cap_bytes"]),
-            judge_overlap(records),
-            judge_no_torch_ddp(recorder.constructed), judge_speed(records[-1])]
+    divergence, limits = gradients.judge([r.local for r in records], [r.synced for r in records], me.rank,
+                                         me.world_size, me.device)
+    order = [name for name, _ in _model(config["seed"]).named_parameters()]
+    bounds = gradients.trajectory_bounds(limits, trajectory, LR, order)
+    return named([judge_broadcast(spread, moved, me.rank),
+                  judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, me.world_size,
+                                [record.sync for record in records], bounds),
+                  judge_buckets(records, config["bucket_cap_bytes"]),
+                  judge_in_order(records, config["bucket_cap_bytes"]), judge_overlap(records),
+                  judge_no_torch_ddp(recorder.constructed), judge_speed(records[-1])], divergence)
 
 
 LAB = Lab(

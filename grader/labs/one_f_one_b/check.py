@@ -263,15 +263,27 @@ def _run_for_real(config: dict, attempt: Attempt) -> Finding:
     return Finding("no_deadlock", True)
 
 
-def check_on_rank(path: str, config: dict) -> list[Finding]:
-    """On every rank: both of the student's schedules for every stage, judged; 1F1B then runs for real."""
-    p = dist.get_world_size()
+def _judged(path: str, config: dict, p: int) -> tuple[list[Finding], Attempt]:
+    """Both of the student's schedules for every stage, judged by pure functions; and the plain 1F1B attempt."""
     plain = analyse(load_entry(path, "one_f_one_b"), "one_f_one_b", p, config["micro_batches"])
     chunked = analyse(load_entry(path, "interleaved"), "interleaved", p, config["interleaved_groups"] * p,
                       config["chunks"])
     attempts = [plain, chunked]
-    findings = [judge_well_formed(attempts), judge_no_deadlock(attempts), judge_in_flight(attempts),
-                judge_bubble(attempts), judge_simulator(load_entry(path, "idle_fraction"), simulator_cases(plain))]
+    return [judge_well_formed(attempts), judge_no_deadlock(attempts), judge_in_flight(attempts),
+            judge_bubble(attempts), judge_simulator(load_entry(path, "idle_fraction"), simulator_cases(plain))], plain
+
+
+def precheck(path: str, config: dict) -> list[Finding]:
+    """Before any rank starts (:attr:`grader.labs.core.Lab.precheck`): the schedules simulated; a deadlock stands
+    for the run (every check judged here, who waits for whom named), so no rank is started for it."""
+    findings, _ = _judged(path, config, config["world_size"])
+    deadlocked = next(f for f in findings if f.check == "no_deadlock")
+    return findings if not deadlocked.passed and not deadlocked.message.startswith("not run") else []
+
+
+def check_on_rank(path: str, config: dict) -> list[Finding]:
+    """On every rank: both of the student's schedules for every stage, judged; 1F1B then runs for real."""
+    findings, plain = _judged(path, config, dist.get_world_size())
     if not plain.problem and not plain.deadlock:  # every rank decides alike: each saw every stage
         findings.append(_run_for_real(config, plain))
     return findings
@@ -299,6 +311,7 @@ LAB = Lab(
     variant={"world_size": (4, 3), "micro_batches": (8, 6, 5, 7), "chunks": (2, 3), "interleaved_groups": (2, 3)},
     uneven={"world_size": 3, "micro_batches": 5, "assumes": "4 stages"},  # the self-check also runs this
     hidden_runs=(_run(4, 3, 2, 3, "jitter"), _run(3, 7, 2, 2, "jitter"), _run(3, 1, 4, 1, "jitter")),
+    precheck=precheck,  # a deadlocking schedule is reported before any rank starts
     shortcuts=("course.model_parallel.schedules:one_f_one_b", "course.model_parallel.schedules:interleaved",
                "course.model_parallel.schedules:simulate", "course.model_parallel.schedules:simulated_bubble"),
     hang_hint=("A pipeline hangs when a stage waits to receive what its neighbour will only send later: check "
@@ -307,4 +320,4 @@ LAB = Lab(
 )
 
 __all__ = ["LAB", "Attempt", "analyse", "check_on_rank", "judge_bubble", "judge_in_flight", "judge_no_deadlock",
-           "judge_simulator", "judge_well_formed", "simulator_cases"]
+           "judge_simulator", "judge_well_formed", "precheck", "simulator_cases"]

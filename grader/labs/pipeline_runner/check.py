@@ -15,6 +15,7 @@ with ``isend``/``irecv``, one of each per micro-batch and neighbour.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
+from grader.labs.pipeline_runner.precheck import precheck
 
 CHECKS = (
     Check("gradients", "each stage's gradients equal the unsplit model's after one 1F1B step", 5),
@@ -209,6 +211,8 @@ LAB = Lab(
     uneven={"world_size": 3, "micro_batches": 5, "assumes": "4 stages"},  # the self-check also runs this
     hidden_runs=(_run(4, 3, "jitter"), _run(3, 5, "jitter")),
     shortcuts=("course.model_parallel.pipeline:run",),
+    # the message order simulated before any rank starts (a deadlock named at once)
+    precheck=functools.partial(precheck, model_config=_model_config),
     hang_hint=("A pipeline hangs when a stage waits for what its neighbour never sends: receive activations from "
                "rank - 1 and send them to rank + 1; gradients go the other way, once per micro-batch."),
 )

@@ -9,7 +9,9 @@ rank's positions, the weight's and bias's gradients with their rows. :func:`cros
 output outside the ranks. A file using the course's own version is refused (the lab's ``shortcuts``).
 
 Checks: the output; the input's gradient (the reduce-scatter); the weight's and bias's gradients; the collectives
-(an all-gather in forward; a reduce-scatter and no all_reduce in backward).
+(an all-gather in forward; a reduce-scatter and no all_reduce in backward). "Equals" is within a bound derived
+from the arithmetic (:mod:`.bounds`: the run's ``dtype``, world size and magnitudes), and a failing check's
+message opens with the first tensor that diverged (:mod:`grader.labs.divergence`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
 from course import world
+from course.numerics.bounds import verdict
+from course.numerics.divergence import FORWARD, GRADIENT, Recorder, first_divergence
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
+from grader.labs.divergence import earliest, named
+from grader.labs.sequence_parallel import bounds
 
 CHECKS = (
     Check("outputs", "each rank's output equals its columns of the unsplit linear's output", 3),
@@ -33,7 +39,8 @@ CHECKS = (
     Check("weight_grads", "each rank's weight and bias gradients equal its rows of the unsplit ones", 2),
     Check("collectives", "an all-gather in forward; a reduce-scatter and no all_reduce in backward", 2),
 )
-TOLERANCE = 1e-4
+#: what each recorded tensor is, in the order forward and backward compute them
+NAMES = {"y": "the gather linear", "bias": "bias", "weight": "weight", "x": "the input x"}
 GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single")
 SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
 
@@ -42,9 +49,16 @@ def problem(config: dict) -> dict[str, torch.Tensor]:
     """The run's unsplit weight (d_ff, d), bias (d_ff,), input x (B, S, d) and upstream gradient (B, S, d_ff)."""
     generator = torch.Generator().manual_seed(config["seed"])
     d, d_ff, batch_size, seq_len = config["d_model"], config["d_ff"], config["batch_size"], config["seq_len"]
-    return {"weight": torch.randn(d_ff, d, generator=generator), "bias": torch.randn(d_ff, generator=generator),
-            "x": torch.randn(batch_size, seq_len, d, generator=generator),
-            "upstream": torch.randn(batch_size, seq_len, d_ff, generator=generator)}
+    dtype = getattr(torch, config.get("dtype", "float32"))  # drawn in float32, then rounded: the same data
+    return {"weight": torch.randn(d_ff, d, generator=generator).to(dtype),
+            "bias": torch.randn(d_ff, generator=generator).to(dtype),
+            "x": torch.randn(batch_size, seq_len, d, generator=generator).to(dtype),
+            "upstream": torch.randn(batch_size, seq_len, d_ff, generator=generator).to(dtype)}
+
+
+def limits(config: dict, world_size: int) -> dict[str, torch.Tensor]:
+    """name -> the largest |split - unsplit| rounding allows, element by element (unsplit shapes)."""
+    return bounds.comparison_bounds(problem(config), getattr(torch, config.get("dtype", "float32")), world_size)
 
 
 def reference(config: dict) -> dict[str, torch.Tensor]:
@@ -85,15 +99,35 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
         _explained(lambda: y.backward(data["upstream"][..., rows].to(me.device)), path, "backward", rank)
         backward = log.since(mark)
     share = (data["upstream"][..., rows] @ data["weight"][rows])[:, positions]  # this rank's term, unsummed
-    found = [_close("outputs", f"rank {rank}'s output", y.detach(), expected_y),
-             _close("input_grad", f"rank {rank}'s gradient of x", x.grad, truth["x"][:, positions],
-                    _input_hint(x.grad, share, world_size)),
-             _close("weight_grads", f"rank {rank}'s weight gradient", weight.grad, truth["weight"][rows]),
+    whole = limits(config, world_size)
+    bound = {"y": whole["y"][..., rows], "x": whole["x"][:, positions], "weight": whole["weight"][rows],
+             "bias": whole["bias"][rows]}
+    expected = {"y": expected_y, "x": truth["x"][:, positions], "weight": truth["weight"][rows],
+                "bias": truth["bias"][rows]}
+    found = [_close("outputs", f"rank {rank}'s output", y.detach(), expected_y, bound["y"]),
+             _close("input_grad", f"rank {rank}'s gradient of x", x.grad, expected["x"], bound["x"],
+                    _input_hint(x.grad, share, world_size, bound["x"])),
+             _close("weight_grads", f"rank {rank}'s weight gradient", weight.grad, expected["weight"],
+                    bound["weight"]),
              _collectives(rank, forward, backward)]
-    bias_found = _close("weight_grads", f"rank {rank}'s bias gradient", bias.grad, truth["bias"][rows])
+    bias_found = _close("weight_grads", f"rank {rank}'s bias gradient", bias.grad, expected["bias"], bound["bias"])
     if not bias_found.passed and found[2].passed:
         found[2] = bias_found
-    return RankFindings(found, {"y": y.detach().cpu()})
+    divergence = _first_divergence(rank, {"y": y, "bias": bias.grad, "weight": weight.grad, "x": x.grad},
+                                   expected, bound)
+    return RankFindings(named(found, divergence), {"y": y.detach().cpu(), "divergence": divergence})
+
+
+def _first_divergence(rank: int, got: dict, expected: dict, bound: dict):
+    """The first of this rank's tensors (output, then the gradients backward returns) beyond rounding; the
+    input's gradient is this rank's chunk of the sequence (chunk = rank)."""
+    mine, theirs = Recorder(rank), Recorder(rank)
+    for name in NAMES:
+        phase, chunk = (FORWARD, None) if name == "y" else (GRADIENT, rank if name == "x" else None)
+        mine.add(NAMES[name], phase, got[name], chunk)
+        theirs.add(NAMES[name], phase, expected[name], chunk)
+    names = {label: key for key, label in NAMES.items()}
+    return first_divergence(mine.records, theirs.records, lambda record, _: bound[names[record.name]])
 
 
 RETURNS = {"forward": "forward returns F.linear of the gathered input: (B, S, k)",
@@ -126,19 +160,22 @@ def _shape(check: str, rank: int, got: object, expected: torch.Tensor) -> Findin
                    f"{tuple(expected.shape)}{hint}")
 
 
-def _close(check: str, what: str, got: torch.Tensor | None, expected: torch.Tensor, hint: str = "") -> Finding:
+def _close(check: str, what: str, got: torch.Tensor | None, expected: torch.Tensor, bound: torch.Tensor,
+           hint: str = "") -> Finding:
     if got is None:
         return Finding(check, False, f"{what} is None: nothing flowed back to it")
     if got.shape != expected.shape:
         return Finding(check, False, f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
-    worst = float((got.detach().cpu() - expected).abs().max())
-    return Finding(check, worst <= TOLERANCE, "" if worst <= TOLERANCE else
-                   f"{what} differs from the unsplit linear's by up to {worst:.3g}{hint}")
+    judged = verdict(got, expected, bound)
+    worst = float((got.detach().double().cpu() - expected.double()).abs().max())
+    return Finding(check, judged.within, "" if judged.within else
+                   f"{what} differs from the unsplit linear's by up to {worst:.3g} (rounding allows "
+                   f"{judged.bound:.2g} there){hint}")
 
 
-def _input_hint(got: torch.Tensor | None, share: torch.Tensor, world_size: int) -> str:
+def _input_hint(got: torch.Tensor | None, share: torch.Tensor, world_size: int, bound: torch.Tensor) -> str:
     """Why the input's gradient is off, when it is this rank's term only (the sum over the ranks is missing)."""
-    if got is not None and got.shape == share.shape and float((got.detach().cpu() - share).abs().max()) <= TOLERANCE:
+    if got is not None and got.shape == share.shape and verdict(got.detach().cpu(), share, bound).within:
         return (f": it is this rank's term only (grad @ weight of its {share.shape[-1]} columns); x needs the sum "
                 f"over the {world_size} ranks at its positions: reduce-scatter, not the identity")
     return ""
@@ -170,9 +207,10 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
         if seen["y"] is None:
             return []
         rows, _ = _slices(config, rank, world_size)
-        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth[..., rows])
+        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth[..., rows],
+                       limits(config, world_size)["y"][..., rows])
         if not found.passed:
-            return [found]
+            return named([found], earliest([e.get("divergence") for e in evidence]))
     return [Finding("outputs", True)]
 
 

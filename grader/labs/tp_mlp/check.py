@@ -7,7 +7,9 @@ calls of each. :func:`cross_check` recomputes the unsplit output outside the ran
 
 Checks: the output equals the unsplit MLP's on every rank; the input's gradient too (*f*'s backward); this rank's
 ``w1, b1, w2, b2`` gradients equal its slices of the unsplit ones; exactly one ``all_reduce`` in forward and one in
-backward, no other collective.
+backward, no other collective. "Equals" is within a bound derived from the arithmetic (:mod:`.bounds`: the run's
+``dtype``, its world size, the magnitudes), and a failing check's message opens with the first tensor that
+diverged (:mod:`grader.labs.divergence`), in the order they were computed.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
 from course import world
+from course.numerics.bounds import unit_roundoff, verdict
+from course.numerics.divergence import FORWARD, GRADIENT, Recorder, first_divergence
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
+from grader.labs.divergence import earliest, named
+from grader.labs.tp_mlp import bounds
 
 CHECKS = (
     Check("outputs", "the output equals the unsplit MLP's on every rank", 3),
@@ -30,18 +36,32 @@ CHECKS = (
     Check("weight_grads", "each rank's w1, b1, w2, b2 gradients equal its slices of the unsplit gradients", 3),
     Check("collectives", "one all_reduce in forward and one in backward per MLP, no other collective", 2),
 )
-TOLERANCE = 1e-5
+#: what each recorded tensor is, in the order forward and backward compute them
+NAMES = {"y": "the row-parallel layer", "b2": "b2", "w2": "w2", "b1": "b1", "w1": "w1", "x": "the input x"}
+
+
+def dtype_of(config: dict) -> torch.dtype:
+    """The run's dtype (``config["dtype"]``, "float32" unless said)."""
+    return getattr(torch, config.get("dtype", "float32"))
 
 
 def problem(config: dict, device: torch.device | str = "cpu"
             ) -> tuple[nn.Linear, nn.Linear, torch.Tensor, torch.Tensor]:
     """The run's unsplit ``fc1``, ``fc2``, input ``x`` (B, S, d) and upstream gradient (B, S, d), from its seed, on
-    ``device`` (drawn on the CPU, so the same on every device)."""
+    ``device`` in the run's dtype (drawn on the CPU in float32, so the same on every device)."""
     torch.manual_seed(config["seed"])
     d, d_ff, batch_size, seq_len = config["d_model"], config["d_ff"], config["batch_size"], config["seq_len"]
     fc1, fc2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
     x, upstream = torch.randn(batch_size, seq_len, d), torch.randn(batch_size, seq_len, d)
-    return fc1.to(device), fc2.to(device), x.to(device), upstream.to(device)
+    dtype = dtype_of(config)
+    return fc1.to(device, dtype), fc2.to(device, dtype), x.to(device, dtype), upstream.to(device, dtype)
+
+
+def limits(config: dict, world_size: int) -> dict[str, torch.Tensor]:
+    """name -> the largest |split - unsplit| rounding allows, element by element, for the run's tensors."""
+    fc1, fc2, x, upstream = problem({**config, "dtype": "float32"})
+    return bounds.comparison_bounds((fc1.weight.detach(), fc1.bias.detach(), fc2.weight.detach(),
+                                     fc2.bias.detach(), x, upstream), dtype_of(config), world_size)
 
 
 def reference(config: dict, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -75,22 +95,48 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
         mark = log.mark()
         y.backward(upstream)
         backward = log.since(mark)
-    found = [_close("outputs", f"rank {rank}'s output", y.detach(), truth["y"],
-                    _output_hint(y.detach(), truth["y"], fc2.bias.detach(), world_size)),
-             _close("input_grad", f"rank {rank}'s gradient of x", x.grad, truth["x"], _input_hint(x.grad, truth))]
-    found.append(_weight_grads(parallel_mlp, _local(truth, rank, world_size), rank))
+    whole = limits(config, world_size)
+    bound = {**whole, **_local(whole, rank, world_size)}
+    local = _local(truth, rank, world_size)
+    found = [_close("outputs", f"rank {rank}'s output", y.detach(), truth["y"], bound["y"],
+                    _output_hint(y.detach(), truth["y"], fc2.bias.detach(), world_size, bound["y"])),
+             _close("input_grad", f"rank {rank}'s gradient of x", x.grad, truth["x"], bound["x"],
+                    _input_hint(x.grad, truth))]
+    found.append(_weight_grads(parallel_mlp, local, bound, rank))
     found.append(_collectives(rank, forward, backward))
-    return RankFindings(found, {"y": y.detach().cpu()})  # compared outside the ranks, on the CPU
+    divergence = _first_divergence(rank, y, x.grad, dict(parallel_mlp.named_parameters()), truth, bound)
+    return RankFindings(named(found, divergence), {"y": y.detach().cpu(), "divergence": divergence})
 
 
-def _close(check: str, what: str, got: torch.Tensor | None, expected: torch.Tensor, hint: str = "") -> Finding:
+def _first_divergence(rank: int, y: torch.Tensor, x_grad: torch.Tensor | None, params: dict, truth: dict,
+                      bound: dict):
+    """The first of this rank's tensors (output, then the gradients as backward makes them) beyond rounding."""
+    mine, theirs = Recorder(rank), Recorder(rank)
+    world_size = dist.get_world_size()
+    local = {**truth, **_local(truth, rank, world_size)}
+    for name, phase in (("y", FORWARD), ("b2", GRADIENT), ("w2", GRADIENT), ("b1", GRADIENT), ("w1", GRADIENT),
+                        ("x", GRADIENT)):
+        got = y if name == "y" else x_grad if name == "x" else getattr(params.get(name), "grad", None)
+        mine.add(NAMES[name], phase, got)
+        theirs.add(NAMES[name], phase, local[name])
+    names = {label: key for key, label in NAMES.items()}
+    return first_divergence(mine.records, theirs.records, lambda record, _: bound[names[record.name]])
+
+
+def _close(check: str, what: str, got: torch.Tensor | None, expected: torch.Tensor, bound: torch.Tensor,
+           hint: str = "") -> Finding:
     if got is None:
         return Finding(check, False, f"{what} is None: nothing flowed back to it")
     if got.shape != expected.shape:
         return Finding(check, False, f"{what} has shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
-    worst = float((got - expected).abs().max())
-    return Finding(check, worst <= TOLERANCE, "" if worst <= TOLERANCE else
-                   f"{what} differs from the unsplit MLP's by up to {worst:.3g}{hint}")
+    judged = verdict(got, expected, bound)
+    return Finding(check, judged.within, "" if judged.within else
+                   f"{what} differs from the unsplit MLP's by up to {_worst(got, expected):.3g} (rounding allows "
+                   f"{judged.bound:.2g} there){hint}")
+
+
+def _worst(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.detach().double().cpu() - expected.detach().double().cpu()).abs().max())
 
 
 def _input_hint(got: torch.Tensor | None, truth: dict) -> str:
@@ -106,24 +152,28 @@ def _input_hint(got: torch.Tensor | None, truth: dict) -> str:
     return ""
 
 
-def _output_hint(got: torch.Tensor, expected: torch.Tensor, bias: torch.Tensor, world_size: int) -> str:
+def _output_hint(got: torch.Tensor, expected: torch.Tensor, bias: torch.Tensor, world_size: int,
+                 bound: torch.Tensor) -> str:
     """Why the output is off, when the numbers say it: fc2's bias added on every rank before g's all_reduce."""
     if got.shape != expected.shape or world_size < 2:
         return ""
-    if torch.allclose(got - expected, (world_size - 1) * bias.expand_as(got), atol=TOLERANCE):
+    extra = (world_size - 1) * bias.double().cpu().expand_as(got)
+    slack = 4 * world_size * unit_roundoff(got.dtype) * bias.double().abs().cpu()  # the extra additions' rounding
+    if verdict(got.double().cpu() - extra, expected, bound + slack).within:
         return (f": it is off by exactly (world_size - 1) = {world_size - 1} times fc2's bias, so every rank added "
                 "b2 before g's all_reduce, which summed it world_size times. Add b2 once, after the all_reduce")
     return ""
 
 
-def _weight_grads(module: nn.Module, expected: dict[str, torch.Tensor], rank: int) -> Finding:
+def _weight_grads(module: nn.Module, expected: dict[str, torch.Tensor], bound: dict[str, torch.Tensor],
+                  rank: int) -> Finding:
     params = dict(module.named_parameters())
     missing = [name for name in expected if name not in params]
     if missing:
         return Finding("weight_grads", False, f"rank {rank}'s ParallelMLP has no parameter(s) {missing}: keep "
                        "the shares as nn.Parameter s named w1, b1, w2, b2")
     for name, want in expected.items():
-        found = _close("weight_grads", f"rank {rank}'s {name}.grad", params[name].grad, want)
+        found = _close("weight_grads", f"rank {rank}'s {name}.grad", params[name].grad, want, bound[name])
         if not found.passed:
             return found
     return Finding("weight_grads", True)
@@ -143,11 +193,12 @@ def _collectives(rank: int, forward: list, backward: list) -> Finding:
 def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
     """Outside the ranks: every rank's output against the unsplit MLP computed here."""
     truth, bias = reference(config)["y"], problem(config)[1].bias.detach()
+    bound = limits(config, config["world_size"])["y"]
     for rank, seen in enumerate(evidence):
-        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth,
-                       _output_hint(seen["y"], truth, bias, config["world_size"]))
+        found = _close("outputs", f"rank {rank}'s output (checked outside the ranks)", seen["y"], truth, bound,
+                       _output_hint(seen["y"], truth, bias, config["world_size"], bound))
         if not found.passed:
-            return [found]
+            return named([found], earliest([e.get("divergence") for e in evidence]))
     return [Finding("outputs", True)]
 
 

@@ -127,6 +127,15 @@ def test_each_wrong_schedule_fails_the_same_checks_on_ranks(attempt, planted):
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 
 
+@pytest.mark.slow
+def test_a_deadlocking_schedule_is_reported_before_any_rank_of_the_run_starts():
+    result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", "one_f_one_b_reversed_warmup.py"))
+    assert result.runs == 1, render.lab_feedback(result)  # the first run's precheck stood for it: no more runs
+    assert one_f_one_b.precheck(os.path.join(HERE, "attempts", "one_f_one_b_reversed_warmup.py"),
+                                one_f_one_b.LAB.runs[0]), "the precheck must find the deadlock by itself"
+    assert one_f_one_b.precheck(SOLUTION, one_f_one_b.LAB.runs[0]) == []
+
+
 def test_the_simulator_is_shown_no_right_schedule_but_its_own():
     plain = one_f_one_b.analyse(_load(SOLUTION).one_f_one_b, "one_f_one_b", 4, 8)
     labels = [label for label, _ in one_f_one_b.simulator_cases(plain)]

@@ -32,13 +32,17 @@ def test_the_solution_passes_every_check_visible_and_hidden():
 @pytest.mark.slow
 @pytest.mark.parametrize(("attempt", "fails", "fragment"), [
     ("no_wait", {"gradients", "waits"}, "never waited its irecv number 1 (from rank"),
-    ("wrong_peer", EVERY, ("rank 2 was waiting to receive from rank 3 (its irecv number 1 from rank 3; rank 3 had "
-                           "sent it 0)", "rank 3 sent 2 message(s) to rank 0, which never receives from rank 3")),
+    # found by the precheck, before any rank starts: who waits for whom, the wrong send
+    ("wrong_peer", EVERY, ("your run_stage would deadlock: simulated before starting any rank, ",
+                           "rank 2 waits to receive from rank 3 (during B0, its receive number 1 from rank 3)",
+                           "rank 3 sends 2 message(s) to rank 0, which never receives from rank 3")),
     ("keeps_last_only", EVERY, "keep them per micro-batch"),
     ("imports_course", EVERY, "your file uses course.model_parallel.pipeline.run"),
 ])
 def test_each_wrong_runner_fails_the_checks_its_mistake_breaks(attempt, fails, fragment, short_window, planted):
     result = run_lab(pipeline_runner.LAB, planted("pipeline_runner", attempt))
     assert set(result.failed()) == fails, render.lab_feedback(result)
+    if attempt == "wrong_peer":  # no rank of the run started: reported without waiting for any time limit
+        assert result.runs == 1 and all("simulated before starting any rank" in r.message for r in result.checks)
     for part in (fragment,) if isinstance(fragment, str) else fragment:  # a hang: who waits for whom, the wrong send
         assert any(part in r.message for r in result.checks if not r.passed), render.lab_feedback(result)

@@ -1,6 +1,7 @@
 """grader.labs.sequence_parallel: the stub fails every check, the solution passes every one, and each wrong attempt
 fails exactly the checks its mistake breaks, with a message that names the mistake."""
 
+import dataclasses
 import os
 
 import pytest
@@ -41,3 +42,25 @@ def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, 
     assert set(result.failed()) == fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("attempt", "first"), [
+    ("identity_backward", "the input x's gradient (backward, step 0, rank 0, chunk 0): beyond rounding: a bug"),
+    ("sums_bias_grad", "bias's gradient (backward, step 0, rank 0): beyond rounding: a bug"),
+])
+def test_a_mismatch_names_the_first_tensor_that_diverges(attempt, first):
+    result = run_lab(sequence_parallel.LAB, os.path.join(HERE, "attempts", f"sequence_parallel_{attempt}.py"))
+    failed = [r.message for r in result.checks if not r.passed and "first tensor" in r.message]
+    assert failed and all(f"the first tensor that diverges is {first}" in m for m in failed), \
+        render.lab_feedback(result)
+    assert "weight_grads" in result.failed() or attempt != "sums_bias_grad", render.lab_feedback(result)
+
+
+@pytest.mark.slow
+def test_the_solution_passes_in_every_dtype_on_2_to_6_ranks():
+    runs = tuple({**sequence_parallel._run(world_size, world_size, 2 * world_size, "{dtype}"), "dtype": dtype}
+                 for dtype, world_size in (("bfloat16", 5), ("float16", 6), ("float16", 2), ("bfloat16", 3)))
+    lab = dataclasses.replace(sequence_parallel.LAB, runs=runs, hidden_runs=(), variant={})
+    result = run_lab(lab, os.path.join(ROOT, "grader", "labs", "sequence_parallel", "reference.py"))
+    assert result.passed and result.runs == 4, render.lab_feedback(result)
