@@ -34,8 +34,8 @@ def test_the_reference_passes_every_check_visible_and_hidden():
     ("out_of_order", {"token_order"}, "token 0 on rank 0 got back rows of token(s) [7]"),
     ("ignores_capacity", {"capacity"}, "rank 0 sent 32 rows, but 24 of its 32 assignments fit under capacity 6"),
 ])
-def test_each_planted_mistake_fails_exactly_its_check(attempt, fails, fragment):
-    result = run_lab(moe_dispatch.LAB, os.path.join(HERE, "attempts", f"moe_dispatch_{attempt}.py"))
+def test_each_planted_mistake_fails_exactly_its_check(attempt, fails, fragment, planted):
+    result = run_lab(moe_dispatch.LAB, planted("moe_dispatch", attempt))
     assert set(result.failed()) == fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 

@@ -128,11 +128,12 @@ def test_each_wrong_schedule_fails_the_same_checks_on_ranks(attempt, planted):
 
 
 @pytest.mark.slow
-def test_a_deadlocking_schedule_is_reported_before_any_rank_of_the_run_starts():
-    result = run_lab(one_f_one_b.LAB, os.path.join(HERE, "attempts", "one_f_one_b_reversed_warmup.py"))
+def test_a_deadlocking_schedule_is_reported_before_any_rank_of_the_run_starts(planted):
+    reversed_warmup = planted("one_f_one_b", "reversed_warmup")
+    result = run_lab(one_f_one_b.LAB, reversed_warmup)
     assert result.runs == 1, render.lab_feedback(result)  # the first run's precheck stood for it: no more runs
-    assert one_f_one_b.precheck(os.path.join(HERE, "attempts", "one_f_one_b_reversed_warmup.py"),
-                                one_f_one_b.LAB.runs[0]), "the precheck must find the deadlock by itself"
+    found = one_f_one_b.precheck(reversed_warmup, one_f_one_b.LAB.runs[0])
+    assert found, "the precheck must find the deadlock by itself"
     assert one_f_one_b.precheck(SOLUTION, one_f_one_b.LAB.runs[0]) == []
 
 

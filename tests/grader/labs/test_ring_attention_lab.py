@@ -34,8 +34,8 @@ def test_the_reference_passes_every_check_visible_and_hidden():
     ("wrong_neighbour", {"ring"}, "rank 0 sent a message to rank 3; the ring passes each block to the next rank"),
     ("no_return_trip", {"kv_gradients"}, "it is the gradient of rank 1's keys, finished but never sent home"),
 ])
-def test_each_planted_mistake_fails_exactly_its_check(attempt, fails, fragment):
-    result = run_lab(ring_attention.LAB, os.path.join(HERE, "attempts", f"ring_attention_{attempt}.py"))
+def test_each_planted_mistake_fails_exactly_its_check(attempt, fails, fragment, planted):
+    result = run_lab(ring_attention.LAB, planted("ring_attention", attempt))
     assert set(result.failed()) == fails, render.lab_feedback(result)
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 

@@ -49,8 +49,8 @@ def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, 
     ("identity_backward", "the input x's gradient (backward, step 0, rank 0, chunk 0): beyond rounding: a bug"),
     ("sums_bias_grad", "bias's gradient (backward, step 0, rank 0): beyond rounding: a bug"),
 ])
-def test_a_mismatch_names_the_first_tensor_that_diverges(attempt, first):
-    result = run_lab(sequence_parallel.LAB, os.path.join(HERE, "attempts", f"sequence_parallel_{attempt}.py"))
+def test_a_mismatch_names_the_first_tensor_that_diverges(attempt, first, planted):
+    result = run_lab(sequence_parallel.LAB, planted("sequence_parallel", attempt))
     failed = [r.message for r in result.checks if not r.passed and "first tensor" in r.message]
     assert failed and all(f"the first tensor that diverges is {first}" in m for m in failed), \
         render.lab_feedback(result)

@@ -52,8 +52,8 @@ def test_each_wrong_attempt_fails_the_checks_its_mistake_breaks(attempt, fails, 
     ("g_backward_allreduce", "w2's gradient (backward, step 0, rank 0): beyond rounding: a bug"),
     ("f_backward_identity", "the input x's gradient (backward, step 0, rank 0): beyond rounding: a bug"),
 ])
-def test_a_mismatch_names_the_first_tensor_that_diverges(attempt, first):
-    result = run_lab(tp_mlp.LAB, os.path.join(HERE, "attempts", f"tp_mlp_{attempt}.py"))
+def test_a_mismatch_names_the_first_tensor_that_diverges(attempt, first, planted):
+    result = run_lab(tp_mlp.LAB, planted("tp_mlp", attempt))
     failed = [r.message for r in result.checks if not r.passed]
     assert failed and all(f"the first tensor that diverges is {first}" in m for m in failed), \
         render.lab_feedback(result)
