@@ -20,6 +20,8 @@ from pathlib import Path
 COURSE = Path(importlib.util.find_spec("course").origin).parent  # type: ignore[union-attr, arg-type]
 #: the lab stubs' old home; each is now a file beside its lab's check
 STUBS = "course.labs.stubs"
+#: packages a student script never imports (the notebooks' quiz answers): no candidate for a moved module
+NOT_IMPORTED = ("course.quiz_answers",)
 _NO_MODULE = re.compile(r"No module named '(course(?:\.\w+)*)'")
 _NO_NAME = re.compile(r"cannot import name '(\w+)' from '(course(?:\.\w+)*)'")
 
@@ -30,9 +32,10 @@ def modules() -> tuple[str, ...]:
     found = []
     for path in sorted(COURSE.rglob("*.py")):
         parts = path.relative_to(COURSE.parent).with_suffix("").parts
-        if "__pycache__" in parts:
+        dotted = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if "__pycache__" in parts or dotted.startswith(NOT_IMPORTED):
             continue
-        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        found.append(dotted)
     return tuple(found)
 
 
