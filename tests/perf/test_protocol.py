@@ -76,6 +76,8 @@ def test_the_readme_quotes_the_test_score_as_computed_now():
     quote = f"On that test set, {test['within_15']:.0%} of its figures fall within 15%, and the median error is " \
             f"{protocol.typical_error():.0%}"
     assert quote in " ".join(readme.split()), quote
+    looks = f"The test set has been scored by {protocol.looks()} versions of the model so far"
+    assert looks in " ".join(readme.split()), looks
 
 
 def test_a_module_that_models_more_passes_its_own_step_function():
