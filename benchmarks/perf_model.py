@@ -5,6 +5,11 @@ set scored apart (within 15%, within 20%, mean absolute error, bias), each term 
 (the constant refitted on the fitting set each time), and GPT-3 175B on 512 H100s beside the published MFUs.
 
     .venv/bin/python benchmarks/perf_model.py
+    .venv/bin/python benchmarks/perf_model.py --record "what changed since the last look"
+
+``--record`` appends the test score of the model as it stands to the ledger,
+``benchmarks/results/perf_test_ledger.md`` (``course.perf.protocol.record``): run it once per changed model, so
+the number of looks the test set has had is on file.
 
 Everything printed is modelled (course.perf) or published (each row's source); nothing is timed here.
 Exit status 1 if fewer than 12 rows of the older table fall within ±20% or their bias leaves ±8%, the bounds
@@ -14,6 +19,7 @@ verdict; it does not set the exit status.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 
@@ -87,7 +93,11 @@ def todays_training() -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", metavar="CHANGE", default="",
+                        help="append this model's test score to the ledger, saying what changed since the last look")
+    args = parser.parse_args(argv)
     print("Calibration set (course.perf.microbench): each constant from a microbenchmark, fitted on the fitting set "
           "of figures, or marked ASSUMED\n")
     print(microbench.format_figures())
@@ -117,6 +127,11 @@ def main() -> int:
     test = scores["test"]
     print(f"{'MET' if test['within_15'] >= TARGET else 'NOT MET'}: issue 44's target, {TARGET:.0%} of the test set "
           f"within 15% (got {test['within_15']:.0%} of {test['figures']}).")
+    if args.record:
+        print(f"\nrecorded in {protocol.LEDGER.name}:\n{protocol.record(args.record)}")
+    mark = protocol.fingerprint()
+    seen = "in" if mark in protocol.recorded() else "NOT in (run with --record \"what changed\")"
+    print(f"the ledger counts {protocol.looks()} models that scored the test set; this one, {mark}, is {seen} it.")
     return 0 if ok else 1
 
 

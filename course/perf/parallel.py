@@ -42,7 +42,8 @@ The step (:func:`step_time`):
 Each newer term can be switched off (:class:`~course.perf.sharding.Terms`). Throughput is reported both ways
 (:mod:`course.perf.transformer`): hardware FLOPs, recomputation counted, as Megatron-LM's papers report TFLOP/s
 (``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with full recomputation), and model FLOPs, as MFU counts them. Not modelled:
-network oversubscription, stragglers, the first stage's embedding, expert parallelism. Taught in
+network oversubscription, stragglers, expert parallelism. The pipeline's ends (the loss, the embedding, tied
+embeddings' all-reduce), gradient clipping and the price of TP overlap: :mod:`course.perf.beyond_layers`. Taught in
 ``notebooks/05c_performance_model.ipynb``.
 """
 
@@ -51,7 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course.arguments import check_choice, check_count
-from course.perf import microbench
+from course.perf import beyond_layers, microbench
 from course.perf.comm import Cluster, allreduce_seconds, alpha_beta, message_seconds
 from course.perf.sharding import ALL_TERMS, Terms, data_parallel_seconds, exposed_seconds, sharding_seconds
 from course.perf.transformer import RECOMPUTE, Transformer
@@ -235,11 +236,14 @@ def _exposed(comm_s: float, hidden_by_s: float, overlap: bool) -> float:
     return max(0.0, comm_s - hidden_by_s) if overlap else comm_s
 
 
-def layer_passes(terms: LayerTerms, plan: Plan) -> dict[str, float]:
+def layer_passes(terms: LayerTerms, plan: Plan, overlap_cost: dict[str, float] | None = None) -> dict[str, float]:
     """One layer's forward, backward and recomputation for one microbatch, each with its exposed TP and CP traffic:
-    ``{"forward", "backward", "recompute", "tensor", "context"}`` (the last two: exposed traffic of all passes)."""
-    tp_forward = _exposed(terms.tensor_s, terms.gemm_s, plan.tp_overlap)
-    tp_backward = _exposed(terms.tensor_s, 2 * terms.gemm_s, plan.tp_overlap)
+    ``{"forward", "backward", "recompute", "tensor", "context"}`` (the last two: exposed traffic of all passes).
+    ``overlap_cost``: what hiding the TP traffic adds to each pass (:func:`course.perf.beyond_layers.tp_overlap_cost`),
+    counted as TP time."""
+    cost = overlap_cost if plan.tp_overlap and overlap_cost else {"forward": 0.0, "backward": 0.0}
+    tp_forward = _exposed(terms.tensor_s, terms.gemm_s, plan.tp_overlap) + cost["forward"]
+    tp_backward = _exposed(terms.tensor_s, 2 * terms.gemm_s, plan.tp_overlap) + cost["backward"]
     cp_forward = max(0.0, terms.context_s - terms.attention_s)  # the ring always runs beside the attention
     cp_backward = max(0.0, 2 * terms.context_s - 2 * terms.attention_s)
     forward = terms.compute_s + tp_forward + cp_forward
@@ -267,6 +271,8 @@ def update_seconds(model: Transformer, plan: Plan, cluster: Cluster, terms: Term
     adam = 28.0  # bytes per parameter: FP32 master, m and v read and written, 16-bit gradient in, weight out
     moved = model.params / (plan.tensor * plan.pipeline) / shards * adam
     optimizer = moved / (cluster.gpu.memory_bandwidth * microbench.constant("memory")) if terms.memory_kernels else 0
+    if terms.grad_clipping:
+        optimizer += beyond_layers.clipping_seconds(moved / adam, cluster)
     return optimizer + (microbench.constant("framework") if terms.overheads else 0.0)
 
 
@@ -279,20 +285,30 @@ def step_time(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = A
     """
     check_plan(model, plan, cluster)
     t, m, v = plan.tensor, plan.microbatches, plan.interleave
-    per_layer = layer_passes(layer_terms(model, plan, cluster, terms), plan)
+    one = layer_terms(model, plan, cluster, terms)
+    partial = terms.tp_overlap_partial and plan.tp_overlap and t > 1
+    cost = beyond_layers.tp_overlap_cost(one.tensor_s, cluster.gpu.name) if partial else None
+    per_layer = layer_passes(one, plan, cost)
     layer_s = per_layer["forward"] + per_layer["backward"] + per_layer["recompute"]
     tokens = model.seq / plan.context * plan.microbatch
     logits_s = 3 * _gemm_s(2.0 * tokens * model.hidden * model.vocab / t, model.hidden, plan, cluster)
+    first_s = 0.0
+    if terms.pipeline_ends:  # the loss on the last stage, the embedding on the first
+        logits_s += beyond_layers.loss_seconds(model, tokens, t, cluster)
+        first_s = beyond_layers.embedding_seconds(model, tokens, cluster)
     p2p = (2 * v * message_seconds(2.0 * tokens * model.hidden / t, cluster.network_per_gpu())
            if plan.pipeline > 1 else 0.0)
     layers = plan.layers_per_stage(model.layers)
-    stage_s = [n * layer_s + p2p + (logits_s if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
+    stage_s = [n * layer_s + p2p + (logits_s if i == len(layers) - 1 else 0.0) + (first_s if i == 0 else 0.0)
+               for i, n in enumerate(layers)]
     pipeline_s, bubble = pipeline_seconds(stage_s, m, v)
     n = layers[max(range(len(layers)), key=lambda i: stage_s[i])]  # layers of the slowest stage
     reduce_s, gather_s = sharding_seconds(model, plan, cluster, terms)
     stage = {"forward": n * per_layer["forward"], "backward": n * (per_layer["backward"] + per_layer["recompute"])}
     data_comm = exposed_seconds(reduce_s, gather_s, plan, stage, terms)
     update = update_seconds(model, plan, cluster, terms)
+    if terms.pipeline_ends:  # after the pipeline drains, before the optimizer: exposed
+        data_comm += beyond_layers.tied_embedding_seconds(model, t, plan.pipeline, plan.precision, cluster)
     step = pipeline_s + data_comm + update
     hardware = model.hardware_flops(plan.global_batch, plan.recompute) / step / plan.gpus
     model_flops = model.model_flops(plan.global_batch) / step / plan.gpus

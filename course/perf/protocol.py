@@ -11,6 +11,11 @@ FLOPs with recomputation, or model FLOPs without), or MFU. :func:`score` gives t
 set: passing one raises. Taught in ``notebooks/05c_performance_model.ipynb``; ``benchmarks/perf_model.py`` prints
 both scores.
 
+**The ledger** (:func:`record`, :func:`looks`): each time a changed model scores the test set, one line goes into
+``benchmarks/results/perf_test_ledger.md`` (``benchmarks/perf_model.py --record``): the date, the model's
+:func:`fingerprint`, what changed, and the scores. A test fails when the model in the tree has no line there, so
+the number of looks the test set has had is counted, not remembered.
+
 Extension point: a figure records its context- and expert-parallel sizes. :func:`plan_of` refuses expert
 parallelism until :class:`course.perf.parallel.Plan` can state it; the module that models mixtures of experts
 extends :func:`plan_of` and passes its own step function to :func:`predict`.
@@ -18,11 +23,14 @@ extends :func:`plan_of` and passes its own step function to :func:`predict`.
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import math
 import statistics
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from course.perf import catalog, figures, microbench, parallel
 from course.perf.comm import Cluster
@@ -190,3 +198,52 @@ def typical_error(split: str = "test") -> float:
     beside a modelled number (from the test set: figures no constant was fitted to)."""
     errors = sorted(abs(predict(f).error) for f in figures.of_split(split))
     return statistics.median(errors)
+
+
+#: The test-set ledger: one line per model that scored the test set (module docstring).
+LEDGER = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "perf_test_ledger.md"
+_ROW = "| {date} | `{fingerprint}` | {change} | {fit:.0%} | {t15:.0%} | {t20:.0%} | {mae:.1%} | {bias:+.1%} |"
+
+
+def fingerprint() -> str:
+    """A short hash of the model as it stands, computed without the test set's predictions: the fitting set's
+    modelled values, the fitted constants, the terms and every figure's setup (test figures' setups included).
+    Any change to the model's physics or constants moves the fitting set's values, so it moves this."""
+    fitted = [f"{predict(f).modelled:.6g}" for f in figures.of_split("fit")]
+    parts = (fitted, sorted(microbench.TRAINING_EFFICIENCY.items()), ALL_TERMS, figures.FIGURES)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
+
+
+def recorded(path: Path = LEDGER) -> list[str]:
+    """The fingerprints the ledger holds, one per look, oldest first (none when the file does not exist)."""
+    if not path.exists():
+        return []
+    return [line.split("`")[1] for line in path.read_text().splitlines() if line.startswith("| 20")]
+
+
+def looks(path: Path = LEDGER) -> int:
+    """How many times a changed model has scored the test set, as the ledger records it."""
+    return len(recorded(path))
+
+
+def record(change: str, path: Path = LEDGER) -> str:
+    """Score both sets with the model as it stands and append one line to the ledger: date, :func:`fingerprint`,
+    ``change`` (what changed since the last line), the fitting set's share within 15%, and the test set's scores.
+    Returns the line. Called by ``benchmarks/perf_model.py --record``.
+
+    Raises:
+        ValueError: an empty ``change``, a ``|`` in it, or a model already in the ledger (nothing new to record).
+    """
+    if not change.strip() or "|" in change:
+        raise ValueError(f"change must say, in words without '|', what changed since the last look; got {change!r}.")
+    mark = fingerprint()
+    if mark in recorded(path):
+        raise ValueError(f"the model {mark} already scored the test set (see {path.name}); change it first.")
+    fit_score = score(predict(f) for f in figures.of_split("fit"))
+    test = score(predict(f) for f in figures.of_split("test"))
+    line = _ROW.format(date=datetime.date.today().isoformat(), fingerprint=mark, change=change.strip(),
+                       fit=fit_score["within_15"], t15=test["within_15"], t20=test["within_20"], mae=test["mae"],
+                       bias=test["bias"])
+    with path.open("a") as ledger:
+        ledger.write(line + "\n")
+    return line

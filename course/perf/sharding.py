@@ -41,6 +41,11 @@ class Terms:
             layer by layer, each with its latency (off: one two-level ring per step).
         flash_rate: a fused (flash) attention kernel runs at the GEMM's best-shape rate (off: the k-depth penalty
             of an unfused ``QKᵀ`` with k = the head dimension).
+        pipeline_ends: the loss on the last stage, the embedding on the first, and tied embeddings' gradient
+            all-reduce between them (:mod:`course.perf.beyond_layers`; off: the logits GEMM only).
+        grad_clipping: the gradients' norm and scaling beside the optimizer step (off: Adam only).
+        tp_overlap_partial: with ``tp_overlap``, the last chunk of each forward reduce-scatter exposed and the
+            SMs that Transformer Engine's collectives take from the GEMMs (off: all hidden, for free).
     """
 
     per_microbatch_reduce: bool = True
@@ -48,6 +53,9 @@ class Terms:
     overheads: bool = True
     nccl_algorithms: bool = True
     flash_rate: bool = True
+    pipeline_ends: bool = True
+    grad_clipping: bool = True
+    tp_overlap_partial: bool = True
 
 
 #: Every term on: the default of every function that takes ``terms``.

@@ -76,6 +76,8 @@ def test_the_readme_quotes_the_test_score_as_computed_now():
     quote = f"On that test set, {test['within_15']:.0%} of its figures fall within 15%, and the median error is " \
             f"{protocol.typical_error():.0%}"
     assert quote in " ".join(readme.split()), quote
+    looks = f"The test set has been scored by {protocol.looks()} versions of the model so far"
+    assert looks in " ".join(readme.split()), looks
 
 
 def test_a_module_that_models_more_passes_its_own_step_function():
@@ -89,3 +91,28 @@ def test_a_module_that_models_more_passes_its_own_step_function():
     figure = next(f for f in FIT if f.metric == "step_s")
     assert protocol.predict(figure, step_time=slower).modelled == pytest.approx(2 * protocol.predict(figure).modelled)
     assert seen == [protocol.plan_of(figure)]
+
+
+def test_the_ledger_records_each_changed_model_once(tmp_path, monkeypatch):
+    ledger = tmp_path / "ledger.md"
+    assert protocol.looks(ledger) == 0
+    line = protocol.record("first look", ledger)
+    test = protocol.score(protocol.predict(f) for f in TEST)
+    assert f"| {test['within_15']:.0%} |" in line and f"{test['mae']:.1%}" in line
+    assert protocol.recorded(ledger) == [protocol.fingerprint()] and protocol.looks(ledger) == 1
+    with pytest.raises(ValueError, match="already scored"):
+        protocol.record("the same model again", ledger)
+    for bad in ("", "  ", "a | b"):
+        with pytest.raises(ValueError, match="what changed"):
+            protocol.record(bad, ledger)
+    monkeypatch.setitem(microbench.TRAINING_EFFICIENCY, "Ampere", 0.5)  # a changed model: a new fingerprint
+    protocol.record("a changed constant", ledger)
+    assert protocol.looks(ledger) == 2 and len(set(protocol.recorded(ledger))) == 2
+
+
+def test_the_model_in_the_tree_has_its_line_in_the_ledger():
+    # every changed model that scores the test set leaves a line: the count of looks is on file, not remembered
+    mark = protocol.fingerprint()
+    assert mark in protocol.recorded(), (
+        f"the model {mark} scores the test set (this suite does) but has no line in {protocol.LEDGER}: run "
+        "benchmarks/perf_model.py --record 'what changed' and commit the ledger")
