@@ -31,6 +31,10 @@ WHERE: dict[str, str] = {
     "autocast-bytes": "real_gpu_practice", "redone-steps": "real_gpu_practice", "hang-blame": "real_gpu_practice",
     "allreduces": "profiling_and_pitfalls", "stuck-loader": "profiling_and_pitfalls",
     "pitfalls": "profiling_and_pitfalls", "compiled-graphs": "profiling_and_pitfalls",
+    "exposed-share": "performance_model", "roofline-count": "performance_model", "planner": "performance_model",
+    "quadratic": "long_context_and_experts", "ring-sends": "long_context_and_experts",
+    "imbalance": "long_context_and_experts", "ulysses-bytes": "long_context_and_experts",
+    "capacity": "long_context_and_experts", "all-to-alls": "long_context_and_experts",
     "real-world-size": "what_next", "least-sharding": "what_next",
 }
 

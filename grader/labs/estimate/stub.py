@@ -5,7 +5,7 @@ t, d, a link), and compares them with course.perf. Work from the formulas of not
 course.perf or course.memory is refused.
 """
 
-STUDENT_ID = ""  # your student id (the one you log in with): your numbers are drawn from it
+STUDENT_ID = ""  # optional: in a class, your student id draws your own variant; on your own, leave it empty
 
 
 def model_states_bytes(params: float, tensor_parallel: int, data_parallel: int, zero_stage: int) -> float:
