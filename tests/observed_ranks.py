@@ -63,3 +63,57 @@ def routes() -> dict[str, object]:
         all_reduce=_noted(lambda: dist.all_reduce(torch.ones(4))),
     )
     return found
+
+
+# ------------------------------------------------------------------------------ NCCL's rules, each broken once
+def off_device() -> None:
+    """Every rank declares a GPU-like device and sends a CPU tensor (the forgotten ``.to(rank.device)``)."""
+    from course.runtime import nccl_rules
+    nccl_rules.declare_device("meta")
+    dist.all_reduce(torch.ones(2))
+
+
+def sends_in_another_order(tags: bool) -> None:
+    """Rank 0 sends a 4-vector then a 2-vector (tags 1, 2); rank 1 receives them the other way round. Gloo matches by
+    tag, NCCL in order: with ``tags`` gloo would pass, without it gloo fails obscurely."""
+    if dist.get_rank() == 0:
+        first, second = isend(torch.ones(4), 1, tag=1 if tags else 0), isend(torch.ones(2), 1, tag=2 if tags else 0)
+        first.wait(), second.wait()
+    else:
+        second = irecv(torch.empty(2), 0, tag=2 if tags else 0)
+        first = irecv(torch.empty(4), 0, tag=1 if tags else 0)
+        second.wait(), first.wait()
+
+
+def sends_in_the_same_order() -> list[float]:
+    """The legal version: the receives in the order of the sends, one a reshaped view (NCCL matches sizes)."""
+    if dist.get_rank() == 0:
+        for work in (isend(torch.arange(4.0), 1, tag=1), isend(torch.ones(2), 1, tag=2)):
+            work.wait()
+        return []
+    first, second = torch.empty(2, 2), torch.empty(2)
+    for work in (irecv(first, 0, tag=1), irecv(second, 0, tag=2)):
+        work.wait()
+    return first.flatten().tolist() + second.tolist()
+
+
+def sends_from_another_thread() -> None:
+    """The late-send design: a second thread issues the isends while this thread's irecv is in flight."""
+    import threading
+    import time
+    right, left = _ring_peers()
+    received = irecv(torch.empty(4), left)
+    def late():
+        time.sleep(0.05)
+        isend(torch.ones(4), right).wait()
+    thread = threading.Thread(target=late, name="late-sends")
+    thread.start()
+    thread.join()
+    received.wait()
+
+
+def collectives_that_differ(at: int) -> None:
+    """Collective number ``at`` differs: rank 1 all-reduces 3 numbers where the others all-reduce 4."""
+    for _ in range(at - 1):
+        dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(3 if dist.get_rank() == 1 else 4))

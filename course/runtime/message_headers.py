@@ -1,0 +1,187 @@
+"""NCCL's ``order`` rule for messages: rank A's k-th send to rank B meets B's k-th receive from A, by size and dtype.
+
+Gloo matches a message to a receive by tag; NCCL ignores tags and runs the messages between two ranks in the order
+each rank posted them. So code whose receives come in another order than the sends passes on gloo (or gloo aborts
+the rank with "Received data size doesn't match expected size") and fails or mixes up data on GPUs. Under
+:mod:`course.runtime.observed` each send first sends a small header: its number, dtype, size, shape, tag and the
+learner's line. The receive posts only the header's receive at first; when the header arrives (a thread per peer
+waits for them, in order) it compares, and posts the real receive only if the two agree, so gloo never sees a
+mismatched one. ``wait()`` on the
+receive raises :class:`NcclRuleError` if they disagree, naming both lines. The headers are the messages that
+:mod:`course.runtime.intercept`'s listeners (the hang report's :mod:`course.runtime.waits`, the grader's probes) hear.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from course.runtime import intercept
+from course.runtime.observed_record import Record
+
+HEADER_TAG = 0x7E0D0000  # the tag of the headers: far from any tag a learner picks
+_DIMS = 6  # a header holds up to this many dimensions of the shape (more: their product in the last slot)
+_LENGTH = 6 + _DIMS  # number, dtype, line, tag, numel, ndim, dims...
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+
+
+class NcclRuleError(RuntimeError):
+    """A call that NCCL forbids; ``rule`` names the rule (see :mod:`course.runtime.nccl_rules`)."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        self.rule = rule
+        super().__init__(f"NCCL rule '{rule}': {message}")
+
+
+def at(record: Record) -> str:
+    """`` (at file.py:12)``, the learner's line of ``record``, or nothing."""
+    return f" (at {record.where})" if record.where else ""
+
+
+def send(inner: Any, record: Record, number: int, args: tuple, kwargs: dict) -> dist.Work:
+    """Send ``number``'s header, then the message, on the real group ``inner``."""
+    header = _header(record, number)
+    heard = inner.send([header], args[1], HEADER_TAG)  # the one the listeners hear
+    return _Sent(intercept.original("ProcessGroup.send")(inner, *args, **kwargs), heard, header)
+
+
+def recv(inner: Any, record: Record, number: int, args: tuple, kwargs: dict, inboxes: dict[int, Inbox]
+         ) -> dist.Work:
+    """Receive ``number``'s header; the message itself once the header agrees (see the module doc). ``inboxes``:
+    the group's, by peer."""
+    header = torch.zeros(_LENGTH, dtype=torch.int64)
+    received = _Received(inner.recv([header], args[1], HEADER_TAG), header, record, number,
+                         lambda: intercept.original("ProcessGroup.recv")(inner, *args, **kwargs))
+    if args[1] not in inboxes:
+        inboxes[args[1]] = Inbox()
+    inboxes[args[1]].put(received)
+    return received
+
+
+class Inbox:
+    """The headers from one peer, checked in the order they come by a thread of their own: a receive from one rank
+    never waits for a header from another."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Received] = queue.SimpleQueue()
+        threading.Thread(target=self._check, name="course-message-headers", daemon=True).start()
+
+    def put(self, received: _Received) -> None:
+        self._queue.put(received)
+
+    def _check(self) -> None:
+        wait = intercept.original("Work.wait")  # not the learner's wait: the hang report must not count it
+        while True:
+            received = self._queue.get()
+            try:
+                wait(received.heard)
+            except BaseException as error:  # noqa: BLE001 - the group went down: told to the learner's wait()
+                received.error = error
+                received.checked.set()
+                continue
+            received.arrived()
+
+
+def fail(work: Any, error: BaseException) -> None:
+    """Make ``wait()`` on ``work``, a receive not yet checked, raise ``error``."""
+    if isinstance(work, _Received) and not work.checked.is_set():
+        work.error = error
+        work.checked.set()
+
+
+def _header(record: Record, number: int) -> torch.Tensor:
+    """What a send tells its receive: its number in this direction, dtype, line, tag, size and shape."""
+    shape = list(record.shapes[0]) if record.shapes else []
+    numel = int(torch.Size(shape).numel()) if record.shapes else 0
+    if len(shape) > _DIMS:
+        shape = shape[:_DIMS - 1] + [int(torch.Size(shape[_DIMS - 1:]).numel())]
+    dtype = getattr(torch, record.dtype, None)
+    code = _DTYPES.index(dtype) if dtype in _DTYPES else -1
+    line = int(record.where.rsplit(":", 1)[1]) if ":" in record.where else 0
+    values = [number, code, line, record.tag or 0, numel, len(record.shapes[0]) if record.shapes else 0, *shape]
+    return torch.tensor(values + [0] * (_LENGTH - len(values)), dtype=torch.int64)
+
+
+def _describe(header: list[int]) -> str:
+    """``float32[2, 4] with tag 3``."""
+    dims = header[6:6 + min(header[5], _DIMS)]
+    dtype = str(_DTYPES[header[1]]).removeprefix("torch.") if 0 <= header[1] < len(_DTYPES) else "a tensor"
+    tag = f" with tag {header[3]}" if header[3] else ""
+    return f"{dtype}[{', '.join(map(str, dims))}]{tag}"
+
+
+def _disagreement(record: Record, number: int, sent: list[int]) -> NcclRuleError | None:
+    mine = _header(record, number).tolist()
+    if sent[1] == mine[1] and sent[3:5] == mine[3:5]:  # dtype, tag and size: what NCCL matches
+        return None
+    sender = f"rank {record.peer}"
+    return NcclRuleError(
+        "order", f"receive number {number} of this rank from {sender}{at(record)} expected {_describe(mine)}, but "
+        f"{sender}'s send number {sent[0]} (its line {sent[2]}) carries {_describe(sent)}. NCCL ignores tags and "
+        "matches the sends and receives between two ranks in the order each posted them, by size and dtype. Fix: "
+        "post the receives in the order the sender posts its sends, each the sender's size and dtype.")
+
+
+class _Sent(dist.Work):
+    """A send's handle: done when its header and the message are."""
+
+    def __init__(self, work: Any, heard: Any, header: torch.Tensor) -> None:
+        super().__init__()
+        self.work, self.heard, self.header = work, heard, header
+
+    def wait(self, timeout: Any = None) -> bool:
+        self.heard.wait()
+        return self.work.wait() if timeout is None else self.work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return bool(self.heard.is_completed() and self.work.is_completed())
+
+    def source_rank(self) -> int:
+        return self.work.source_rank()
+
+    def get_future(self) -> Any:
+        return self.work.get_future()
+
+
+class _Received(dist.Work):
+    """A receive's handle: its header first, checked on arrival; then the message (see the module doc)."""
+
+    def __init__(self, heard: Any, header: torch.Tensor, record: Record, number: int, post: Any) -> None:
+        super().__init__()
+        self.heard, self.header, self.record, self.number, self.post = heard, header, record, number, post
+        self.work: Any = None
+        self.error: BaseException | None = None
+        self.checked = threading.Event()
+
+    def arrived(self) -> None:
+        """On its inbox's thread, as the header lands: post the receive, or note why not."""
+        try:
+            self.error = _disagreement(self.record, self.number, self.header.tolist())
+            if self.error is None:
+                self.work = self.post()
+        except BaseException as error:  # noqa: BLE001 - told to the learner's wait(), never lost on the inbox's
+            self.error = error
+        finally:
+            self.checked.set()
+
+    def wait(self, timeout: Any = None) -> bool:
+        with intercept.announced("Work.wait", self.heard):  # a wait for the message: the hang report sees it
+            self.checked.wait()
+        if self.error is not None:
+            raise self.error
+        return self.work.wait() if timeout is None else self.work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self.checked.is_set() and (self.error is not None or bool(self.work.is_completed()))
+
+    def source_rank(self) -> int:
+        return self.record.peer if self.record.peer is not None else -1
+
+    def get_future(self) -> Any:
+        self.wait()
+        return self.work.get_future()
