@@ -1,8 +1,10 @@
 """NCCL's ``order`` rule for messages: rank A's k-th send to rank B meets B's k-th receive from A, by size and dtype.
 
-Gloo matches a message to a receive by tag; NCCL ignores tags and runs the messages between two ranks in the order
-each rank posted them. So code whose receives come in another order than the sends passes on gloo (or gloo aborts
-the rank with "Received data size doesn't match expected size") and fails or mixes up data on GPUs. Under
+NCCL runs the messages between two ranks in the order each rank posted them. Code whose receives come in another
+order than the sends makes gloo abort the rank ("Received data size doesn't match expected size"), or mixes up
+data when the sizes agree; on GPUs it fails or hangs. Gloo also matches by tag, and NCCL ignores tags: the check
+follows gloo there, per tag (the course's own tagged protocol runs only on gloo, and batches its messages on
+NCCL: ``course.collectives.allreduce.TAGGED_BACKENDS``). Under
 :mod:`course.runtime.observed` each send first sends a small header: its number, dtype, size, shape, tag and the
 learner's line. The receive posts only the header's receive at first; when the header arrives (a thread per peer
 waits for them, in order) it compares, and posts the real receive only if the two agree, so gloo never sees a
@@ -23,7 +25,7 @@ import torch.distributed as dist
 from course.runtime import intercept
 from course.runtime.observed_record import Record
 
-HEADER_TAG = 0x7E0D0000  # the tag of the headers: far from any tag a learner picks
+HEADER_TAG = 0x7E0D0000  # the headers' tags start here (plus the message's tag): far from any tag a learner picks
 _DIMS = 6  # a header holds up to this many dimensions of the shape (more: their product in the last slot)
 _LENGTH = 6 + _DIMS  # number, dtype, line, tag, numel, ndim, dims...
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -46,26 +48,27 @@ def at(record: Record) -> str:
 def send(inner: Any, record: Record, number: int, args: tuple, kwargs: dict) -> dist.Work:
     """Send ``number``'s header, then the message, on the real group ``inner``."""
     header = _header(record, number)
-    heard = inner.send([header], args[1], HEADER_TAG)  # the one the listeners hear
+    heard = inner.send([header], args[1], HEADER_TAG + (record.tag or 0))  # the one the listeners hear
     return _Sent(intercept.original("ProcessGroup.send")(inner, *args, **kwargs), heard, header)
 
 
-def recv(inner: Any, record: Record, number: int, args: tuple, kwargs: dict, inboxes: dict[int, Inbox]
+def recv(inner: Any, record: Record, number: int, args: tuple, kwargs: dict, inboxes: dict[tuple[int, int], Inbox]
          ) -> dist.Work:
     """Receive ``number``'s header; the message itself once the header agrees (see the module doc). ``inboxes``:
-    the group's, by peer."""
+    the group's, by peer and tag."""
     header = torch.zeros(_LENGTH, dtype=torch.int64)
-    received = _Received(inner.recv([header], args[1], HEADER_TAG), header, record, number,
+    received = _Received(inner.recv([header], args[1], HEADER_TAG + (record.tag or 0)), header, record, number,
                          lambda: intercept.original("ProcessGroup.recv")(inner, *args, **kwargs))
-    if args[1] not in inboxes:
-        inboxes[args[1]] = Inbox()
-    inboxes[args[1]].put(received)
+    channel = (args[1], record.tag or 0)
+    if channel not in inboxes:
+        inboxes[channel] = Inbox()
+    inboxes[channel].put(received)
     return received
 
 
 class Inbox:
-    """The headers from one peer, checked in the order they come by a thread of their own: a receive from one rank
-    never waits for a header from another."""
+    """The headers from one peer with one tag, checked in the order they come by a thread of their own: a receive
+    never waits for a header from another rank, or with another tag."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[_Received] = queue.SimpleQueue()
@@ -122,8 +125,8 @@ def _disagreement(record: Record, number: int, sent: list[int]) -> NcclRuleError
     sender = f"rank {record.peer}"
     return NcclRuleError(
         "order", f"receive number {number} of this rank from {sender}{at(record)} expected {_describe(mine)}, but "
-        f"{sender}'s send number {sent[0]} (its line {sent[2]}) carries {_describe(sent)}. NCCL ignores tags and "
-        "matches the sends and receives between two ranks in the order each posted them, by size and dtype. Fix: "
+        f"{sender}'s send number {sent[0]} (its line {sent[2]}) carries {_describe(sent)}. NCCL matches the "
+        "sends and receives between two ranks in the order each posted them, by size and dtype. Fix: "
         "post the receives in the order the sender posts its sends, each the sender's size and dtype.")
 
 

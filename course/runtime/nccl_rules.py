@@ -5,10 +5,9 @@ Gloo is lenient where NCCL is not. Under :mod:`course.runtime.observed`, a rank 
 
 * ``device``: every tensor of a call is on the rank's device (``cuda:<local_rank>`` on GPUs; emulated ranks use the
   CPU, and a test may declare another device with :func:`declare_device`).
-* ``order``: messages between two ranks match in the order they were posted. NCCL ignores tags and runs the sends
-  and receives between two ranks in order, so rank A's k-th send to B meets B's k-th receive from A: same shape,
-  same dtype (:mod:`course.runtime.message_headers`). A receive from any source (``src=None``) does not exist on
-  NCCL.
+* ``order``: messages between two ranks match in the order they were posted. NCCL runs the sends and receives
+  between two ranks in order, so rank A's k-th send to B meets B's k-th receive from A: same size, same dtype
+  (:mod:`course.runtime.message_headers`). A receive from any source (``src=None``) does not exist on NCCL.
 * ``threads``: a group is used by one thread at a time. A call issued while another thread's call on the same group
   is still in flight would be ordered differently on each rank.
 * ``agreement``: every rank issues the same collectives in the same order, with the same shapes, dtypes and roots
@@ -58,9 +57,9 @@ class Rules:
         self.group, self.store, self.enforce = group, store, enforce
         self._lock = threading.Lock()
         self._in_flight: list[tuple[threading.Thread, Any, Record]] = []
-        self._sent: Counter[int] = Counter()  # group rank -> messages sent to it
-        self._received: Counter[int] = Counter()
-        self._inboxes: dict[int, message_headers.Inbox] = {}  # peer -> the thread checking its headers
+        self._sent: Counter[tuple[int, int]] = Counter()  # (group rank, tag) -> messages sent to it with that tag
+        self._received: Counter[tuple[int, int]] = Counter()
+        self._inboxes: dict[tuple[int, int], message_headers.Inbox] = {}  # (peer, tag) -> checks its headers
         self._signatures: list[list[str]] = []  # collectives since the last agreement check: [signature, where]
         self._collectives = 0
         self.broken: NcclRuleError | None = None
@@ -116,11 +115,13 @@ class Rules:
         if not self.enforce or record.kind != "p2p" or method == "recv_anysource":
             work = getattr(inner, method)(*args, **kwargs)
         elif method == "send":
-            self._sent[args[1]] += 1
-            work = message_headers.send(inner, record, self._sent[args[1]], args, kwargs)
+            channel = (args[1], record.tag or 0)
+            self._sent[channel] += 1
+            work = message_headers.send(inner, record, self._sent[channel], args, kwargs)
         else:
-            self._received[args[1]] += 1
-            work = message_headers.recv(inner, record, self._received[args[1]], args, kwargs, self._inboxes)
+            channel = (args[1], record.tag or 0)
+            self._received[channel] += 1
+            work = message_headers.recv(inner, record, self._received[channel], args, kwargs, self._inboxes)
         if self.enforce and work is not None:
             with self._lock:
                 self._in_flight.append((threading.current_thread(), work, record))
