@@ -163,12 +163,12 @@ def notebook_steps(notebooks: list[Path], parallel: int, record: Callable[[Step]
 
 
 def check_lab(name: str) -> tuple[bool, str]:
-    """The lab's reference solution (notebooks/solutions/labs) through its check, hidden runs included."""
+    """The lab's reference solution (grader/labs/<lab>/reference.py) through its check, hidden runs included."""
     from grader.labs import registry
-    from grader.labs.core import run_lab
+    from grader.labs.core import reference_path, run_lab
 
     lab = registry.get(name)
-    solution = ROOT / "notebooks" / "solutions" / "labs" / Path(lab.student_file).name
+    solution = reference_path(lab)
     with contextlib.redirect_stdout(io.StringIO()):
         result = run_lab(lab, str(solution), hidden=True)
     failed = "; ".join(str(f) for f in result.failed())[:300] if not result.passed else ""

@@ -10,7 +10,7 @@ as it is found in place) beside it, since that is what a notebook runs under nbv
 loaded machine a FAIL may say more about the load than about the lab. The grader's hidden runs are not timed.
 
 First it prints how much code a student writes (issue 34: at least 300 lines across the labs): for each lab, the
-lines of its solution (``notebooks/solutions/labs/``) that are not in its stub (``course/labs/stubs/``), matched
+lines of its reference solution (``grader/labs/<lab>/reference.py``) that are not in its stub (``stub.py``), matched
 line by line with ``difflib``, counting neither blank lines, comments, docstrings nor the ``STUDENT_ID`` line.
 """
 
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from grader.labs import LABS, run_lab
+from grader.labs.core import reference_path, stub_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 30.0
@@ -53,10 +54,10 @@ def student_lines(stub: str, solution: str) -> int:
 def lines_per_lab() -> dict[str, int]:
     """Lines a student writes in each lab whose stub and solution are both in the repository, by file name."""
     counts = {}
-    for solution in sorted((ROOT / "notebooks" / "solutions" / "labs").glob("*.py")):
-        stub = ROOT / "course" / "labs" / "stubs" / solution.name
-        if stub.is_file():
-            counts[solution.stem] = student_lines(stub.read_text(), solution.read_text())
+    for name, lab in LABS.items():
+        stub, solution = stub_path(lab), reference_path(lab)
+        if stub.is_file() and solution.is_file():
+            counts[name] = student_lines(stub.read_text(), solution.read_text())
     return counts
 
 
@@ -82,9 +83,8 @@ def main(names: list[str]) -> int:
     failed = print_lines()  # 1 if the labs ask for fewer lines than TARGET_LINES
     print(f"load average (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     for name in names or sorted(LABS):
-        base = os.path.basename(LABS[name].student_file)
-        solution_s, passed = timed(name, ROOT / "notebooks" / "solutions" / "labs" / base)
-        stub_s, _ = timed(name, ROOT / "course" / "labs" / "stubs" / base)
+        solution_s, passed = timed(name, reference_path(LABS[name]))
+        stub_s, _ = timed(name, stub_path(LABS[name]))
         verdict = "PASS" if solution_s <= TARGET_S and passed else "FAIL"
         failed += verdict == "FAIL"
         print(f"{name:>12}: solution checked in {solution_s:5.1f} s ({len(LABS[name].runs)} runs; target <= "

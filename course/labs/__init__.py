@@ -1,8 +1,8 @@
 """Labs: the student writes the real distributed code (a ring allreduce, DDP, ZeRO), checked on N ranks.
 
-The stubs that a notebook's ``%%writefile labs/<file>.py`` cell writes are in :mod:`course.labs.stubs`. The
-checks live with the grader's (:mod:`grader.labs`): :func:`check` here is the notebooks' way in, so that a
-notebook's self-check, ``grader check`` and ``grader grade`` run the same code.
+The stubs that a notebook's ``%%writefile labs/<file>.py`` cell writes are in each lab's folder
+(``grader/labs/<lab>/stub.py``), beside its check (:mod:`grader.labs`). :func:`check` here is the notebooks' way
+in, so that a notebook's self-check, ``grader check`` and ``grader grade`` run the same code.
 """
 
 from __future__ import annotations

@@ -28,8 +28,13 @@ _AMPERE = ("https://images.nvidia.com/aem-dam/en-zz/Solutions/data-center/nvidia
            ".pdf")
 _HOPPER = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
 _H200 = "https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM column of the specifications table)"
+_A100_DATASHEET = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+                   "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf (SXM and PCIe columns)")
+_H100_DATASHEET = ("https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet "
+                   "(H100 SXM, H100 NVL and H100 PCIe columns; dense rates are half the sparse ones quoted)")
 _PCIE = "https://pcisig.com/specifications (8, 16, 32 GT/s per lane, 128b/130b encoding, x16)"
 _IB = "https://www.infinibandta.org/infiniband-roadmap/ (4x EDR 100, HDR 200, NDR 400 Gb/s)"
+_ETHERNET_FAST = "IEEE 802.3bs (200GbE, 400GbE): https://www.ieee802.org/3/bs/"
 _ETHERNET = "IEEE 802.3ae (10GbE), 802.3by (25GbE), 802.3cd (50GbE), 802.3ba (100GbE): https://www.ieee802.org/3/"
 
 
@@ -140,6 +145,13 @@ GPUS: dict[str, Gpu] = {gpu.name: gpu for gpu in (
     Gpu("A100 SXM4 80GB", 19.5e12, 156e12, 312e12, 2039 * GB, 80 * GB, _AMPERE),
     # Hopper SXM5: 67 FP32, 495 TF32 and 989 BF16 dense (half the 990 and 1979 sparse), 3.35 TB/s HBM3, 80 GB.
     Gpu("H100 SXM5", 67e12, 495e12, 989e12, 3350 * GB, 80 * GB, _HOPPER),
+    # Ampere PCIe (250-300 W): the SXM part's peaks at the datasheet's level; 1555 GB/s (40 GB), 1935 GB/s (80 GB).
+    Gpu("A100 PCIe", 19.5e12, 156e12, 312e12, 1555 * GB, 40 * GB, _A100_DATASHEET),
+    Gpu("A100 PCIe 80GB", 19.5e12, 156e12, 312e12, 1935 * GB, 80 * GB, _A100_DATASHEET),
+    # Hopper PCIe (350 W, HBM2e): 51 FP32, 378 TF32, 756 BF16 dense, 2.0 TB/s, 80 GB.
+    Gpu("H100 PCIe", 51e12, 378e12, 756e12, 2000 * GB, 80 * GB, _H100_DATASHEET),
+    # Hopper NVL (400 W, per GPU of the pair): 60 FP32, 417.5 TF32, 835.5 BF16 dense, 3.9 TB/s HBM3, 94 GB.
+    Gpu("H100 NVL", 60e12, 417.5e12, 835.5e12, 3900 * GB, 94 * GB, _H100_DATASHEET),
     # Hopper H200 SXM: the H100's compute peaks, with 141 GB of HBM3e at 4.8 TB/s (H200 datasheet).
     Gpu("H200 SXM", 67e12, 495e12, 989e12, 4800 * GB, 141 * GB, _H200),
 )}
@@ -167,6 +179,8 @@ LINKS: dict[str, Link] = {link.name: link for link in (
     Link("25GbE", 25e9 / 8, _ETHERNET, "tcp"),
     Link("50GbE", 50e9 / 8, _ETHERNET, "tcp"),
     Link("100GbE", 100e9 / 8, _ETHERNET, "tcp"),
+    Link("200GbE", 200e9 / 8, _ETHERNET_FAST, "tcp"),
+    Link("400GbE", 400e9 / 8, _ETHERNET_FAST, "tcp"),
 )}
 
 

@@ -11,14 +11,21 @@ defaults only: no row may change them. Each fit is a ratio, ``measured / peak``:
                            of :func:`gemm_efficiency`, best x k / (k + k_half)
     α (latency per step) = an 8-byte or small allreduce's time / its number of steps
 
-One figure is end-to-end, not a microbenchmark, and its row is labelled *calibration* in the validation table:
+Two kinds of constant are end-to-end. The sustained fraction of these rates that a transformer's training step
+reaches (:data:`TRAINING_EFFICIENCY`, one per GPU generation) is fitted on the *fitting set* of
+:mod:`course.perf.figures` only (:mod:`course.perf.protocol`), never on a test figure. And one figure's row is
+labelled *calibration* in the validation table:
 no sourced cuDNN figure was at hand for FP32 convolutions, so their efficiency is fitted to 90 epochs of ResNet-50
 on one M40 (14 days, You et al. 2017), and every other CNN row (other GPUs, networks and counts) predicts.
-Taught in ``notebooks/05c_performance_model.ipynb``.
+The one GPU measurement the course has (``benchmarks/results/gpu-check-nvidia-h100-80gb-hbm3-2026-11-28.md``: a
+ResNet-50 step on one H100 took 2.22x the modelled time) fits nothing here: one CNN step cannot tell the
+convolutions' rate from launches and memory traffic. ``benchmarks/gpu_kernels.py`` measures them apart on the next
+lent GPU. Taught in ``notebooks/05c_performance_model.ipynb``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from course.perf.catalog import BF16_GENERATIONS
@@ -33,6 +40,10 @@ MAMF = ("S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLO
         "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator")
 SGEMM = "https://github.com/Yinghan-Li/YHs_Sample/issues/4 (cuBLAS SGEMM 18.88 of 19.49 TFLOP/s, A100 PCIe)"
 V100_HGEMM = "https://github.com/lablup/mlxcel/issues/1654 (cuBLAS FP16 GEMM on V100: 95-100 of 125 TFLOP/s)"
+FLASH2 = ("Dao 2023, FlashAttention-2, https://arxiv.org/abs/2307.08691, abstract (50-73% of the theoretical "
+          "maximum on A100)")
+FLASH3 = ("Shah et al. 2024, FlashAttention-3, https://arxiv.org/abs/2407.08608, abstract (FlashAttention-2: "
+          "only 35% utilization on H100)")
 SHALLOW_GEMM = ("https://github.com/pytorch/pytorch/issues/83272 (A100, CUDA 11.7: FP16 bmm of 512 x 1024x128 by "
                 "128x1024 at 132.46 TFLOP/s)")
 
@@ -82,6 +93,10 @@ FIGURES: tuple[Figure, ...] = (
     # shape: a GEMM whose reduction depth k is short reaches less of the best-shape rate (module docstring)
     Figure("matmul.depth128", "FP16 bmm with k = 128, A100, over the best-shape BF16 rate (TFLOP/s)", 132.46, 271.2,
            SHALLOW_GEMM),
+    # a fused (flash) attention kernel's forward and backward, fraction of the 16-bit peak
+    Figure("attention.Ampere", "FlashAttention-2 on A100: 50-73% of peak; the range's middle", 0.615, 1.0,
+           FLASH2),
+    Figure("attention.Hopper", "FlashAttention-2 on H100: about 35% of peak", 0.35, 1.0, FLASH3),
     Figure("memory", "element-wise kernels, fraction of peak memory bandwidth", 0.8, 1.0,
            "stream-like kernels reach ~80% of HBM peak", assumed=True),
     Figure("launch", "launch and scheduling of one kernel (s)", 5e-6, 0, "an order of magnitude",
@@ -118,6 +133,25 @@ def matmul_efficiency(precision: str, generation: str) -> float:
     return constant(f"matmul.half.{generation}" if f"matmul.half.{generation}" in names else "matmul.half.Volta")
 
 
+def attention_efficiency(generation: str) -> float:
+    """A fused (flash) attention kernel's fraction of the 16-bit peak on ``generation`` (Ampere's figure for any
+    generation without its own)."""
+    names = {f.fits for f in FIGURES}
+    return constant(f"attention.{generation}" if f"attention.{generation}" in names else "attention.Ampere")
+
+
+#: The fraction of the microbenchmarks' rates that a transformer's kernels sustain inside a training step, per GPU
+#: generation: **fitted** on the fitting set of :mod:`course.perf.figures` only, by
+#: :func:`course.perf.protocol.fit_training_efficiency` (``tests/perf/test_protocol.py`` checks the two agree). A
+#: generation with no figure in the fitting set keeps 1.0 (unfitted, said so).
+TRAINING_EFFICIENCY: dict[str, float] = {"Ampere": 0.84, "Hopper": 0.88}
+
+
+def training_efficiency(generation: str) -> float:
+    """:data:`TRAINING_EFFICIENCY` of ``generation``, 1.0 where none was fitted."""
+    return TRAINING_EFFICIENCY.get(generation, 1.0)
+
+
 #: The reduction depth ``k`` at which a GEMM reaches half its best-shape rate, read off ``matmul.depth128``.
 DEPTH_FIGURE_K = 128
 
@@ -137,7 +171,8 @@ def gemm_efficiency(precision: str, generation: str, k: float) -> float:
     attention scores of a transformer (``k`` = the head dimension, 64 to 160) are the shallow GEMMs that matter.
     Taught in ``notebooks/05c_performance_model.ipynb``.
     """
-    return matmul_efficiency(precision, generation) * k / (k + depth_half())
+    best = matmul_efficiency(precision, generation)
+    return best if math.isinf(k) else best * k / (k + depth_half())
 
 
 def format_figures() -> str:
@@ -147,4 +182,7 @@ def format_figures() -> str:
         lines.append(f"{f.fits:<24} {f.constant:>9.3g}  {f.what}; {'ASSUMED: ' if f.assumed else ''}{f.source}")
     lines.append(f"{'conv.fp32':<24} {CONV_EFFICIENCY:>9.3g}  fitted to ResNet-50, 90 epochs on one M40 in 14 days "
                  "(the calibration row of the validation table)")
+    for generation, value in TRAINING_EFFICIENCY.items():
+        lines.append(f"{'training.' + generation:<24} {value:>9.3g}  sustained fraction of the rates above in a "
+                     "transformer's training step: FITTED on the fitting set of course.perf.figures only")
     return "\n".join(lines)

@@ -1,21 +1,26 @@
 """Beyond data parallelism: a transformer trained with tensor x context x pipeline x data parallelism, and sharded
 data parallelism (ZeRO, FSDP), step by step. Every number is **modelled**.
 
-A GPT-style transformer (``layers``, ``hidden`` h, ``heads`` a, sequence s, vocabulary V) on ``t x c x p x d`` GPUs.
-One layer, one microbatch of ``b`` sequences, per GPU (:func:`layer_terms`):
+A decoder (:class:`~course.perf.transformer.Transformer`: ``layers``, ``hidden`` h, ``heads`` a, sequence s,
+vocabulary V, the MLP's width) on ``t x c x p x d`` GPUs. One layer, one microbatch of ``b`` sequences, per GPU
+(:func:`layer_terms`):
 
-* **GEMMs**: ``24·(s/c)·b·h²/t`` FLOPs in four GEMMs, and the attention's two batched GEMMs, ``4·(s/c)·s·b·h/t``
-  (scores ``QKᵀ`` with depth ``h/a``, then scores times ``V`` with depth ``s``); each at the efficiency of its
-  reduction depth (:func:`course.perf.microbench.gemm_efficiency`).
-* **element-wise traffic**: twice the activation bytes Korthikanti et al. 2022 count,
-  ``(s/c)·b·h·(10 + 24/t + 5·a·s/(h·t))``, at the memory bandwidth. A **fused attention** kernel (FlashAttention,
-  Dao et al. 2022) never writes the ``s x s`` scores to memory: the ``5·a·s/(h·t)`` term goes.
+* **GEMMs**: the layer's weight GEMMs (``24·(s/c)·b·h²/t`` FLOPs for a GPT), each at the microbenchmark efficiency
+  of its reduction depth (:func:`course.perf.microbench.gemm_efficiency`) times the sustained fraction fitted on
+  the fitting set (:func:`course.perf.microbench.training_efficiency`).
+* **attention**: ``4·(s/c)·s·b·h/t`` FLOPs. Unfused: two batched GEMMs, ``QKᵀ`` of depth ``h/a`` and the scores
+  times ``V`` of depth ``s``. A **fused** (flash) kernel skips the masked half of causal attention and runs at
+  FlashAttention's published fraction of the peak, with no shallow-GEMM penalty.
+* **element-wise traffic** (norms, softmax, activations, residuals): twice the activation bytes Korthikanti et al.
+  2022 count, ``(s/c)·b·h·(10 + 24/t + 5·a·s/(h·t))`` for a GPT, at the memory bandwidth. A fused attention
+  kernel never writes the ``s x s`` scores to memory: the ``5·a·s/(h·t)`` term goes.
+* **launches**: a layer takes at least its kernels' launch time on the CPU.
 * **tensor parallel** (Megatron-LM, Shoeybi et al. 2019): two allreduces of ``2·(s/c)·b·h`` bytes among ``t`` GPUs
   in forward, two in backward, two more in a recomputed forward. With ``tp_overlap`` they hide behind the GEMMs:
   only ``max(0, comm - GEMMs)`` is exposed.
 * **context parallel** (ring attention, Megatron-LM's ``--context-parallel-size``): the sequence is split ``c``
-  ways; each GPU passes its keys and values around a ring, ``(c-1)`` messages of ``4·(s/c)·b·h/t`` bytes in forward
-  and twice that in backward, overlapped with the attention GEMMs (only the excess is exposed).
+  ways; each GPU passes its keys and values around a ring, ``(c-1)`` messages of ``4·(s/c)·b·h_kv/t`` bytes in
+  forward and twice that in backward, overlapped with the attention (only the excess is exposed).
 * backward costs twice forward; recomputation adds a forward (``"full"``), the attention core (``"selective"``,
   Korthikanti et al. 2022) or nothing (``"none"``).
 
@@ -27,15 +32,18 @@ The step (:func:`step_time`):
   ``interleave > 1``). Each microbatch sends its activations forward and their gradients back at each of the
   ``v`` chunk boundaries a GPU owns: ``2·v`` messages of ``2·(s/c)·b·h/t`` bytes. The last stage also computes the
   logits (``2·(s/c)·h·V·b/t`` FLOPs).
-* **data parallel** over ``d·c`` GPUs holding the same shard (:func:`sharding_seconds`): ``ddp`` allreduces the
-  gradients; ``zero1``/``zero2`` reduce-scatter them and all-gather the updated parameters; ``zero3``/``fsdp``
-  reduce-scatter the gradients once per step and all-gather the parameters before each microbatch's forward and
-  again before its backward (once, without ``reshard_after_forward``). With ``dp_overlap`` the gradient reduction
-  hides behind the last microbatch's backward, the parameter gathers behind the compute.
+* **data parallel** over ``d·c`` GPUs holding the same shard (:mod:`course.perf.sharding`): ``ddp`` allreduces the
+  gradients once per step; ``zero1`` reduce-scatters them once and all-gathers the updated parameters; ``zero2``,
+  ``zero3`` and ``fsdp`` reduce-scatter after **every** microbatch's backward; ``zero3``/``fsdp`` also all-gather
+  the parameters, layer by layer, before each microbatch's forward and again before its backward (once, without
+  ``reshard_after_forward``). With ``dp_overlap`` each collective hides behind the compute it overlaps.
+* the optimizer step (Adam, memory-bound) on this GPU's shard and a per-step framework overhead.
 
-Throughput is reported as Megatron's papers count it, ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per step with full
-recomputation (72 without), so modelled and published FLOP/s compare like for like. Not modelled: network
-oversubscription, stragglers, and the first stage's embedding. Taught in ``notebooks/05c_performance_model.ipynb``.
+Each newer term can be switched off (:class:`~course.perf.sharding.Terms`). Throughput is reported both ways
+(:mod:`course.perf.transformer`): hardware FLOPs, recomputation counted, as Megatron-LM's papers report TFLOP/s
+(``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with full recomputation), and model FLOPs, as MFU counts them. Not modelled:
+network oversubscription, stragglers, the first stage's embedding, expert parallelism. Taught in
+``notebooks/05c_performance_model.ipynb``.
 """
 
 from __future__ import annotations
@@ -43,37 +51,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course.arguments import check_choice, check_count
-from course.collectives import cost_model
 from course.perf import microbench
 from course.perf.comm import Cluster, allreduce_seconds, alpha_beta, message_seconds
+from course.perf.sharding import ALL_TERMS, Terms, data_parallel_seconds, exposed_seconds, sharding_seconds
+from course.perf.transformer import RECOMPUTE, Transformer
+
+__all__ = ["RECOMPUTE", "SHARDING", "LayerTerms", "Plan", "Terms", "Transformer", "TransformerStep",
+           "data_parallel_seconds", "layer_passes", "layer_terms", "pipeline_seconds", "sharding_seconds",
+           "step_time"]
 
 SHARDING = ("ddp", "zero1", "zero2", "zero3", "fsdp")
-RECOMPUTE = ("full", "selective", "none")
-
-
-@dataclass(frozen=True)
-class Transformer:
-    """A GPT-style decoder: the sizes its FLOPs, parameters and activations follow from."""
-
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    seq: int = 2048
-    vocab: int = 51200
-
-    @property
-    def params(self) -> float:
-        return 12.0 * self.layers * self.hidden**2 + (self.vocab + self.seq) * self.hidden
-
-    def megatron_flops(self, batch_size: int, recompute: str = "full") -> float:
-        """FLOPs of one step on ``batch_size`` sequences as Megatron counts them (module docstring); selective
-        recomputation adds one forward of the attention core, ``4·s²·h`` per layer and sequence."""
-        check_choice("recompute", recompute, RECOMPUTE)
-        s, h, layer_count = self.seq, self.hidden, self.layers
-        factor = 96 if recompute == "full" else 72
-        counted = factor * batch_size * s * layer_count * h**2 * (1 + s / (6 * h) + self.vocab / (16 * layer_count * h))
-        return counted + (4.0 * batch_size * s**2 * h * layer_count if recompute == "selective" else 0.0)
 
 
 @dataclass(frozen=True)
@@ -128,7 +115,10 @@ class Plan:
 
 @dataclass(frozen=True)
 class TransformerStep:
-    """One modelled step, its parts in seconds, and the throughput it implies."""
+    """One modelled step, its parts in seconds, and the throughput it implies.
+
+    ``flops_per_gpu`` counts recomputation (hardware FLOPs, as Megatron-LM's papers report TFLOP/s);
+    ``model_flops_per_gpu`` does not (what MFU divides by the peak): :mod:`course.perf.transformer`."""
 
     pipeline_s: float       # the 1F1B schedule's time: microbatches, bubble, TP, CP and pipeline traffic included
     bubble_s: float         # the part of pipeline_s no GPU of the slowest stage computes in
@@ -136,9 +126,21 @@ class TransformerStep:
     data_comm_s: float      # the data-parallel collectives' exposed time
     update_s: float         # optimizer step + framework overhead
     step_s: float
-    flops_per_gpu: float    # Megatron's count / step / GPUs
+    flops_per_gpu: float    # hardware FLOPs (recomputation counted) / step / GPUs
     context_comm_s: float = 0.0  # exposed context-parallel ring traffic inside pipeline_s
     p2p_s: float = 0.0           # pipeline sends inside pipeline_s
+    model_flops_per_gpu: float = 0.0  # model FLOPs (no recomputation) / step / GPUs
+    peak_flops: float = 0.0           # the GPU's peak at the plan's precision
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOP/s over the peak (PaLM's definition; recomputation not counted)."""
+        return self.model_flops_per_gpu / self.peak_flops
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: the FLOP/s the GPUs ran, recomputation included, over the peak."""
+        return self.flops_per_gpu / self.peak_flops
 
 
 @dataclass(frozen=True)
@@ -151,10 +153,11 @@ class LayerTerms:
     attention_memory_s: float  # the part of memory_s that the s x s scores cause (0 with a fused kernel)
     tensor_s: float      # TP collectives of one pass (two allreduces), before any overlap
     context_s: float     # CP ring traffic of one forward, before any overlap
+    launch_s: float = 0.0  # CPU time to launch the layer's forward kernels: a floor under its compute
 
     @property
     def compute_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s
+        return max(self.gemm_s + self.attention_s + self.memory_s, self.launch_s)
 
 
 def check_plan(model: Transformer, plan: Plan, cluster: Cluster) -> None:
@@ -168,9 +171,9 @@ def check_plan(model: Transformer, plan: Plan, cluster: Cluster) -> None:
     for name in ("tensor", "pipeline", "data", "microbatch", "interleave", "context"):
         check_count(name, getattr(plan, name), unit="count")
     if plan.stage_layers:
-        if len(plan.stage_layers) != plan.pipeline or sum(plan.stage_layers) != model.layers or plan.interleave > 1:
+        if len(plan.stage_layers) != plan.pipeline or sum(plan.stage_layers) != model.layers:
             raise ValueError(f"stage_layers {plan.stage_layers} must give each of the {plan.pipeline} stages its "
-                             f"layers, {model.layers} in all, with interleave=1 (got interleave={plan.interleave}).")
+                             f"layers, {model.layers} in all.")
     elif model.layers % (plan.pipeline * plan.interleave):
         raise ValueError(f"{model.layers} layers do not split into {plan.pipeline} stages x {plan.interleave} "
                          "chunks; pick a pipeline size that divides the layers.")
@@ -186,27 +189,45 @@ def check_plan(model: Transformer, plan: Plan, cluster: Cluster) -> None:
 
 
 def _gemm_s(flops: float, depth: float, plan: Plan, cluster: Cluster) -> float:
-    """One GEMM of ``flops`` FLOPs and reduction depth ``depth`` on the cluster's GPU."""
+    """One GEMM of ``flops`` FLOPs and reduction depth ``depth`` on the cluster's GPU, at the fraction of the
+    microbenchmark's rate that a training step sustains (:func:`course.perf.microbench.training_efficiency`)."""
     gpu = cluster.gpu
-    return flops / (gpu.peak_flops(plan.precision)
+    return flops / (gpu.peak_flops(plan.precision) * microbench.training_efficiency(gpu.generation)
                     * microbench.gemm_efficiency(plan.precision, gpu.generation, depth))
 
 
-def layer_terms(model: Transformer, plan: Plan, cluster: Cluster) -> LayerTerms:
+def _flash_s(flops: float, plan: Plan, cluster: Cluster) -> float:
+    """A fused attention kernel of ``flops`` FLOPs at its published fraction of the 16-bit peak."""
+    gpu = cluster.gpu
+    return flops / (gpu.peak_flops(plan.precision) * microbench.training_efficiency(gpu.generation)
+                    * microbench.attention_efficiency(gpu.generation))
+
+
+#: Kernels one layer's forward launches: four weight GEMMs, two norms, two residual adds, the activation, and
+#: the attention (one fused kernel, or scores, scale and mask, softmax, dropout and the product with V).
+KERNELS = {"fused": 10, "unfused": 14}
+
+
+def layer_terms(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = ALL_TERMS) -> LayerTerms:
     """Every term of one layer's forward for one microbatch on one GPU (module docstring)."""
     s, h, a, b, t, c = model.seq, model.hidden, model.heads, plan.microbatch, plan.tensor, plan.context
     tokens = s / c * b  # this GPU's queries
-    gemm = sum(_gemm_s(2 * tokens * h * width / t, depth, plan, cluster)
-               for width, depth in ((3 * h, h), (h, h / t), (4 * h, h), (4 * h, 4 * h / t)))
-    attention = (_gemm_s(2 * tokens * s * h / t, h / a, plan, cluster)    # Q Kᵀ, depth: the head dimension
-                 + _gemm_s(2 * tokens * s * h / t, s, plan, cluster))     # scores x V, depth: the keys
-    bandwidth = cluster.gpu.memory_bandwidth * microbench.constant("memory")
-    scores = 0.0 if plan.fused_attention else 2 * tokens * h * 5 * a * s / (h * t) / bandwidth
-    memory = 2 * tokens * h * (10 + 24 / t) / bandwidth + scores  # bytes, Korthikanti et al. 2022
+    gemm = sum(_gemm_s(2 * tokens * weights, depth, plan, cluster) for weights, depth in model.layer_gemms(t))
+    scores = 2 * tokens * s * h / t  # FLOPs of Q Kᵀ, and again of the scores times V
+    if plan.fused_attention and terms.flash_rate:  # one tiled kernel: no shallow GEMM, the masked half skipped
+        attention = 2 * _flash_s(scores / 2, plan, cluster)
+    else:  # Q Kᵀ has the head dimension as its depth; scores x V has the keys
+        attention = _gemm_s(scores, h / a, plan, cluster) + _gemm_s(scores, s, plan, cluster)
+    bandwidth = cluster.gpu.memory_bandwidth * microbench.constant("memory") if terms.memory_kernels else float("inf")
+    score_bytes = 0.0 if plan.fused_attention else 2 * tokens * h * 5 * a * s / (h * t) / bandwidth
+    split = 8 + (6 if model.gated else 4) * model.ffn_width / h  # Korthikanti's 24/t, for any MLP
+    memory = 2 * tokens * h * (10 + split / t) / bandwidth + score_bytes  # bytes, Korthikanti et al. 2022
     tensor = 2 * allreduce_seconds(2.0 * tokens * h, t, cluster, "ring") if t > 1 else 0.0
     ring = alpha_beta(cluster.intra) if t * c <= cluster.gpus_per_node else cluster.network_per_gpu()
-    context = (c - 1) * message_seconds(4.0 * tokens * h / t, ring) if c > 1 else 0.0
-    return LayerTerms(gemm, attention, memory, scores, tensor, context)
+    context = (c - 1) * message_seconds(4.0 * tokens * model.kv_width / t, ring) if c > 1 else 0.0  # K and V
+    kernels = KERNELS["fused" if plan.fused_attention else "unfused"] + (2 if t > 1 else 0)
+    launch = kernels * microbench.constant("launch") if terms.overheads else 0.0
+    return LayerTerms(gemm, attention, memory, score_bytes, tensor, context, launch)
 
 
 def _exposed(comm_s: float, hidden_by_s: float, overlap: bool) -> float:
@@ -239,52 +260,26 @@ def pipeline_seconds(stage_s: list[float], microbatches: int, interleave: int) -
     return microbatches * slowest + bubble, bubble
 
 
-def data_parallel_seconds(nbytes: float, plan: Plan, cluster: Cluster) -> float:
-    """One allreduce of ``nbytes`` among the ``d·c`` GPUs that hold the same shard, placed as Megatron-LM places
-    them (tensor, then context, then data ranks fill a node; pipeline stages outermost): one per node when
-    ``t·c`` fills a node, otherwise two-level."""
-    d = plan.data * plan.context
-    if d == 1:
-        return 0.0
-    per_node = min(d, max(1, cluster.gpus_per_node // plan.tensor))
-    if per_node == 1:
-        return float(cost_model.predict("ring", nbytes, d, cluster.network_per_gpu()))
-    nodes = -(-d // per_node)
-    if nodes == 1:
-        return allreduce_seconds(nbytes, d, cluster, "ring")
-    inside, between = alpha_beta(cluster.intra), cluster.network_per_gpu()
-    return float(cost_model.predict_hierarchical(nbytes, per_node, nodes, inside, between, within="ring"))
+def update_seconds(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = ALL_TERMS) -> float:
+    """The optimizer step on this GPU's shard (Adam: 28 bytes per parameter at the memory bandwidth) and the
+    per-step framework overhead, each with its term."""
+    shards = plan.data * plan.context if plan.sharding != "ddp" else 1
+    adam = 28.0  # bytes per parameter: FP32 master, m and v read and written, 16-bit gradient in, weight out
+    moved = model.params / (plan.tensor * plan.pipeline) / shards * adam
+    optimizer = moved / (cluster.gpu.memory_bandwidth * microbench.constant("memory")) if terms.memory_kernels else 0
+    return optimizer + (microbench.constant("framework") if terms.overheads else 0.0)
 
 
-def sharding_seconds(model: Transformer, plan: Plan, cluster: Cluster) -> tuple[float, float]:
-    """``(gradient reduction, parameter gathers)`` of one step, before any overlap, for ``plan.sharding``.
-
-    A reduce-scatter or an all-gather moves half an allreduce's bytes in half its steps (ring): each is priced as
-    half of :func:`data_parallel_seconds`. ``ddp``: one allreduce of the 16-bit gradients, no gather. ``zero1``,
-    ``zero2``: a reduce-scatter, then one all-gather of the updated parameters. ``zero3``, ``fsdp``: a
-    reduce-scatter, and an all-gather before each microbatch's forward and another before its backward (one per
-    microbatch with ``reshard_after_forward=False``).
-    """
-    shard = 2.0 * model.params / (plan.tensor * plan.pipeline)  # 16-bit values of one replica's shard
-    half = data_parallel_seconds(shard, plan, cluster) / 2  # one reduce-scatter, or one all-gather
-    if plan.sharding == "ddp":
-        return 2 * half, 0.0
-    if plan.sharding in ("zero1", "zero2"):
-        return half, half
-    gathers = plan.microbatches * (2 if plan.reshard_after_forward else 1)
-    return half, gathers * half
-
-
-def step_time(model: Transformer, plan: Plan, cluster: Cluster) -> TransformerStep:
-    """Model one training step of ``model`` split by ``plan`` on ``cluster`` (module docstring).
+def step_time(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = ALL_TERMS) -> TransformerStep:
+    """Model one training step of ``model`` split by ``plan`` on ``cluster`` (module docstring); ``terms`` switches
+    the model's newer terms (:class:`course.perf.sharding.Terms`, all on by default).
 
     Raises:
         ValueError: see :func:`check_plan`.
     """
     check_plan(model, plan, cluster)
     t, m, v = plan.tensor, plan.microbatches, plan.interleave
-    terms = layer_terms(model, plan, cluster)
-    per_layer = layer_passes(terms, plan)
+    per_layer = layer_passes(layer_terms(model, plan, cluster, terms), plan)
     layer_s = per_layer["forward"] + per_layer["backward"] + per_layer["recompute"]
     tokens = model.seq / plan.context * plan.microbatch
     logits_s = 3 * _gemm_s(2.0 * tokens * model.hidden * model.vocab / t, model.hidden, plan, cluster)
@@ -293,18 +288,13 @@ def step_time(model: Transformer, plan: Plan, cluster: Cluster) -> TransformerSt
     layers = plan.layers_per_stage(model.layers)
     stage_s = [n * layer_s + p2p + (logits_s if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
     pipeline_s, bubble = pipeline_seconds(stage_s, m, v)
-    slowest = max(range(len(layers)), key=lambda i: stage_s[i])
-    reduce_s, gather_s = sharding_seconds(model, plan, cluster)
-    last_backward = layers[slowest] * (per_layer["backward"] + per_layer["recompute"])
-    data_comm = _exposed(reduce_s, last_backward, plan.dp_overlap)
-    hidden_by = layers[slowest] * per_layer["forward"] * (1 if plan.sharding in ("zero1", "zero2") else m)
-    data_comm += _exposed(gather_s, hidden_by, plan.dp_overlap)
-    shards = plan.data * plan.context if plan.sharding != "ddp" else 1
-    adam = 28.0  # bytes per parameter: FP32 master, m and v read and written, 16-bit gradient in, weight out
-    update = (model.params / (t * plan.pipeline) / shards * adam
-              / (cluster.gpu.memory_bandwidth * microbench.constant("memory")) + microbench.constant("framework"))
+    n = layers[max(range(len(layers)), key=lambda i: stage_s[i])]  # layers of the slowest stage
+    reduce_s, gather_s = sharding_seconds(model, plan, cluster, terms)
+    stage = {"forward": n * per_layer["forward"], "backward": n * (per_layer["backward"] + per_layer["recompute"])}
+    data_comm = exposed_seconds(reduce_s, gather_s, plan, stage, terms)
+    update = update_seconds(model, plan, cluster, terms)
     step = pipeline_s + data_comm + update
-    flops = model.megatron_flops(plan.global_batch, plan.recompute) / step / plan.gpus
-    n = layers[slowest] * m
-    return TransformerStep(pipeline_s, bubble, n * per_layer["tensor"], data_comm, update, step, flops,
-                           n * per_layer["context"], m * p2p)
+    hardware = model.hardware_flops(plan.global_batch, plan.recompute) / step / plan.gpus
+    model_flops = model.model_flops(plan.global_batch) / step / plan.gpus
+    return TransformerStep(pipeline_s, bubble, n * m * per_layer["tensor"], data_comm, update, step, hardware,
+                           n * m * per_layer["context"], m * p2p, model_flops, cluster.gpu.peak_flops(plan.precision))

@@ -16,8 +16,8 @@ assignment's vocabulary (:class:`~grader.results.Check`, :class:`~grader.results
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
+import inspect
 import json
 import os
 import random
@@ -26,12 +26,11 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course.labs import stubs
 from course.runtime.launch import RankFailed, RankTimeout, launch
 from grader.labs import variant
 from grader.labs.shortcuts import REFUSED, Refused, guarded, uses
@@ -65,10 +64,11 @@ class Lab:
     student_file: str  # relative to notebooks/, e.g. "labs/ring_allreduce.py"
     entry: str  # the function (or class) the student writes
     checks: tuple[Check, ...]
-    rank_check: str  # "module:function", called as function(path, config) on every rank of a run
+    rank_check: Callable[[str, dict], Any]  # called as rank_check(path, config) on every rank of a run
     runs: tuple[dict, ...]  # visible runs: each {"world_size": 4, "label": "what this run tries", ...config}
     hidden_runs: tuple[dict, ...] = ()  # grader only (more sizes, other world sizes, a jittered seed)
-    cross_check: str = ""  # "module:function", called as function(config, evidence_by_rank) -> list[Finding]
+    #: called outside the ranks as cross_check(config, evidence_by_rank) -> list[Finding]
+    cross_check: Callable[[dict, list[dict]], list[Finding]] | None = None
     hang_hint: str = ""  # what usually makes this lab hang, appended to a timeout's message
     #: "module:name" of ready-made versions of what the student writes (the course's own, torch's): a file that
     #: uses one is refused, every check failing with a message that names it (see grader.labs.shortcuts)
@@ -125,7 +125,7 @@ def describe_error(error: BaseException, path: str, entry: str, rank: int) -> st
     return f"your {entry} raised {text} on rank {rank} (line {line} of {path})"
 
 
-def on_rank(rank_check: str, path: str, entry: str, config: dict, notes_dir: str,
+def on_rank(rank_check: Callable[[str, dict], Any], path: str, entry: str, config: dict, notes_dir: str,
             shortcuts: tuple[str, ...] = ()) -> Any:
     """Launched on every rank: run the lab's rank_check; an exception is explained in a file, then re-raised.
 
@@ -134,7 +134,7 @@ def on_rank(rank_check: str, path: str, entry: str, config: dict, notes_dir: str
 
     try:
         with guarded(path, shortcuts, lambda name: REFUSED.format(name=name, entry=entry)):
-            return _import(rank_check)(path, config)
+            return rank_check(path, config)
     except BaseException as error:  # noqa: B036 - every way the student's code can end must be explained
         rank = world.current().rank
         message = describe_error(error, path, entry, rank)
@@ -142,12 +142,6 @@ def on_rank(rank_check: str, path: str, entry: str, config: dict, notes_dir: str
             json.dump({"message": message, "not_attempted": message.startswith("Not attempted"),
                        "cause": isinstance(error, (StudentError, Refused))}, handle)
         raise
-
-
-def _import(dotted: str) -> Any:
-    """``"package.module:function"`` -> the function."""
-    module, _, name = dotted.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _label(config: dict) -> str:
@@ -172,7 +166,7 @@ def _run_once(lab: Lab, path: str, config: dict) -> tuple[list[Finding], bool]:
     finally:
         shutil.rmtree(notes_dir, ignore_errors=True)
     ranks = [r if isinstance(r, RankFindings) else RankFindings(list(r)) for r in per_rank]
-    findings = _import(lab.cross_check)(config, [r.evidence for r in ranks]) if lab.cross_check else []
+    findings = lab.cross_check(config, [r.evidence for r in ranks]) if lab.cross_check else []
     return list(findings) + [f for r in ranks for f in r.findings], False
 
 
@@ -201,9 +195,19 @@ def _not_attempted(notes_dir: str) -> bool:
     return False
 
 
+def folder(lab: Lab) -> Path:
+    """The lab's folder, ``grader/labs/<lab>/``: its check, its stub and its reference solution."""
+    return Path(inspect.getfile(lab.rank_check)).parent
+
+
 def stub_path(lab: Lab) -> Path:
-    """The packaged stub of ``lab``: ``course/labs/stubs/<the student file's name>``."""
-    return Path(stubs.__file__).parent / Path(lab.student_file).name
+    """The stub a student starts from: ``grader/labs/<lab>/stub.py``."""
+    return folder(lab) / "stub.py"
+
+
+def reference_path(lab: Lab) -> Path:
+    """The lab's reference solution, for after the student tried: ``grader/labs/<lab>/reference.py``."""
+    return folder(lab) / "reference.py"
 
 
 def _is_the_stub(lab: Lab, path: str) -> bool:

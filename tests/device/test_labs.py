@@ -1,21 +1,12 @@
 """Every lab's checker, run on its reference solution, keeps its tensors on the rank's device (``declared_device``),
 and hands the cross-check evidence back on the CPU."""
 
-import importlib
-from pathlib import Path
-
 import pytest
 import torch
 from declared_device import device_errors, run_ranks
 
 from grader.labs import registry
-
-SOLUTIONS = Path(__file__).resolve().parents[2] / "notebooks" / "solutions"
-
-
-def _function(dotted: str):
-    module, _, name = dotted.partition(":")
-    return getattr(importlib.import_module(module), name)
+from grader.labs.core import reference_path
 
 
 def _tensors(value):
@@ -33,7 +24,7 @@ def _tensors(value):
 def test_a_lab_checker_on_its_solution_stays_on_the_rank_device(name):
     lab = registry.LABS[name]
     config = lab.runs[0]
-    outcomes = run_ranks(_function(lab.rank_check), config["world_size"], str(SOLUTIONS / lab.student_file), config)
+    outcomes = run_ranks(lab.rank_check, config["world_size"], str(reference_path(lab)), config)
     assert not device_errors(outcomes), "\n".join(device_errors(outcomes))
     assert [o.stopped for o in outcomes] == [""] * config["world_size"]
     evidence = [t for o in outcomes for t in _tensors(getattr(o.result, "evidence", {}))]

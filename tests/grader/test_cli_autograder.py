@@ -74,7 +74,7 @@ def test_make_zip_puts_the_scripts_at_the_root_next_to_the_source(tmp_path):
 def test_on_gradescope_a_lab_only_submission_gets_its_lab_tests_only(tmp_path):
     root = gradescope_dirs(tmp_path)
     (root / "submission" / "train_4gpu.ipynb").unlink()
-    stub = AUTOGRADER.parent / "course" / "labs" / "stubs" / "ring_allreduce.py"
+    stub = AUTOGRADER.parent / "grader" / "labs" / "ring" / "stub.py"
     shutil.copyfile(stub, root / "submission" / "ring_allreduce.py")  # the stub: no rank is started
     done = run_autograder(root, sys.executable)
     assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ from grader.runner import GradingConfig
 
 pytestmark = [pytest.mark.unit6, pytest.mark.timeout(300)]
 
-STUB = Path(__file__).resolve().parents[2] / "course" / "labs" / "stubs" / "ring_allreduce.py"
+STUB = Path(__file__).resolve().parents[2] / "grader" / "labs" / "ring" / "stub.py"
 
 
 def test_lab_files_alone_are_graded_as_labs_with_no_assignment_check(tmp_path):

@@ -74,3 +74,15 @@ def test_cuda_device_names_match_catalog_entries():
     assert hardware.match_gpu("NVIDIA H200").name == "H200 SXM"  # as torch named it on a lent H200
     assert hardware.match_gpu("NVIDIA H100 80GB HBM3").name == "H100 SXM5"
     assert hardware.match_gpu("NVIDIA GeForce RTX 4090") is None
+
+
+def test_every_form_factor_has_its_own_peaks():
+    # issue 44: an H100 PCIe or NVL is not an SXM5; the PCIe parts have their datasheets' lower rates
+    sxm, pcie, nvl = (hardware.gpu(f"H100 {form}") for form in ("SXM5", "PCIe", "NVL"))
+    assert pcie.peak_flops("bf16") == 756e12 < nvl.peak_flops("bf16") < sxm.peak_flops("bf16") == 989e12
+    assert pcie.memory_bandwidth < sxm.memory_bandwidth < nvl.memory_bandwidth
+    assert hardware.gpu("A100 PCIe 80GB").memory_bandwidth == 1935e9 < hardware.gpu("A100 SXM4 80GB").memory_bandwidth
+    assert hardware.match_gpu("NVIDIA H100 PCIe").name == "H100 PCIe"
+    assert hardware.match_gpu("NVIDIA H100 NVL").name == "H100 NVL"
+    assert hardware.match_gpu("NVIDIA A100-PCIE-40GB").name == "A100 PCIe"
+    assert hardware.match_gpu("NVIDIA A100 80GB PCIe").name == "A100 PCIe 80GB"

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from grader import render
-from grader.labs import checkpoint
+from grader.labs.checkpoint import check as checkpoint
 from grader.labs.core import run_lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "checkpoint_resume.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "checkpoint_resume.py")
+STUB = os.path.join(ROOT, "grader", "labs", "checkpoint", "stub.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "checkpoint", "reference.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in checkpoint.CHECKS]
 

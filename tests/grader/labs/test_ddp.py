@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from course.runtime.recorder import Call
 from grader import render
-from grader.labs import ddp
 from grader.labs.core import run_lab
+from grader.labs.ddp import check as ddp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "ddp_by_hand.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ddp_by_hand.py")
+STUB = os.path.join(ROOT, "grader", "labs", "ddp", "stub.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "ddp", "reference.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in ddp.CHECKS]
 

@@ -8,12 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grader import render
-from grader.labs import estimate
 from grader.labs.core import run_lab
+from grader.labs.estimate import check as estimate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "estimate_plan.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "estimate_plan.py")
+STUB = os.path.join(ROOT, "grader", "labs", "estimate", "stub.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "estimate", "reference.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in estimate.CHECKS]
 

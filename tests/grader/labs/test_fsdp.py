@@ -10,13 +10,13 @@ import os
 import pytest
 
 from grader import render
-from grader.labs import fsdp
 from grader.labs.core import run_lab
+from grader.labs.fsdp import check as fsdp
 
 pytestmark = [pytest.mark.unit7, pytest.mark.timeout(600)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "fsdp.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "fsdp.py")
+STUB = os.path.join(ROOT, "grader", "labs", "fsdp", "stub.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "fsdp", "reference.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in fsdp.CHECKS]
 

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.timeout(900)
 RING = LABS["ring"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ring_allreduce.py")
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "ring_allreduce.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "ring", "reference.py")
+STUB = os.path.join(ROOT, "grader", "labs", "ring", "stub.py")
 FORGETS_AVERAGE = os.path.join(ROOT, "tests", "grader", "labs", "attempts", "ring_forgets_average.py")
 
 

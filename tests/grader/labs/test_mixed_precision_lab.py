@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from grader import render
-from grader.labs import mixed_precision
 from grader.labs.core import run_lab
+from grader.labs.mixed_precision import check as mixed_precision
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "loss_scaler.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "loss_scaler.py")
+STUB = os.path.join(ROOT, "grader", "labs", "mixed_precision", "stub.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "mixed_precision", "reference.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in mixed_precision.CHECKS]
 CONFIG = mixed_precision.LAB.runs[0]

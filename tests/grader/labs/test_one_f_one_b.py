@@ -10,13 +10,13 @@ import os
 import pytest
 
 from grader import render
-from grader.labs import one_f_one_b
 from grader.labs.core import run_lab
+from grader.labs.one_f_one_b import check as one_f_one_b
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "one_f_one_b.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "one_f_one_b", "reference.py")
 EVERY = {check.name for check in one_f_one_b.CHECKS}
 MALFORMED = EVERY - {"simulator"}  # the schedule's other checks say "not run"; the simulator is judged alone
 
@@ -106,7 +106,7 @@ def test_the_in_flight_bounds_are_one_f_one_b_and_megatron_interleaved():
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
-    result = run_lab(one_f_one_b.LAB, os.path.join(ROOT, "course", "labs", "stubs", "one_f_one_b.py"))
+    result = run_lab(one_f_one_b.LAB, os.path.join(ROOT, "grader", "labs", "one_f_one_b", "stub.py"))
     assert set(result.failed()) == EVERY
     assert result.checks[0].message.startswith("Not attempted yet: your one_f_one_b still raises")
 

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from grader import render
-from grader.labs import pipeline_runner
 from grader.labs.core import run_lab
+from grader.labs.pipeline_runner import check as pipeline_runner
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
@@ -17,14 +17,14 @@ EVERY = {check.name for check in pipeline_runner.CHECKS}
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
-    result = run_lab(pipeline_runner.LAB, os.path.join(ROOT, "course", "labs", "stubs", "pipeline_runner.py"))
+    result = run_lab(pipeline_runner.LAB, os.path.join(ROOT, "grader", "labs", "pipeline_runner", "stub.py"))
     assert set(result.failed()) == EVERY
     assert result.checks[0].message.startswith("Not attempted yet: your run_stage still raises")
 
 
 @pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
-    result = run_lab(pipeline_runner.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "pipeline_runner.py"),
+    result = run_lab(pipeline_runner.LAB, os.path.join(ROOT, "grader", "labs", "pipeline_runner", "reference.py"),
                      hidden=True)
     assert result.passed, render.lab_feedback(result)
 

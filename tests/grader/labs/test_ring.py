@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grader import render
-from grader.labs import ring
 from grader.labs.core import run_lab
+from grader.labs.ring import check as ring
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.unit4]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "ring_allreduce.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "ring_allreduce.py")
+STUB = os.path.join(ROOT, "grader", "labs", "ring", "stub.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "ring", "reference.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in ring.CHECKS]
 # the first visible run (4 ranks) has every dtype and op, and lengths below and not divisible by 4: enough for a mistake

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grader.labs import ring
-from grader.labs.ring_diagnosis import expected, first_wrong
+from grader.labs.ring import check as ring
+from grader.labs.ring.diagnosis import expected, first_wrong
 
 SHAPES = st.tuples(st.integers(2, 8), st.integers(1, 200), st.sampled_from(sorted(ring.DTYPES)), st.integers(0, 99))
 

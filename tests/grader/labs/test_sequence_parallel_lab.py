@@ -6,8 +6,8 @@ import os
 import pytest
 
 from grader import render
-from grader.labs import sequence_parallel
 from grader.labs.core import run_lab
+from grader.labs.sequence_parallel import check as sequence_parallel
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
@@ -17,7 +17,7 @@ EVERY = {check.name for check in sequence_parallel.CHECKS}
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
-    result = run_lab(sequence_parallel.LAB, os.path.join(ROOT, "course", "labs", "stubs", "sequence_parallel.py"))
+    result = run_lab(sequence_parallel.LAB, os.path.join(ROOT, "grader", "labs", "sequence_parallel", "stub.py"))
     assert set(result.failed()) == EVERY
     assert result.checks[0].message.startswith("Not attempted yet: your GatherLinear still raises")
 
@@ -25,7 +25,7 @@ def test_the_stub_fails_every_check_as_not_attempted():
 @pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
     result = run_lab(sequence_parallel.LAB,
-                     os.path.join(ROOT, "notebooks", "solutions", "labs", "sequence_parallel.py"), hidden=True)
+                     os.path.join(ROOT, "grader", "labs", "sequence_parallel", "reference.py"), hidden=True)
     assert result.passed, render.lab_feedback(result)
 
 

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from grader import render
-from grader.labs import tp_mlp
 from grader.labs.core import run_lab
+from grader.labs.tp_mlp import check as tp_mlp
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
@@ -17,14 +17,14 @@ EVERY = {check.name for check in tp_mlp.CHECKS}
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
-    result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "course", "labs", "stubs", "tp_mlp.py"))
+    result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "grader", "labs", "tp_mlp", "stub.py"))
     assert set(result.failed()) == EVERY
     assert result.checks[0].message.startswith("Not attempted yet: your ParallelMLP still raises")
 
 
 @pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
-    result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "tp_mlp.py"), hidden=True)
+    result = run_lab(tp_mlp.LAB, os.path.join(ROOT, "grader", "labs", "tp_mlp", "reference.py"), hidden=True)
     assert result.passed, render.lab_feedback(result)
 
 

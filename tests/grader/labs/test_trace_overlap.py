@@ -7,8 +7,8 @@ import os
 import pytest
 
 from grader import render
-from grader.labs import trace_overlap
 from grader.labs.core import run_lab
+from grader.labs.trace_overlap import check as trace_overlap
 
 pytestmark = [pytest.mark.unit9, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
@@ -18,14 +18,14 @@ EVERY = {check.name for check in trace_overlap.CHECKS}
 
 @pytest.mark.slow
 def test_the_stub_fails_every_check_as_not_attempted():
-    result = run_lab(trace_overlap.LAB, os.path.join(ROOT, "course", "labs", "stubs", "trace_overlap.py"))
+    result = run_lab(trace_overlap.LAB, os.path.join(ROOT, "grader", "labs", "trace_overlap", "stub.py"))
     assert set(result.failed()) == EVERY
     assert result.checks[0].message.startswith("Not attempted yet: your overlap_fraction still raises")
 
 
 @pytest.mark.slow
 def test_the_solution_passes_every_check_visible_and_hidden():
-    result = run_lab(trace_overlap.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "trace_overlap.py"),
+    result = run_lab(trace_overlap.LAB, os.path.join(ROOT, "grader", "labs", "trace_overlap", "reference.py"),
                      hidden=True)
     assert result.passed, render.lab_feedback(result)
 

@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grader import render
-from grader.labs import LABS, tp_mlp, variant
+from grader.labs import LABS, variant
 from grader.labs.core import run_lab
+from grader.labs.tp_mlp import check as tp_mlp
 from grader.results import CheckResult, LabResult
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,6 +115,6 @@ def test_a_file_written_for_the_published_numbers_fails_another_students_variant
     feedback = render.lab_feedback(alices)
     assert "outputs" in alices.failed() and "Checked on your variant: world size 2, d_ff=64." in feedback
     assert next(c.message for c in alices.checks if not c.passed).startswith("world_size=2, d_ff=64: "), feedback
-    solution = run_lab(tp_mlp.LAB, os.path.join(ROOT, "notebooks", "solutions", "labs", "tp_mlp.py"),
+    solution = run_lab(tp_mlp.LAB, os.path.join(ROOT, "grader", "labs", "tp_mlp", "reference.py"),
                        student_ids=("alice",))
     assert solution.passed, render.lab_feedback(solution)  # the same variant is passed by code that reads it

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 from grader import render
-from grader.labs import zero
 from grader.labs.core import run_lab
+from grader.labs.zero import check as zero
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-STUB = os.path.join(ROOT, "course", "labs", "stubs", "zero1_adam.py")
-SOLUTION = os.path.join(ROOT, "notebooks", "solutions", "labs", "zero1_adam.py")
+STUB = os.path.join(ROOT, "grader", "labs", "zero", "stub.py")
+SOLUTION = os.path.join(ROOT, "grader", "labs", "zero", "reference.py")
 ATTEMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempts")
 ALL = [check.name for check in zero.CHECKS]
 

@@ -32,7 +32,7 @@ LAB = Lab(
     name="toy", title="double a tensor", notebook="none", student_file="labs/toy.py", entry="double",
     checks=(Check("doubles", "doubles on every rank", 2), Check("cross", "cross-checked outside", 1),
             Check("hidden_one", "a hidden check", 1, "after_published")),
-    rank_check="toy_lab:check_on_rank", cross_check="toy_lab:cross_check",
+    rank_check=check_on_rank, cross_check=cross_check,
     runs=({"world_size": 2, "label": "offset 0", "timeout_s": 30},),
     hidden_runs=({"world_size": 2, "label": "offset 5", "offset": 5, "timeout_s": 30},),
     hang_hint="(toy hint)",

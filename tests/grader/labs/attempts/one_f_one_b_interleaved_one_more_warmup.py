@@ -2,14 +2,14 @@
 
 
 def one_f_one_b(num_stages: int, num_micro_batches: int, stage: int) -> list[tuple[str, int]]:
-    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    """As in the lab (grader/labs/one_f_one_b/reference.py)."""
     forwards = [("F", i) for i in range(num_micro_batches)]
     backwards = [("B", i) for i in range(num_micro_batches)]
     return phases(forwards, backwards, warmup=num_stages - stage - 1)
 
 
 def idle_fraction(plans: list[list[tuple[str, int]]], forward_s: float = 1.0, backward_s: float = 2.0) -> float:
-    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    """As in the lab (grader/labs/one_f_one_b/reference.py)."""
     p = len(plans)
     finished = {}  # (kind, stage, micro_batch) -> when it ended
     position, free, busy = [0] * p, [0.0] * p, 0.0  # each stage's next op and when it is free
@@ -32,7 +32,7 @@ def idle_fraction(plans: list[list[tuple[str, int]]], forward_s: float = 1.0, ba
 
 
 def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int) -> list[tuple[str, int, int]]:
-    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    """As in the lab (grader/labs/one_f_one_b/reference.py)."""
     p = num_stages
     forwards, backwards = [], []
     for group in range(0, num_micro_batches, p):  # micro-batches group, ..., group + p - 1
@@ -46,7 +46,7 @@ def interleaved(num_stages: int, num_micro_batches: int, stage: int, chunks: int
 
 
 def phases(forwards: list, backwards: list, warmup: int) -> list:
-    """As in the lab (notebooks/solutions/labs/one_f_one_b.py)."""
+    """As in the lab (grader/labs/one_f_one_b/reference.py)."""
     warmup = min(warmup, len(forwards))
     schedule = forwards[:warmup]
     for forward, backward in zip(forwards[warmup:], backwards, strict=False):

@@ -1,6 +1,6 @@
 """Lab "checkpoint": the student saves and loads a full checkpoint under DDP, and a stopped run resumes bit-for-bit.
 
-The student's ``labs/checkpoint_resume.py`` (stub: ``course/labs/stubs/checkpoint_resume.py``, taught in
+The student's ``labs/checkpoint_resume.py`` (stub: ``grader/labs/checkpoint/stub.py``, taught in
 ``notebooks/09_real_gpu_practice.ipynb``) defines ``save_checkpoint(path, model, optimizer, scheduler, epoch,
 step)`` (called on every rank; rank 0 writes) and ``load_checkpoint(path, model, optimizer, scheduler)`` (every
 rank; returns ``(epoch, step)``). On every rank :func:`check_on_rank` trains a small MLP with dropout under DDP
@@ -301,7 +301,7 @@ def _run(stop_at: int, seed: int | str, where: str) -> dict:
 LAB = Lab(
     name="checkpoint", title="a full checkpoint under DDP: save, load, resume bit-for-bit",
     notebook="09_real_gpu_practice", student_file="labs/checkpoint_resume.py", entry="save_checkpoint", checks=CHECKS,
-    rank_check="grader.labs.checkpoint:check_on_rank", shortcuts=SHORTCUTS,
+    rank_check=check_on_rank, shortcuts=SHORTCUTS,
     runs=(_run(6, 0, "mid-epoch"),),
     variant={"stop_at": (6, 5, 7, 9, 10)},  # each student's own, every one mid-epoch (grader.labs.variant)
     hidden_runs=(_run(8, "jitter", "at an epoch's end"),),

@@ -20,7 +20,7 @@ from course import world
 from course.runtime.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 from grader.labs.message_sizes import SizeMismatch, matched_sizes
-from grader.labs.ring_diagnosis import close, expected, first_wrong
+from grader.labs.ring.diagnosis import close, expected, first_wrong
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 CHECKS = (
@@ -169,8 +169,8 @@ LAB = Lab(
     student_file="labs/ring_allreduce.py",
     entry="ring_allreduce",
     checks=CHECKS,
-    rank_check="grader.labs.ring:check_on_rank",
-    cross_check="grader.labs.ring:cross_check",
+    rank_check=check_on_rank,
+    cross_check=cross_check,
     # timeouts: starting the ranks is most of a run, and a loaded 2-core machine can take a minute for it
     runs=({"world_size": 4, "seed": 0, "cases": CASES_4, "timeout_s": 120},
           {"world_size": 3, "seed": 1, "cases": CASES_3, "timeout_s": 120}),

@@ -1,6 +1,6 @@
 """Lab "ddp": the student writes DistributedDataParallel by hand, and the ranks check it against torch's.
 
-The student's ``MyDDP(module, bucket_cap_bytes)`` (stub: ``course/labs/stubs/ddp_by_hand.py``, taught in
+The student's ``MyDDP(module, bucket_cap_bytes)`` (stub: ``grader/labs/ddp/stub.py``, taught in
 ``notebooks/04b_distributed_optimizer.ipynb``) broadcasts rank 0's parameters, registers a
 ``register_post_accumulate_grad_hook`` per parameter, fills buckets of at most ``bucket_cap_bytes`` in the order
 gradients become ready, launches each bucket's allreduce (``async_op=True``) from the hook that fills it, and
@@ -61,24 +61,6 @@ CHECKS = (
 SPEED = modelled.SpeedGrading()
 CHECKS += (Check("modelled_speed", f"modelled step time on {SPEED.cluster} within {SPEED.within:g}x torch DDP's"
                  + ("" if SPEED.points else " (informational)"), SPEED.points, shows_measure=True),)
-
-LAB = Lab(
-    name="ddp", title="DDP by hand: broadcast, hooks, buckets, overlapped allreduce",
-    notebook="04b_distributed_optimizer", student_file="labs/ddp_by_hand.py", entry=ENTRY, checks=CHECKS,
-    rank_check="grader.labs.ddp:check_on_rank",
-    runs=({"world_size": 4, "seed": 0, "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
-           "label": "{steps} SGD steps of a 4-layer MLP, buckets of at most {bucket_cap_bytes} bytes"},),
-    # each student's own world size and bucket cap (grader.labs.variant); every cap here still fills a later
-    # bucket before an earlier one, whichever of a layer's two gradients is ready first
-    variant={"world_size": (4, 3), "bucket_cap_bytes": (4224, 2048, 3000, 4200)},
-    hidden_runs=({"world_size": 2, "seed": "jitter", "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
-                  "label": "3 SGD steps, buckets of at most 4224 bytes"},
-                 {"world_size": 3, "seed": "jitter", "steps": 4, "bucket_cap_bytes": 9000, "timeout_s": 120,
-                  "label": "4 SGD steps, buckets of at most 9000 bytes"}),
-    shortcuts=("course.ddp.distributed_optimizer:DistributedOptimizer",),
-    hang_hint=("A hang in this lab usually means the ranks launched different allreduces (buckets planned in "
-               "different orders) or one rank never launched a bucket."),
-)
 
 LR, BATCH_SIZE = 0.1, 8
 
@@ -384,3 +366,22 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
             judge_buckets(records, config["bucket_cap_bytes"]), judge_in_order(records, config["bucket_cap_bytes"]),
             judge_overlap(records),
             judge_no_torch_ddp(recorder.constructed), judge_speed(records[-1])]
+
+
+LAB = Lab(
+    name="ddp", title="DDP by hand: broadcast, hooks, buckets, overlapped allreduce",
+    notebook="04b_distributed_optimizer", student_file="labs/ddp_by_hand.py", entry=ENTRY, checks=CHECKS,
+    rank_check=check_on_rank,
+    runs=({"world_size": 4, "seed": 0, "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
+           "label": "{steps} SGD steps of a 4-layer MLP, buckets of at most {bucket_cap_bytes} bytes"},),
+    # each student's own world size and bucket cap (grader.labs.variant); every cap here still fills a later
+    # bucket before an earlier one, whichever of a layer's two gradients is ready first
+    variant={"world_size": (4, 3), "bucket_cap_bytes": (4224, 2048, 3000, 4200)},
+    hidden_runs=({"world_size": 2, "seed": "jitter", "steps": 3, "bucket_cap_bytes": 4224, "timeout_s": 120,
+                  "label": "3 SGD steps, buckets of at most 4224 bytes"},
+                 {"world_size": 3, "seed": "jitter", "steps": 4, "bucket_cap_bytes": 9000, "timeout_s": 120,
+                  "label": "4 SGD steps, buckets of at most 9000 bytes"}),
+    shortcuts=("course.ddp.distributed_optimizer:DistributedOptimizer",),
+    hang_hint=("A hang in this lab usually means the ranks launched different allreduces (buckets planned in "
+               "different orders) or one rank never launched a bucket."),
+)

@@ -1,6 +1,6 @@
 """Lab "estimate": the student estimates a plan's memory per GPU and its tensor-parallel all-reduce time by hand.
 
-The student's ``labs/estimate_plan.py`` (stub: ``course/labs/stubs/estimate_plan.py``, taught in
+The student's ``labs/estimate_plan.py`` (stub: ``grader/labs/estimate/stub.py``, taught in
 ``notebooks/05c_performance_model.ipynb``) defines ``model_states_bytes(params, tensor_parallel, data_parallel,
 zero_stage)`` and ``tp_allreduce_seconds(seq_len, micro_batch, hidden, tensor_parallel, alpha_s, bytes_per_s)``,
 and sets ``STUDENT_ID``. The numbers they are called with are the student's own variant (``LAB.variant``, drawn
@@ -186,7 +186,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
 LAB = Lab(
     name="estimate", title="estimate a plan: model states per GPU and tensor-parallel all-reduce time",
     notebook="05c_performance_model", student_file="labs/estimate_plan.py", entry="model_states_bytes",
-    checks=CHECKS, rank_check="grader.labs.estimate:check_on_rank", shortcuts=SHORTCUTS,
+    checks=CHECKS, rank_check=check_on_rank, shortcuts=SHORTCUTS,
     runs=({"world_size": 1, "timeout_s": 60, **{key: values[0] for key, values in CHOICES.items()}},),
     variant=CHOICES,
     hidden_runs=({"world_size": 1, "seed": "jitter", "timeout_s": 60, "label": "another variant"},

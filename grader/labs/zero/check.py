@@ -1,6 +1,6 @@
 """Lab "zero": the student writes ZeRO-1 (Adam with its state sharded over the ranks), checked against DDP + Adam.
 
-The student's ``MyZeRO1Adam(params, lr, betas, eps)`` (stub: ``course/labs/stubs/zero1_adam.py``, taught in
+The student's ``MyZeRO1Adam(params, lr, betas, eps)`` (stub: ``grader/labs/zero/stub.py``, taught in
 ``notebooks/07_memory.ipynb``) is called as ``optimizer.step()`` after a plain local backward (no DDP): it
 reduce-scatters the gradients so each rank holds the average of its shard, steps Adam on that shard only (the
 moments exist for the shard alone), and all-gathers the updated parameters. :func:`check_on_rank` measures, with
@@ -50,18 +50,6 @@ CHECKS = (
     Check("state_memory", "each rank keeps 1/world_size of Adam's state", 3),
     Check("communication", "bytes sent per step equal DDP's allreduce (reduce-scatter + all-gather)", 2),
     Check("uneven", "lengths that are not multiples of world_size are handled", 2),
-)
-
-LAB = Lab(
-    name="zero", title="ZeRO-1: Adam with its state sharded over the ranks", notebook="07_memory",
-    student_file="labs/zero1_adam.py", entry=ENTRY, checks=CHECKS, rank_check="grader.labs.zero:check_on_rank",
-    runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "{steps} Adam steps"},),
-    variant={"world_size": (4, 3), "steps": (3, 4)},  # each student's own; at 3 the 22-parameter model is padded
-    hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
-                 {"world_size": 2, "seed": "jitter", "steps": 4, "timeout_s": 120, "label": "4 Adam steps"}),
-    shortcuts=("torch.distributed.optim:ZeroRedundancyOptimizer",),
-    hang_hint=("A hang in this lab usually means the ranks called different collectives, or one rank's "
-               "reduce-scatter or all-gather had a different size (pad every rank's buffers to the same length)."),
 )
 
 
@@ -288,3 +276,16 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
             judge_matches("uneven", uneven_trajectory, uneven_reference, uneven_spread, me.rank, described)
             if matches.passed else Finding("uneven", False, f"not judged until the parameters equal DDP + Adam's "
                                            f"(the check above); this one repeats it {described.rstrip(': ')}")]
+
+
+LAB = Lab(
+    name="zero", title="ZeRO-1: Adam with its state sharded over the ranks", notebook="07_memory",
+    student_file="labs/zero1_adam.py", entry=ENTRY, checks=CHECKS, rank_check=check_on_rank,
+    runs=({"world_size": 4, "seed": 0, "steps": 3, "timeout_s": 120, "label": "{steps} Adam steps"},),
+    variant={"world_size": (4, 3), "steps": (3, 4)},  # each student's own; at 3 the 22-parameter model is padded
+    hidden_runs=({"world_size": 3, "seed": "jitter", "steps": 3, "timeout_s": 120, "label": "3 Adam steps"},
+                 {"world_size": 2, "seed": "jitter", "steps": 4, "timeout_s": 120, "label": "4 Adam steps"}),
+    shortcuts=("torch.distributed.optim:ZeroRedundancyOptimizer",),
+    hang_hint=("A hang in this lab usually means the ranks called different collectives, or one rank's "
+               "reduce-scatter or all-gather had a different size (pad every rank's buffers to the same length)."),
+)

@@ -292,7 +292,7 @@ LAB = Lab(
     student_file="labs/one_f_one_b.py",
     entry="one_f_one_b",
     checks=CHECKS,
-    rank_check="grader.labs.one_f_one_b:check_on_rank",
+    rank_check=check_on_rank,
     # fewer micro-batches than stages in a visible run: a warm-up of p-stage-1 forwards needs its cap at m
     runs=(_run(4, 8, 2, 2, 0), _run(4, 2, 3, 1, 1)),
     # each student's own pipeline (grader.labs.variant); the second run keeps m < p whatever the variant

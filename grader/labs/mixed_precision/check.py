@@ -1,7 +1,7 @@
 """Lab "mixed_precision": the student writes a loss scaler and a mixed-precision training step, checked against
 torch's ``GradScaler``.
 
-The student's ``labs/loss_scaler.py`` (stub: ``course/labs/stubs/loss_scaler.py``, taught in
+The student's ``labs/loss_scaler.py`` (stub: ``grader/labs/mixed_precision/stub.py``, taught in
 ``notebooks/09_real_gpu_practice.ipynb``) defines ``LossScaler`` (``scale``, ``unscale_``, ``step``, ``update``,
 as ``torch.amp.GradScaler`` has them) and ``train_step(model, optimizer, scaler, inputs, targets, max_norm)``:
 a bf16 autocast forward, a scaled backward, unscale, clip, step, update. :func:`check_on_rank` trains the same
@@ -171,7 +171,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
 LAB = Lab(
     name="mixed_precision", title="a loss scaler and a mixed-precision training step",
     notebook="09_real_gpu_practice", student_file="labs/loss_scaler.py", entry="train_step", checks=CHECKS,
-    rank_check="grader.labs.mixed_precision:check_on_rank", shortcuts=SHORTCUTS,
+    rank_check=check_on_rank, shortcuts=SHORTCUTS,
     runs=({"world_size": 1, "seed": 0, "steps": 6, "overflow_at": 4, "growth_interval": 2, "timeout_s": 60,
            "label": "{steps} steps, an overflow at step {overflow_at}, growth_interval={growth_interval}"},),
     variant={"overflow_at": (4, 3, 5), "growth_interval": (2, 3)},  # each student's own (grader.labs.variant)

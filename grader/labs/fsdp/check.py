@@ -1,6 +1,6 @@
 """Lab "fsdp": the student writes FSDP (ZeRO-3) by hand on a small multi-layer model, checked against DDP + Adam.
 
-The student's ``MyFSDP(model)`` (stub: ``course/labs/stubs/fsdp.py``, taught in ``notebooks/07_memory.ipynb``)
+The student's ``MyFSDP(model)`` (stub: ``grader/labs/fsdp/stub.py``, taught in ``notebooks/07_memory.ipynb``)
 keeps 1/world_size of every ``nn.Linear``'s parameters (``self.shards``, in the layout its docstring fixes),
 all-gathers a layer's parameters just before its forward, lets them go after it, gathers them again for its
 backward and reduce-scatters the gradients into the shards' ``.grad``; ``torch.optim.Adam`` steps the shards.
@@ -46,7 +46,7 @@ from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, StudentError, load_entry
 from grader.labs.late_results import Late
-from grader.labs.zero import BETAS, EPS, LR, TOLERANCE, _batch, _loss, reference_trajectory
+from grader.labs.zero.check import BETAS, EPS, LR, TOLERANCE, _batch, _loss, reference_trajectory
 
 ENTRY = "MyFSDP"
 CLASSES = 12
@@ -323,7 +323,7 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
 LAB = Lab(
     name="fsdp", title="FSDP (ZeRO-3) by hand: gather per layer, free, reduce-scatter gradients",
     notebook="07_memory", student_file="labs/fsdp.py", entry=ENTRY, checks=CHECKS,
-    rank_check="grader.labs.fsdp:check_on_rank",
+    rank_check=check_on_rank,
     runs=({"world_size": 4, "seed": 0, "steps": 3, "hidden": 32, "layers": 4, "timeout_s": 120,
            "label": "{steps} Adam steps of a {layers}-layer MLP of width {hidden}"},),
     # each student's own layer sizes and number of layers (grader.labs.variant)

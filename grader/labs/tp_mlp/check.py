@@ -163,8 +163,8 @@ LAB = Lab(
     student_file="labs/tp_mlp.py",
     entry="ParallelMLP",
     checks=CHECKS,
-    rank_check="grader.labs.tp_mlp:check_on_rank",
-    cross_check="grader.labs.tp_mlp:cross_check",
+    rank_check=check_on_rank,
+    cross_check=cross_check,
     runs=(_run(4, 0, 64, "d_ff={d_ff}"),),  # one launch: a check takes well under 30 s here
     variant={"world_size": (4, 2), "d_ff": (64, 32, 96, 128)},  # each student's own (grader.labs.variant)
     hidden_runs=(_run(2, "jitter", 128, "d_ff=128"), _run(3, "jitter", 96, "d_ff=96")),

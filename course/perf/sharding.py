@@ -1,0 +1,123 @@
+"""Data-parallel traffic of a transformer step: the gradients' reduction and, when sharded, the parameters' gathers.
+Every number is **modelled**.
+
+The ``d·c`` GPUs that hold the same shard of the model (data x context parallel) exchange it:
+
+* ``ddp``: one allreduce of the 16-bit gradients per step, after the last micro-batch's backward.
+* ``zero1``: a reduce-scatter of the gradients per step, an all-gather of the updated parameters.
+* ``zero2``: the same, but the gradients are sharded, so they are **reduce-scattered after every micro-batch's
+  backward** (DeepSpeed's ZeRO-2 and PyTorch's FSDP with ``SHARD_GRAD_OP`` keep no full gradient to accumulate
+  into), ``m`` reduce-scatters per step.
+* ``zero3``/``fsdp``: a reduce-scatter after every micro-batch's backward, and the parameters gathered before each
+  micro-batch's forward and again before its backward (once with ``reshard_after_forward=False``). FSDP does it one
+  layer (one wrapped unit) at a time: ``layers`` collectives, each paying its latency.
+
+A reduce-scatter or an all-gather moves half an allreduce's bytes in half its steps. Across nodes the allreduce is
+the faster of the two-level ring and NCCL's pipelined tree, as NCCL's tuner picks per size: at a thousand GPUs the
+ring's ``2(n-1)`` latency steps lose to the tree's ``2·log2(n)``. Taught in ``notebooks/05c_performance_model.ipynb``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course.collectives import cost_model
+from course.perf.comm import Cluster, allreduce_seconds, alpha_beta
+from course.perf.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The model's switchable terms (issue 44), all on by default; each off gives the older, simpler price.
+
+    Attributes:
+        per_microbatch_reduce: ZeRO-2/3 and FSDP reduce-scatter the gradients after every micro-batch's backward
+            (off: once per step).
+        memory_kernels: normalisation, softmax, element-wise kernels and the optimizer step priced by HBM bandwidth
+            (off: not in the step).
+        overheads: kernel launches (a layer takes at least its launches' CPU time) and the per-step framework
+            overhead (off: neither).
+        nccl_algorithms: data-parallel allreduces at the faster of ring and NCCL's tree, and FSDP's collectives
+            layer by layer, each with its latency (off: one two-level ring per step).
+        flash_rate: a fused (flash) attention kernel runs at the GEMM's best-shape rate (off: the k-depth penalty
+            of an unfused ``QKᵀ`` with k = the head dimension).
+    """
+
+    per_microbatch_reduce: bool = True
+    memory_kernels: bool = True
+    overheads: bool = True
+    nccl_algorithms: bool = True
+    flash_rate: bool = True
+
+
+#: Every term on: the default of every function that takes ``terms``.
+ALL_TERMS = Terms()
+
+
+def data_parallel_seconds(nbytes: float, plan: object, cluster: Cluster, terms: Terms = ALL_TERMS) -> float:
+    """One allreduce of ``nbytes`` among the ``d·c`` GPUs that hold the same shard, placed as Megatron-LM places
+    them (tensor, then context, then data ranks fill a node; pipeline stages outermost): one per node when
+    ``t·c`` fills a node, otherwise two-level; with ``terms.nccl_algorithms``, NCCL's pipelined tree when faster."""
+    d = plan.data * plan.context
+    if d == 1:
+        return 0.0
+    per_node = min(d, max(1, cluster.gpus_per_node // plan.tensor))
+    if per_node == 1:
+        between = cluster.network_per_gpu()
+        algorithms = ("ring", cost_model.PIPELINED_TREE) if terms.nccl_algorithms else ("ring",)
+        return min(float(cost_model.predict(a, nbytes, d, between)) for a in algorithms)
+    nodes = -(-d // per_node)
+    if nodes == 1:
+        return allreduce_seconds(nbytes, d, cluster, "ring")
+    inside, between = alpha_beta(cluster.intra), cluster.network_per_gpu()
+    ring = float(cost_model.predict_hierarchical(nbytes, per_node, nodes, inside, between, within="ring"))
+    if not terms.nccl_algorithms:
+        return ring
+    tree_steps = cost_model.coefficients(cost_model.PIPELINED_TREE, nodes)[0] + 2 * (per_node - 1)
+    tree = tree_steps * max(inside.alpha_s, between.alpha_s) + 2 * nbytes * between.beta_s_per_byte / per_node
+    return min(ring, tree)
+
+
+def _latency(plan: object, cluster: Cluster, terms: Terms) -> float:
+    """The latency part of one reduce-scatter or all-gather among the ``d·c`` GPUs (half an allreduce's steps)."""
+    return data_parallel_seconds(0.0, plan, cluster, terms) / 2
+
+
+def sharding_seconds(model: Transformer, plan: object, cluster: Cluster, terms: Terms = ALL_TERMS
+                     ) -> tuple[float, float]:
+    """``(gradient reductions, parameter gathers)`` of one step, before any overlap, for ``plan.sharding`` (module
+    docstring). Each reduce-scatter or all-gather is half of :func:`data_parallel_seconds`; FSDP's per-layer
+    collectives (with ``terms.nccl_algorithms``) add ``layers - 1`` more latencies each."""
+    shard = 2.0 * model.params / (plan.tensor * plan.pipeline)  # 16-bit values of one replica's shard
+    half = data_parallel_seconds(shard, plan, cluster, terms) / 2  # one reduce-scatter, or one all-gather
+    m = plan.microbatches
+    if plan.sharding == "ddp":
+        return 2 * half, 0.0
+    reductions = m if terms.per_microbatch_reduce and plan.sharding != "zero1" else 1
+    if plan.sharding in ("zero1", "zero2"):
+        return reductions * half, half
+    if terms.nccl_algorithms:  # one collective per layer of the stage: each pays the latency
+        half += (model.layers // plan.pipeline - 1) * _latency(plan, cluster, terms)
+    gathers = m * (2 if plan.reshard_after_forward else 1)
+    return reductions * half, gathers * half
+
+
+def exposed_seconds(reduce_s: float, gather_s: float, plan: object, stage: dict[str, float], terms: Terms) -> float:
+    """The data-parallel time the compute does not hide. ``stage``: one micro-batch's ``"forward"`` and
+    ``"backward"`` (recomputation included) on the slowest stage.
+
+    Without ``dp_overlap`` nothing hides. With it, a per-step reduction hides behind the last micro-batch's
+    backward; per-micro-batch collectives each hide behind their own micro-batch (the communication stream runs
+    them one after another); ZeRO-1/2's parameter all-gather hides behind the next step's forward.
+    """
+    if not plan.dp_overlap:
+        return reduce_s + gather_s
+    m, forward, backward = plan.microbatches, stage["forward"], stage["backward"]
+    sharded = plan.sharding in ("zero3", "fsdp")
+    if terms.per_microbatch_reduce and sharded:
+        return m * max(0.0, (reduce_s + gather_s) / m - (forward + backward))
+    if terms.per_microbatch_reduce and plan.sharding == "zero2":
+        reduce = m * max(0.0, reduce_s / m - backward)
+    else:
+        reduce = max(0.0, reduce_s - backward)
+    return reduce + max(0.0, gather_s - forward * (m if sharded else 1))

@@ -1,0 +1,91 @@
+"""course.perf.protocol: every figure modelled from its setup, two scores, and a fit that never sees the test set."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from course.perf import figures, microbench, parallel, protocol
+
+pytestmark = pytest.mark.unit5
+
+FIT, TEST = figures.of_split("fit"), figures.of_split("test")
+
+
+def test_fit_refuses_a_test_figure_and_an_empty_set():
+    with pytest.raises(ValueError, match="fitting set only"):
+        protocol.fit([*FIT[:2], TEST[0]], (0.5, 1.0), lambda v: protocol.training_efficiency_set("Ampere", v))
+    with pytest.raises(ValueError, match="fitting set only"):
+        protocol.fit_training_efficiency("Ampere", fitting=TEST)
+    with pytest.raises(ValueError, match="fitting set only"):
+        protocol.fit_training_efficiency("Volta")  # no fitting figure on a V100
+
+
+def test_the_frozen_constants_are_the_fit_on_the_fitting_set():
+    for generation in protocol.GENERATIONS:
+        assert protocol.fit_training_efficiency(generation) == microbench.training_efficiency(generation)
+    assert microbench.training_efficiency("Volta") == 1.0  # none fitted: said so, not guessed
+
+
+def test_fitting_leaves_the_constants_as_they_were():
+    before = dict(microbench.TRAINING_EFFICIENCY)
+    protocol.fit_training_efficiency("Hopper")
+    assert microbench.TRAINING_EFFICIENCY == before
+
+
+def test_a_prediction_reports_the_figures_own_metric():
+    for figure in figures.FIGURES:
+        prediction = protocol.predict(figure)
+        step, tokens = prediction.step, figure.global_batch * figure.model.seq
+        expected = {"tokens_per_gpu_s": tokens / step.step_s / figure.gpus, "step_s": step.step_s,
+                    "tflops_hardware": step.flops_per_gpu / 1e12, "tflops_model": step.model_flops_per_gpu / 1e12,
+                    "mfu": step.mfu}[figure.metric]
+        assert prediction.modelled == pytest.approx(expected) and prediction.modelled > 0, figure.label
+        assert step.hfu >= step.mfu  # recomputation only ever adds hardware FLOPs
+
+
+def test_score_against_hand_counted_errors():
+    made = [protocol.Prediction(FIT[0], FIT[0].value * ratio, protocol.predict(FIT[0]).step)
+            for ratio in (1.10, 0.78, 1.16, 1.0)]
+    got = protocol.score(made)
+    assert got["figures"] == 4 and got["within_15"] == 0.5 and got["within_20"] == 0.75
+    assert got["mae"] == pytest.approx((0.10 + 0.22 + 0.16 + 0) / 4)
+    assert got["bias"] == pytest.approx((0.10 - 0.22 + 0.16) / 4)
+    with pytest.raises(ValueError, match="no predictions"):
+        protocol.score([])
+
+
+def test_expert_parallel_figures_are_refused_until_a_module_models_them():
+    with pytest.raises(NotImplementedError, match="expert"):
+        protocol.predict(replace(FIT[0], expert=8))
+
+
+def test_switching_a_term_off_refits_on_the_fitting_set_and_moves_the_score():
+    whole, without = protocol.ablation(), protocol.ablation("memory_kernels")
+    assert whole.fitted == dict(microbench.TRAINING_EFFICIENCY)
+    assert without.fitted["Ampere"] < whole.fitted["Ampere"]  # less modelled time: a lower sustained rate fits
+    assert without.test["mae"] != whole.test["mae"]
+    with pytest.raises(ValueError, match="term"):
+        protocol.ablation("magic")
+
+
+def test_the_readme_quotes_the_test_score_as_computed_now():
+    # the README quotes the TEST score (figures no constant saw), never the fitting set's; a stale quote fails here
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    test = protocol.score(protocol.predict(f) for f in TEST)
+    quote = f"On that test set, {test['within_15']:.0%} of its figures fall within 15%, and the median error is " \
+            f"{protocol.typical_error():.0%}"
+    assert quote in " ".join(readme.split()), quote
+
+
+def test_a_module_that_models_more_passes_its_own_step_function():
+    seen = []
+
+    def slower(model, plan, cluster, terms):
+        seen.append(plan)
+        step = parallel.step_time(model, plan, cluster, terms)
+        return replace(step, step_s=2 * step.step_s)
+
+    figure = next(f for f in FIT if f.metric == "step_s")
+    assert protocol.predict(figure, step_time=slower).modelled == pytest.approx(2 * protocol.predict(figure).modelled)
+    assert seen == [protocol.plan_of(figure)]
