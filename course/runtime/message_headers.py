@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -57,8 +59,15 @@ def recv(inner: Any, record: Record, number: int, args: tuple, kwargs: dict, inb
     """Receive ``number``'s header; the message itself once the header agrees (see the module doc). ``inboxes``:
     the group's, by peer and tag."""
     header = torch.zeros(_LENGTH, dtype=torch.int64)
+    targets, landing = args[0], args[0]
+    if _HELD:  # the message lands aside; the learner's tensors hold poison until wait()
+        landing = [torch.empty_like(tensor) for tensor in targets]
+        with torch.no_grad():
+            for tensor in targets:
+                tensor.fill_(_poison(tensor.dtype))
     received = _Received(inner.recv([header], args[1], HEADER_TAG + (record.tag or 0)), header, record, number,
-                         lambda: intercept.original("ProcessGroup.recv")(inner, *args, **kwargs))
+                         lambda: intercept.original("ProcessGroup.recv")(inner, landing, *args[1:], **kwargs))
+    received.deliver = (landing, targets) if landing is not targets else None
     channel = (args[1], record.tag or 0)
     if channel not in inboxes:
         inboxes[channel] = Inbox()
@@ -88,6 +97,28 @@ class Inbox:
                 received.checked.set()
                 continue
             received.arrived()
+
+
+_HELD: list[bool] = []
+
+
+@contextmanager
+def delivered_at_wait() -> Iterator[None]:
+    """Inside the ``with`` block, a received message reaches the learner's tensor only when its ``wait()`` returns,
+    on the thread that waits; until then the tensor holds NaN (integers: their largest value). So code that reads a
+    tensor before its ``irecv`` completed is wrong on every run, as it would be on GPUs (where the data lands
+    whenever the GPU gets to it), not only on a slow machine. Used by the pipeline-runner lab's checker."""
+    _HELD.append(True)
+    try:
+        yield
+    finally:
+        _HELD.pop()
+
+
+def _poison(dtype: torch.dtype) -> float | int | bool:
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return True if dtype == torch.bool else torch.iinfo(dtype).max
 
 
 def fail(work: Any, error: BaseException) -> None:
@@ -158,6 +189,7 @@ class _Received(dist.Work):
         super().__init__()
         self.heard, self.header, self.record, self.number, self.post = heard, header, record, number, post
         self.work: Any = None
+        self.deliver: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (landing, the learner's)
         self.error: BaseException | None = None
         self.checked = threading.Event()
 
@@ -177,10 +209,18 @@ class _Received(dist.Work):
             self.checked.wait()
         if self.error is not None:
             raise self.error
-        return self.work.wait() if timeout is None else self.work.wait(timeout)
+        done = self.work.wait() if timeout is None else self.work.wait(timeout)
+        if self.deliver is not None:
+            landing, targets = self.deliver
+            self.deliver = None
+            with torch.no_grad():
+                for target, arrived in zip(targets, landing, strict=True):
+                    target.copy_(arrived)
+        return done
 
-    def is_completed(self) -> bool:
-        return self.checked.is_set() and (self.error is not None or bool(self.work.is_completed()))
+    def is_completed(self) -> bool:  # a held message is complete once waited: until then, the tensor is poison
+        return self.checked.is_set() and (self.error is not None or (self.deliver is None and
+                                                                     bool(self.work.is_completed())))
 
     def source_rank(self) -> int:
         return self.record.peer if self.record.peer is not None else -1
