@@ -117,3 +117,4 @@ def collectives_that_differ(at: int) -> None:
     for _ in range(at - 1):
         dist.all_reduce(torch.ones(4))
     dist.all_reduce(torch.ones(3 if dist.get_rank() == 1 else 4))
+

@@ -152,19 +152,23 @@ def _real_backend(store: Any, rank: int, size: int, timeout: datetime.timedelta,
 def listening(listener: Listener) -> Iterator[None]:
     """Tell ``listener`` of every call an observed group makes inside the ``with`` block, before it runs; what it
     returns (if not None) is told the call's work handle and may return a wrapped one (a timed ``wait()``)."""
-    with _LOCK:
-        _LISTENERS.append(listener)
+    add_listener(listener)
     try:
         yield
     finally:
-        with _LOCK:
-            _LISTENERS[:] = [other for other in _LISTENERS if other is not listener]
+        remove_listener(listener)
 
 
 def add_listener(listener: Listener) -> None:
-    """Tell ``listener`` of every call from now on, for the life of the process (a rank's probes)."""
+    """Tell ``listener`` of every call from now on, until :func:`remove_listener` (a rank's probes: for its life)."""
     with _LOCK:
         _LISTENERS.append(listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    """Stop telling ``listener`` (a bound method is a new object at every access: compared with ``==``)."""
+    with _LOCK:
+        _LISTENERS[:] = [other for other in _LISTENERS if other != listener]
 
 
 # ----------------------------------------------------------------------------------------------- the two routes

@@ -26,7 +26,10 @@ _OPS = os.path.join(TORCH, "_ops.py")  # torch's operator dispatch, between a fu
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: the course's and the grader's own code: never "the learner's line"
 OURS = tuple(os.path.join(_ROOT, name) + os.sep for name in ("course", "grader"))
+LEARNER_FILES = ("reference.py", "stub.py")
 _LAYER = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: frames between the learner's call and the group that are neither (the interceptor's wrappers, torch's dispatch)
+_TRANSPARENT = {os.path.join(_LAYER, "intercept.py"), _OPS}
 
 
 @dataclass
@@ -85,6 +88,14 @@ def flatten(value: object) -> list[torch.Tensor]:
     return []
 
 
+def _learners(path: str) -> bool:
+    """``path`` is the learner's code: not torch's, the course's or the grader's (a lab's reference solution and stub,
+    ``grader/labs/<lab>/reference.py``, are written as a learner's)."""
+    if path.startswith(OURS):
+        return os.path.basename(path) in LEARNER_FILES
+    return not path.startswith((TORCH, "<frozen"))
+
+
 def locate(method: str) -> tuple[str, str, bool, str]:
     """``(api, caller, by_torch, where)`` of the call being made now (see :class:`Record`)."""
     frame = sys._getframe(1)
@@ -92,8 +103,11 @@ def locate(method: str) -> tuple[str, str, bool, str]:
         frame = frame.f_back
     outermost = innermost = ""
     functional = False
-    while frame is not None and frame.f_code.co_filename in API_FILES:
+    while frame is not None and (frame.f_code.co_filename in API_FILES or frame.f_code.co_filename in _TRANSPARENT):
         name = frame.f_code.co_name
+        if frame.f_code.co_filename in _TRANSPARENT:
+            frame = frame.f_back
+            continue
         if frame.f_code.co_filename == FUNCTIONAL and not name.startswith("_"):
             outermost, functional = f"functional.{name}", True
         elif name in FUNCTIONS and not functional:
@@ -101,7 +115,7 @@ def locate(method: str) -> tuple[str, str, bool, str]:
         frame = frame.f_back
     api = innermost if outermost == "batch_isend_irecv" else outermost or f"ProcessGroup.{method}"
     caller = frame.f_code.co_filename if frame is not None else ""
-    while frame is not None and frame.f_code.co_filename.startswith((TORCH, *OURS, "<frozen")):
+    while frame is not None and not _learners(frame.f_code.co_filename):
         frame = frame.f_back
     where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
     return api, caller, caller.startswith(TORCH), where

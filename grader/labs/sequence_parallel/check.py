@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.nn import functional as F  # noqa: N812
 
 from course import world
+from course.runtime import collective_names
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 
@@ -34,7 +35,7 @@ CHECKS = (
     Check("collectives", "an all-gather in forward; a reduce-scatter and no all_reduce in backward", 2),
 )
 TOLERANCE = 1e-4
-GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single")
+GATHERS = collective_names.functions("all_gather")  # every all-gather's name, old and new
 SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
 
 
