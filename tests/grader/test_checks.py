@@ -439,3 +439,17 @@ def test_the_metrics_advice_shards_without_repeated_samples():
     message = outcome(defect("not_averaged"), "metrics_averaged")[1]
     assert "dataset[rank::world_size]" in message and "shuffle=False" not in message
     assert "Sum both counts across ranks" in message
+
+
+@pytest.mark.parametrize("op", ["all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "all_gather",
+                                "all_gather_object"])
+def test_every_name_of_a_combining_collective_counts_as_combining(op):
+    """Which collectives combine is read from the one table (course.runtime.collective_names): torch 2.13's new
+    names count, as the old ones do; a broadcast does not."""
+    ev = perfect_run()
+    for record in ev.collectives[0]:
+        record["op"] = op
+    assert failures(ev) == set()
+    for record in ev.collectives[0]:
+        record["op"] = "broadcast"
+    assert failures(ev) == {"metrics_averaged"}
