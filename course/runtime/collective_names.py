@@ -52,8 +52,8 @@ class Name:
         op: the canonical operation: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``reduce``,
             ``gather``, ``scatter``, ``all_to_all``, ``barrier``, ``send`` or ``recv``.
         kind: ``"collective"`` (every rank of the group takes part) or ``"p2p"`` (one sender, one receiver).
-        input: for a :class:`torch.distributed.ProcessGroup` method, which positional argument holds this rank's
-            input tensors (their bytes are the call's ``nbytes``); ``None`` for a ``torch.distributed`` function.
+        input: which positional argument holds this rank's input tensors (their bytes are the call's ``nbytes``);
+            ``None`` where there are none (a barrier, the ``*_object`` functions).
     """
 
     op: str
@@ -74,21 +74,27 @@ def _names(op: str, kind: str, names: str, input: int | None = None) -> dict[str
     return {name: Name(op, kind, input) for name in names.split()}
 
 
-#: ``torch.distributed`` functions (old and new names) -> what they do.
+#: ``torch.distributed`` functions (old and new names) -> what they do, with their input argument.
 FUNCTIONS: dict[str, Name] = {
-    **_names("all_reduce", "collective", "all_reduce all_reduce_coalesced"),
+    **_names("all_reduce", "collective", "all_reduce all_reduce_coalesced", 0),
     **_names("all_gather", "collective", "all_gather all_gather_into_tensor all_gather_single _all_gather_base "
-                                         "all_gather_coalesced all_gather_object"),
+                                         "all_gather_coalesced", 1),
+    **_names("all_gather", "collective", "all_gather_object"),
     **_names("reduce_scatter", "collective", "reduce_scatter reduce_scatter_tensor reduce_scatter_single "
-                                             "_reduce_scatter_base"),
-    **_names("broadcast", "collective", "broadcast broadcast_object_list"),
-    **_names("reduce", "collective", "reduce"),
-    **_names("gather", "collective", "gather gather_object"),
-    **_names("scatter", "collective", "scatter scatter_object_list"),
-    **_names("all_to_all", "collective", "all_to_all all_to_all_single"),
+                                             "_reduce_scatter_base", 1),
+    **_names("broadcast", "collective", "broadcast", 0),
+    **_names("broadcast", "collective", "broadcast_object_list"),
+    **_names("reduce", "collective", "reduce", 0),
+    **_names("gather", "collective", "gather", 0),
+    **_names("gather", "collective", "gather_object"),
+    **_names("scatter", "collective", "scatter", 1),
+    **_names("scatter", "collective", "scatter_object_list"),
+    **_names("all_to_all", "collective", "all_to_all all_to_all_single", 1),
     **_names("barrier", "collective", "barrier monitored_barrier"),
-    **_names("send", "p2p", "send isend send_object_list"),
-    **_names("recv", "p2p", "recv irecv recv_object_list"),
+    **_names("send", "p2p", "send isend", 0),
+    **_names("send", "p2p", "send_object_list"),
+    **_names("recv", "p2p", "recv irecv", 0),
+    **_names("recv", "p2p", "recv_object_list"),
 }
 #: ``ProcessGroup`` methods (what every function above, DeviceMesh, the functional collectives, DDP and the
 #: course's own :class:`course.collectives.protocol.Comm` end in) -> what they do, with their input argument.

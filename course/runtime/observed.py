@@ -226,6 +226,18 @@ def installed() -> Iterator[None]:
         c10d.ProcessGroupGloo = was
 
 
+@contextmanager
+def unobserved() -> Iterator[None]:
+    """Inside the ``with`` block, gloo groups made are torch's own: for a group that is gloo by design on GPUs too
+    (the parameter server's, whose "receive from any rank" NCCL has not), whose rules are gloo's."""
+    was = c10d.ProcessGroupGloo
+    uninstall()
+    try:
+        yield
+    finally:
+        c10d.ProcessGroupGloo = was
+
+
 def is_observed(group: Any = None) -> bool:
     """True when ``group`` (default: the world's) is an :class:`ObservedGroup`."""
     if group is None:
