@@ -68,6 +68,7 @@ class Probes:
         self._originals: dict[str, Any] = {}
         self._wrappers: dict[str, Any] = {}
         self._tampered: set[str] = set()
+        self._distributed: dict[str, Any] = {}
         self._val: TensorDataset | None = None
         self._init_seen = False
         self._sent_to: set[int] = set()  # peers of the point-to-point messages since the last ``messages`` record
@@ -115,6 +116,8 @@ class Probes:
         torch.serialization.save = torch.save
         sys.addaudithook(self._audit)
         self.silence_in_children()
+        # what the script sees as torch.distributed's functions: one it replaces (a no-op all_reduce) is tampering
+        self._distributed = {name: getattr(dist, name) for name in FUNCTIONS if hasattr(dist, name)}
 
     def silence_in_children(self) -> None:
         """From now on, a process forked from this one records nothing. What a child does (a DataLoader
@@ -294,7 +297,9 @@ class Probes:
     def _check_tampering(self) -> None:
         replaced = [key for key, wrapper in self._wrappers.items()
                     if getattr(sys.modules[key.rsplit(".", 1)[0]], key.rsplit(".", 1)[1], None) is not wrapper]
-        for key in replaced + intercept.INTERCEPTOR.replaced():
+        replaced += [f"torch.distributed.{name}" for name, function in self._distributed.items()
+                     if getattr(dist, name, None) is not function]
+        for key in dict.fromkeys(replaced + intercept.INTERCEPTOR.replaced()):
             if key not in self._tampered:
                 self._tampered.add(key)
                 self.emit("tamper", name=key, step=self.steps)
