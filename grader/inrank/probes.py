@@ -36,12 +36,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from course import data, report
 from course.runtime import intercept, observed, waits
-from course.runtime.collective_names import FUNCTIONS
+from course.runtime.collective_names import FUNCTIONS, functions
 from course.runtime.observed_record import Record
 from grader.inrank import probed_data, records
 from grader.inrank.channel import Writer
 from grader.inrank.fingerprints import digests, encode, fingerprint, full_tensors, has_shards, projection
 
+COLLECTIVES = functions(kind="collective")  # heard by name on a group of torch's own (nccl on GPUs)
 FULL_STEPS = 2  # steps whose parameters and gradients rank 0 records in full, for the replay
 HERE = os.path.abspath(__file__)
 TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -104,7 +105,7 @@ class Probes:
         register_optimizer_step_post_hook(self._guard("optimizer step", self._after_step))
         torch.nn.modules.module.register_module_forward_pre_hook(self._guard("forward", self.batches.forward))
         intercept.INTERCEPTOR.add(self._guard("torch.distributed", self._listen),
-                                  ("init_process_group", "destroy_process_group"))
+                                  ("init_process_group", "destroy_process_group", *COLLECTIVES, *intercept.MESSAGES))
         observed.install()  # every gloo group the script makes records its calls and keeps NCCL's rules
         observed.add_listener(self._guard("communication", self._observe))
         waits.Recorder(self._guard("point-to-point waits", self._wait)).start()
@@ -185,7 +186,12 @@ class Probes:
 
     def _listen(self, call: intercept.Call) -> intercept.After | None:
         """The probes' listener on torch.distributed (:mod:`course.runtime.intercept`): the process group joined
-        and left."""
+        and left; and, on a group of torch's own (nccl on GPUs, which is not observed), the collectives called by
+        name and the messages (an observed group's are heard from the group itself: :meth:`_observe`)."""
+        if call.name in intercept.MESSAGES:
+            if not _observed(call.args[0] if call.args else None):
+                self._message(call)
+            return None
         if call.nested:
             return None
         if call.name == "init_process_group":
@@ -193,7 +199,23 @@ class Probes:
         if call.name == "destroy_process_group":
             self._joined()
             self.emit("shutdown", steps=self.steps)
+        elif call.name in COLLECTIVES and dist.is_initialized() and not observed.is_observed():
+            self._joined()
+            self.emit("collective", op=call.name, step=self.steps, by_torch=call.caller.startswith(TORCH))
         return None
+
+    def _message(self, call: intercept.Call) -> None:
+        """Tally one message of a group of torch's own (``ProcessGroup.send(tensors, peer, tag)`` or ``recv``) by
+        its peer's rank in the default group; :meth:`_flush_messages` writes the tally."""
+        group, peer = (call.args[0], call.args[2]) if len(call.args) > 2 else (None, None)
+        if not isinstance(peer, int) or self.silent:
+            return
+        try:
+            peer = dist.get_global_rank(group, peer) if group is not None and group != dist.group.WORLD else peer
+        except (RuntimeError, ValueError):
+            pass  # a group the default one does not know: its own rank numbers
+        tally = self._sent_to if call.name == "ProcessGroup.send" else self._received_from
+        tally.add(peer)
 
     def _observe(self, record: Record) -> None:
         """Every collective (before it runs: a rank hung in one shows it) and message the rank issued, as its
@@ -353,6 +375,11 @@ class Probes:
             path = os.path.abspath(os.fsdecode(args[0]))
             if _inside(path, self.run_dir) or _inside(os.path.realpath(path), self.run_dir):
                 self.emit("write", path=path, step=self.steps)
+
+
+def _observed(group: Any) -> bool:
+    """``group`` is an observed group or the real group inside one (whose messages are an observed group's)."""
+    return observed.is_observed(group) or observed.outer(group) is not group
 
 
 def _backend() -> str:
