@@ -31,6 +31,7 @@ from course import world
 from course.arguments import check_count
 from course.collectives import cost_model
 from course.data_parallel import forward_backward, split_batch, train_on_ranks
+from course.runtime import observed
 
 SERVER = 0
 
@@ -62,11 +63,13 @@ class _Wire:
     """Point-to-point sends and receives of CPU tensors over gloo, counting the bytes this rank moved.
 
     Parameter servers keep parameters in host memory, and "receive from whichever worker is first" (the
-    asynchronous server) exists in gloo but not in nccl, so messages always travel over a gloo group.
+    asynchronous server) exists in gloo but not in nccl, so messages always travel over a gloo group of their own,
+    torch's gloo with gloo's rules (:func:`course.runtime.observed.unobserved`), on GPUs and on emulated ones.
     """
 
     def __init__(self) -> None:
-        self.group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        with observed.unobserved():
+            self.group = dist.new_group(backend="gloo")
         self.bytes_in = 0
         self.bytes_out = 0
 

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import torch
 import torch._dynamo
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course import world
+from course.runtime import observed
 
 
 class Stack(nn.Module):
@@ -49,7 +51,8 @@ def _model(layers: int, width: int) -> nn.Module:
     return Stack(layers, width).to(world.current().device)
 
 
-def _graphs_compiled(how: str, layers: int, width: int, bucket_cap_mb: float, steps: int) -> tuple[int, int]:
+def _graphs_compiled(how: str, layers: int, width: int, bucket_cap_mb: float, steps: int,
+                     group: dist.ProcessGroup) -> tuple[int, int]:
     """(graphs the compiler received, buckets DDP reduced) when training ``steps`` steps compiled ``how``."""
     graphs: list[int] = []
 
@@ -60,10 +63,10 @@ def _graphs_compiled(how: str, layers: int, width: int, bucket_cap_mb: float, st
     torch._dynamo.reset()
     model = _model(layers, width)
     if how == "compile(DDP(model))":
-        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, process_group=group)
         step = torch.compile(ddp, backend=counting_backend)
     else:
-        ddp = DDP(torch.compile(model, backend=counting_backend), bucket_cap_mb=bucket_cap_mb)
+        ddp = DDP(torch.compile(model, backend=counting_backend), bucket_cap_mb=bucket_cap_mb, process_group=group)
         step = ddp
     inputs = torch.randn(8, width, device=world.current().device)
     with torch._dynamo.config.patch(optimize_ddp=how != "DDP(compile(model)), optimize_ddp off"):
@@ -83,7 +86,14 @@ def compile_contrast(layers: int = 6, width: int = 512, bucket_cap_mb: float = 1
     ``bucket_cap_mb=1`` DDP puts about one layer per bucket (DDPOptimizer needs the first bucket no larger than
     the others, which DDP's 1 MiB first bucket is).
     """
-    return {how: _graphs_compiled(how, layers, width, bucket_cap_mb, steps) for how in HOW}
+    # torch's own gloo group: dynamo cannot trace DDP over the course's observed group (course.runtime.observed)
+    with observed.unobserved():
+        group = dist.new_group(backend="gloo") if world.current().device.type == "cpu" else None
+    try:
+        return {how: _graphs_compiled(how, layers, width, bucket_cap_mb, steps, group) for how in HOW}
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
 
 
 def describe(counts: dict[str, tuple[int, int]]) -> str:

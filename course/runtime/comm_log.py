@@ -1,16 +1,23 @@
 """Watch what a student's code asks of ``torch.distributed``: every collective and point-to-point call, with its bytes.
 
-``with CommLog() as log:`` listens to the functions of ``torch.distributed`` through
-:mod:`course.runtime.intercept` (whose wrappers ``from torch.distributed import send`` finds) and records a
-:class:`Call` for each (name, bytes sent, peer, start and end time); on exit the originals come back. Only the
-outermost call is recorded (torch's ``send`` calls ``isend``), and a ``batch_isend_irecv`` as its messages. Load the
-student's file inside the ``with`` so that names it imports are the wrappers too. ``log.original("all_reduce")``
-is torch's own function, for the checker's reference. Used by the labs (:mod:`grader.labs.ring` and others) to
-fail a forbidden collective, count the bytes and messages each rank sent, and time when calls started.
+``with CommLog() as log:`` records a :class:`Call` for each collective and message (name, bytes sent, peer, start
+and end time). On an observed process group (:mod:`course.runtime.observed`: every rank that
+:func:`course.runtime.launch.launch` starts) the group itself tells the log, so every route counts: ``from
+torch.distributed import isend`` imported before the log opened, ``batch_isend_irecv`` (as its messages),
+``all_gather_into_tensor`` or ``all_gather_single``, the functional collectives. A call is named as the code called
+it (``isend``, ``all_gather_single``), or by its operation (``all_reduce``, ``send``) when it reached the group
+another way. Calls through ``log.original(name)`` (a checker's reference) are not recorded. On a group of torch's
+own (nccl on GPUs) the log listens to the functions of ``torch.distributed`` through
+:mod:`course.runtime.intercept` instead: load the student's file inside the ``with`` there, so that names it
+imports are the wrappers too.
+``log.original("all_reduce")`` is torch's own function, for the checker's reference. Used by the labs
+(:mod:`grader.labs.ring` and others) to fail a forbidden collective, count the bytes and messages each rank sent,
+and time when calls started.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,18 +26,14 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from course.runtime import intercept
+from course.runtime import collective_names, intercept, observed
+from course.runtime.collective_names import FUNCTIONS
+from course.runtime.observed_record import Record
 
-#: Collectives: every rank of the group takes part.
-COLLECTIVES = (
-    "all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-    "all_gather_coalesced", "_all_gather_base", "all_gather_object", "gather", "gather_object", "scatter",
-    "scatter_object_list", "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all",
-    "all_to_all_single", "all_gather_single", "reduce_scatter_single", "barrier", "monitored_barrier",
-    "broadcast_object_list",
-)
+#: Collectives: every rank of the group takes part (every name of the one table, old and new).
+COLLECTIVES = collective_names.functions(kind="collective")
 #: Point-to-point: one sender, one receiver. ``send``/``isend`` carry the bytes a rank sends.
-POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
+POINT_TO_POINT = (*collective_names.functions(kind="p2p"), "batch_isend_irecv")
 SENDS = ("send", "isend")
 
 
@@ -61,17 +64,45 @@ class CommLog:
     def __init__(self, names: tuple[str, ...] = COLLECTIVES + POINT_TO_POINT) -> None:
         self.names = tuple(name for name in names if hasattr(c10d, name))
         self.calls: list[Call] = []
+        self._paused = threading.local()  # .active: inside a call of original()
 
     def original(self, name: str) -> Callable[..., Any]:
-        """torch's own function ``name`` (not recorded), e.g. for the checker's reference ``all_reduce``."""
-        return intercept.original(name)
+        """torch's own function ``name``, whose calls this log does not record (the checker's reference)."""
+        function = intercept.original(name)
+
+        def unrecorded(*args: Any, **kwargs: Any) -> Any:
+            self._paused.active = True
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._paused.active = False
+        return unrecorded
 
     def __enter__(self) -> CommLog:
-        intercept.INTERCEPTOR.add(self._listen, self.names)
+        self._observing = observed.is_observed()
+        if self._observing:
+            observed.add_listener(self._observe)
+        else:
+            intercept.INTERCEPTOR.add(self._listen, self.names)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        intercept.INTERCEPTOR.remove(self._listen)
+        if self._observing:
+            observed.remove_listener(self._observe)
+        else:
+            intercept.INTERCEPTOR.remove(self._listen)
+
+    def _observe(self, record: Record) -> intercept.After | None:
+        """The listener on the observed group: one :class:`Call` per call the group made, the grader's own left out."""
+        name = record.api if record.api in FUNCTIONS else record.op
+        if name not in self.names or getattr(self._paused, "active", False):
+            return None
+
+        def returned(work: Any) -> Any:
+            sent = record.nbytes if record.op != "recv" else 0
+            self.calls.append(Call(name, sent, record.peer, record.start, time.perf_counter()))
+            return work
+        return returned
 
     def _listen(self, call: intercept.Call) -> intercept.After | None:
         if call.nested:  # torch's own inner call (send calls isend): the outer one counts

@@ -132,6 +132,11 @@ class Interceptor:
                 setattr(owner, attr, self._originals[name])
         self._originals.pop(name, None)
 
+    def announce(self, name: str, args: tuple) -> list[After]:
+        """Tell the listeners of ``name`` of a call made another way (see :func:`announced`)."""
+        call = Call(name, args, {}, sys._getframe(2).f_code.co_filename, False)
+        return [after for listener in tuple(self._listeners.get(name, ())) if (after := listener(call)) is not None]
+
     def _wrapper(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def intercepted(*args: Any, **kwargs: Any) -> Any:
@@ -173,6 +178,19 @@ def listening(listener: Listener, names: Iterable[str]) -> Iterator[None]:
         yield
     finally:
         INTERCEPTOR.remove(listener)
+
+
+@contextmanager
+def announced(name: str, *args: Any) -> Iterator[None]:
+    """The ``with`` block counts, for the listeners, as a call to ``name`` with ``args``: a wait for a work handle
+    done through another object (:mod:`course.runtime.message_headers` waits for a message's header that way)."""
+    afters = INTERCEPTOR.announce(name, args)
+    result = None
+    try:
+        yield
+    finally:
+        for after in afters:
+            result = after(result)
 
 
 @contextmanager

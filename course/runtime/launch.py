@@ -40,7 +40,7 @@ import psutil
 import torch.distributed as dist
 
 from course import world
-from course.runtime import environment, fork_server, paths, progress, rank_stacks, waits
+from course.runtime import environment, fork_server, observed, paths, progress, rank_stacks, waits
 from course.runtime.pace import machine_pace
 from course.runtime.process_tree import kill_tree
 from course.runtime.rank_output import RankOutput, StderrRelay, stderr_to
@@ -140,6 +140,7 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
     )
     sys.stdout = RankOutput(rank, channel)
+    observed.install()  # every gloo group the rank makes records its calls and keeps NCCL's rules
     try:
         with _store_served_by_launch():
             world.init_from_env(timeout_s=timeout_s)

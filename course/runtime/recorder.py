@@ -27,11 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course.runtime import intercept
-
-#: name -> function giving the bytes one rank sends for the call in a bandwidth-optimal (ring) algorithm,
-#: from (arguments, world_size). ``t`` is the call's main tensor's bytes.
-_SENT: dict[str, Callable[[tuple, int], float]] = {}
+from course.runtime import collective_names, intercept
 
 
 def _nbytes(value: Any) -> int:
@@ -42,19 +38,15 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
-def _rule(names: tuple[str, ...], sent: Callable[[tuple, int], float]) -> None:
-    for name in names:
-        _SENT[name] = sent
+def _sent(name: str, args: tuple, world_size: int) -> float:
+    """Bytes one rank sends for the call ``name(*args)`` in a bandwidth-optimal (ring) algorithm: the one table's
+    rule (:data:`course.runtime.collective_names.SENT`) on the bytes of its input argument."""
+    what = collective_names.FUNCTIONS[name]
+    given = _nbytes(args[what.input]) if what.input is not None and len(args) > what.input else 0
+    return collective_names.sent_bytes(what.op, given, world_size)
 
 
-_rule(("all_reduce",), lambda a, n: 2 * (n - 1) / n * _nbytes(a[0]))
-_rule(("reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter"),
-      lambda a, n: (n - 1) * _nbytes(a[0]))  # the output is one rank's share
-_rule(("all_gather_into_tensor", "all_gather_single", "_all_gather_base"), lambda a, n: (n - 1) * _nbytes(a[1]))
-_rule(("all_gather",), lambda a, n: (n - 1) * _nbytes(a[1]))
-_rule(("broadcast", "reduce", "send", "isend", "all_to_all_single", "all_to_all", "scatter", "gather",
-       "all_gather_coalesced", "all_reduce_coalesced"), lambda a, n: float(_nbytes(a[0]) + _nbytes(a[1:2])))
-_rule(("recv", "irecv", "barrier", "all_gather_object", "broadcast_object_list"), lambda a, n: 0.0)
+_SENT = collective_names.FUNCTIONS  # the names recorded: every collective and message function, old and new
 
 #: The functions of torch.distributed as they were before any Recorder was installed.
 ORIGINAL: dict[str, Callable[..., Any]] = {name: intercept.original(name) for name in _SENT if hasattr(dist, name)}
@@ -142,7 +134,7 @@ class Recorder:
         if call.nested or call.name not in _SENT:
             return None
         noted = Call(call.name, time.perf_counter(), nbytes=_nbytes(call.args[:2]))
-        noted.sent_bytes = _SENT[call.name](call.args, self.world_size) if call.args else 0.0
+        noted.sent_bytes = _sent(call.name, call.args, self.world_size)
         self.calls.append(noted)
 
         def returned(result: Any) -> Any:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from course.runtime import intercept
+from course.runtime import intercept, observed
 
 #: What a learner calls to send or receive one message; the messages are named after the outermost call.
 CALLS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
@@ -137,7 +137,7 @@ class Recorder:
         return returned
 
     def _message(self, call: intercept.Call) -> intercept.After:
-        group, peer = call.args[0], call.args[2]
+        group, peer = observed.outer(call.args[0]), call.args[2]  # an observed group's messages go by its real one
         try:
             peer = dist.get_global_rank(group, peer)
         except (RuntimeError, ValueError, TypeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from course.runtime import collective_names
 from grader.assignment import Assignment
 from grader.checks.common import (
     Finding,
@@ -18,9 +19,14 @@ from grader.checks.common import (
 from grader.evidence import Evidence
 from grader.inrank.records import Report
 
-# collectives that combine the ranks' values (a broadcast or a barrier does not)
-REDUCTIONS = ("all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "gather",
-              "reduce_scatter", "reduce_scatter_tensor")
+
+def _combines(op: str) -> bool:
+    """The collective ``op`` (a torch name or an operation) combines the ranks' values (a broadcast or a barrier
+    does not): the one table, :mod:`course.runtime.collective_names`, says."""
+    try:
+        return collective_names.of(op).combines
+    except KeyError:
+        return op in collective_names.COMBINING
 
 
 def rank0_checkpoint_and_logs(ev: Evidence, a: Assignment) -> Finding:
@@ -96,7 +102,7 @@ def _reduced_before(ev: Evidence, report: Report) -> bool:
     def in_window(record) -> bool:
         return record.seq is None or report.seq is None or after < record.seq < report.seq
 
-    if any(c.op in REDUCTIONS and not c.by_torch and c.step == report.step and in_window(c)
+    if any(_combines(c.op) and not c.by_torch and c.step == report.step and in_window(c)
            for c in ev.collectives.get(0, ())):
         return True
     messages = {r: [m for m in ev.messages.get(r, ()) if m.step == report.step and (r != 0 or in_window(m))]

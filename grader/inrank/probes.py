@@ -6,9 +6,9 @@ indices the rank fetched and in which epoch, the learning rate, a fingerprint of
 the first step and after every step, on rank 0 a digest of every parameter tensor before and after every
 step (the checkpoint must hold a state this chain of steps reached: :func:`grader.evidence.bind_checkpoint`)
 and the full parameters and gradients of the first steps (the grader replays them in one process on the union
-batch). They also record each collective called from Python and, per stretch between steps and reports, the ranks
-each point-to-point message went to and came from (through :mod:`course.runtime.intercept`, the one listener on
-``torch.distributed``), every ``course.report.report`` call with the
+batch). They also record each collective and, per stretch between steps and reports, the ranks each
+point-to-point message went to and came from, as the process group itself saw them (:mod:`course.runtime.observed`:
+however the script reached them, and under NCCL's rules), every ``course.report.report`` call with the
 true validation accuracy of the model at that moment, and every checkpoint written. Records leave through
 :mod:`grader.inrank.channel`; the student's printed numbers are never used.
 
@@ -35,14 +35,14 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import DataLoader, TensorDataset
 
 from course import data, report
-from course.runtime import intercept, waits
+from course.runtime import intercept, observed, waits
+from course.runtime.collective_names import FUNCTIONS, functions
+from course.runtime.observed_record import Record
 from grader.inrank import probed_data, records
 from grader.inrank.channel import Writer
 from grader.inrank.fingerprints import digests, encode, fingerprint, full_tensors, has_shards, projection
 
-COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce",
-               "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "send", "recv", "all_to_all",
-               "all_gather_object", "broadcast_object_list")
+COLLECTIVES = functions(kind="collective")  # heard by name on a group of torch's own (nccl on GPUs)
 FULL_STEPS = 2  # steps whose parameters and gradients rank 0 records in full, for the replay
 HERE = os.path.abspath(__file__)
 TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -70,6 +70,7 @@ class Probes:
         self._originals: dict[str, Any] = {}
         self._wrappers: dict[str, Any] = {}
         self._tampered: set[str] = set()
+        self._distributed: dict[str, Any] = {}
         self._val: TensorDataset | None = None
         self._init_seen = False
         self._sent_to: set[int] = set()  # peers of the point-to-point messages since the last ``messages`` record
@@ -104,9 +105,10 @@ class Probes:
         register_optimizer_step_pre_hook(self._guard("optimizer step", self._before_step))
         register_optimizer_step_post_hook(self._guard("optimizer step", self._after_step))
         torch.nn.modules.module.register_module_forward_pre_hook(self._guard("forward", self.batches.forward))
-        listen = self._guard("torch.distributed", self._listen)
-        intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group", *COLLECTIVES,
-                                           *intercept.MESSAGES))
+        intercept.INTERCEPTOR.add(self._guard("torch.distributed", self._listen),
+                                  ("init_process_group", "destroy_process_group", *COLLECTIVES, *intercept.MESSAGES))
+        observed.install()  # every gloo group the script makes records its calls and keeps NCCL's rules
+        observed.add_listener(self._guard("communication", self._observe))
         waits.Recorder(self._guard("point-to-point waits", self._wait)).start()
         self._wrap(report, "report", self._report)
         self._wrap(torch, "save", self._save)
@@ -116,6 +118,8 @@ class Probes:
         torch.serialization.save = torch.save
         sys.addaudithook(self._audit)
         self.silence_in_children()
+        # what the script sees as torch.distributed's functions: one it replaces (a no-op all_reduce) is tampering
+        self._distributed = {name: getattr(dist, name) for name in FUNCTIONS if hasattr(dist, name)}
 
     def silence_in_children(self) -> None:
         """From now on, a process forked from this one records nothing. What a child does (a DataLoader
@@ -185,23 +189,48 @@ class Probes:
 
     def _listen(self, call: intercept.Call) -> intercept.After | None:
         """The probes' listener on torch.distributed (:mod:`course.runtime.intercept`): the process group joined
-        and left, every collective the script called (before it runs: a rank hung in one shows it), and every
-        point-to-point message, tallied by peer."""
+        and left; and, on a group of torch's own (nccl on GPUs, which is not observed), the collectives called by
+        name and the messages (an observed group's are heard from the group itself: :meth:`_observe`)."""
         if call.name in intercept.MESSAGES:
-            self._message(call)
+            if not _observed(call.args[0] if call.args else None):
+                self._message(call)
             return None
-        if call.nested:  # torch's own inner call (send calls isend): the outer one counts
+        if call.nested:
             return None
         if call.name == "init_process_group":
             return self._after_init
         if call.name == "destroy_process_group":
             self._joined()
             self.emit("shutdown", steps=self.steps)
-            return None
-        self._joined()
-        by_torch = call.caller.startswith(TORCH)
-        self.emit("collective", op=call.name, step=self.steps, by_torch=by_torch)  # seq: the record number
+        elif call.name in COLLECTIVES and dist.is_initialized() and not observed.is_observed():
+            self._joined()
+            self.emit("collective", op=call.name, step=self.steps, by_torch=call.caller.startswith(TORCH))
         return None
+
+    def _message(self, call: intercept.Call) -> None:
+        """Tally one message of a group of torch's own (``ProcessGroup.send(tensors, peer, tag)`` or ``recv``) by
+        its peer's rank in the default group; :meth:`_flush_messages` writes the tally."""
+        group, peer = (call.args[0], call.args[2]) if len(call.args) > 2 else (None, None)
+        if not isinstance(peer, int) or self.silent:
+            return
+        try:
+            peer = dist.get_global_rank(group, peer) if group is not None and group != dist.group.WORLD else peer
+        except (RuntimeError, ValueError):
+            pass  # a group the default one does not know: its own rank numbers
+        tally = self._sent_to if call.name == "ProcessGroup.send" else self._received_from
+        tally.add(peer)
+
+    def _observe(self, record: Record) -> None:
+        """Every collective (before it runs: a rank hung in one shows it) and message the rank issued, as its
+        process group saw it (:mod:`course.runtime.observed`): however the script reached it. A collective is named
+        as the script called it (``all_gather_single``), or by its operation when torch's code called the group."""
+        if record.kind == "p2p":
+            if record.peer is not None and not self.silent:
+                (self._sent_to if record.op == "send" else self._received_from).add(record.peer)
+            return
+        self._joined()
+        op = record.api if record.api in FUNCTIONS else record.op
+        self.emit("collective", op=op, step=self.steps, by_torch=record.by_torch)  # seq: the record number
 
     def _wait(self, record: waits.Record, change: str) -> None:
         """A ``wait`` record as the rank begins to wait for point-to-point messages (:mod:`course.runtime.waits`,
@@ -223,19 +252,6 @@ class Probes:
         self.emit("init", backend=_backend(), world_size=dist.get_world_size(),
                   group_rank=dist.get_rank(), pid=os.getpid(),
                   local_rank=_int_or_none(os.environ.get("LOCAL_RANK")))
-
-    def _message(self, call: intercept.Call) -> None:
-        """Tally one point-to-point message (``ProcessGroup.send(tensors, peer, tag)`` or ``recv``) by its peer's
-        rank in the default group; :meth:`_flush_messages` writes the tally."""
-        group, peer = (call.args[0], call.args[2]) if len(call.args) > 2 else (None, None)
-        if not isinstance(peer, int) or self.silent:
-            return
-        try:
-            peer = dist.get_global_rank(group, peer) if group is not None and group != dist.group.WORLD else peer
-        except (RuntimeError, ValueError):
-            pass  # a group the default one does not know: its own rank numbers
-        tally = self._sent_to if call.name == "ProcessGroup.send" else self._received_from
-        tally.add(peer)
 
     def _flush_messages(self) -> None:
         """The ``messages`` record of the messages since the last one, if any."""
@@ -318,7 +334,9 @@ class Probes:
     def _check_tampering(self) -> None:
         replaced = [key for key, wrapper in self._wrappers.items()
                     if getattr(sys.modules[key.rsplit(".", 1)[0]], key.rsplit(".", 1)[1], None) is not wrapper]
-        for key in replaced + intercept.INTERCEPTOR.replaced():
+        replaced += [f"torch.distributed.{name}" for name, function in self._distributed.items()
+                     if getattr(dist, name, None) is not function]
+        for key in dict.fromkeys(replaced + intercept.INTERCEPTOR.replaced()):
             if key not in self._tampered:
                 self._tampered.add(key)
                 self.emit("tamper", name=key, step=self.steps)
@@ -372,6 +390,11 @@ class Probes:
             path = os.path.abspath(os.fsdecode(args[0]))
             if _inside(path, self.run_dir) or _inside(os.path.realpath(path), self.run_dir):
                 self.emit("write", path=path, step=self.steps)
+
+
+def _observed(group: Any) -> bool:
+    """``group`` is an observed group or the real group inside one (whose messages are an observed group's)."""
+    return observed.is_observed(group) or observed.outer(group) is not group
 
 
 def _backend() -> str:

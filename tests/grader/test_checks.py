@@ -476,3 +476,17 @@ def test_a_replay_the_grader_itself_failed_is_not_assessed_and_quotes_no_excepti
     ev.comparisons, ev.replay_error = [], GRADER_FAULT
     assert unassessed(ev) == {"matches_single_process"}
     assert "a fault of the grader, not of your script" in outcome(ev, "matches_single_process")[1]
+
+
+@pytest.mark.parametrize("op", ["all_gather_single", "all_gather_into_tensor", "reduce_scatter_single", "all_gather",
+                                "all_gather_object"])
+def test_every_name_of_a_combining_collective_counts_as_combining(op):
+    """Which collectives combine is read from the one table (course.runtime.collective_names): torch 2.13's new
+    names count, as the old ones do; a broadcast does not."""
+    ev = perfect_run()
+    for record in ev.collectives[0]:
+        record["op"] = op
+    assert failures(ev) == set()
+    for record in ev.collectives[0]:
+        record["op"] = "broadcast"
+    assert failures(ev) == {"metrics_averaged"}

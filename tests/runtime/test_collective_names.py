@@ -42,3 +42,23 @@ def test_calls_on_the_installed_torch_warn_of_nothing(group):
 def test_an_unknown_name_is_refused():
     with pytest.raises(ValueError, match="all_gather_single"):
         named("all_gather_tensor")
+
+
+def test_the_table_knows_every_collective_and_message_method_of_the_process_group():
+    methods = {name for name in dir(dist.ProcessGroup) if not name.startswith("__")}
+    assert set(collective_names.METHODS) <= methods
+    assert {"allreduce", "all_gather_single", "send", "recv", "barrier", "alltoall_base"} <= set(
+        collective_names.METHODS)
+
+
+def test_old_and_new_names_do_the_same_operation_and_count_the_same_bytes():
+    assert collective_names.of("all_gather_into_tensor") == collective_names.of("all_gather_single")
+    assert collective_names.of("reduce_scatter_tensor") == collective_names.of("reduce_scatter_single")
+    assert set(collective_names.functions("all_gather")) >= {"all_gather", "all_gather_object", "_all_gather_base"}
+    assert collective_names.of("broadcast").combines is False and collective_names.of("allgather").combines
+    # a ring: 2(n-1)/n of the tensor for an all-reduce; (n-1) pieces for an all-gather of one piece
+    assert collective_names.sent_bytes("all_reduce", 400, 4) == 600
+    assert collective_names.sent_bytes("all_gather", 100, 4) == 300
+    assert collective_names.sent_bytes("reduce_scatter", 400, 4) == 300
+    with pytest.raises(KeyError, match="all_gather_single"):
+        collective_names.of("all_gather_tensor")

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def record_on_rank() -> dict:
     """Messages (isend/recv, a batch of isend/irecv) and an all_reduce under a CommLog; what it saw."""
-    from torch.distributed import all_reduce as imported_before  # bound before the log opened: not recorded
+    from torch.distributed import all_reduce as imported_before  # bound before the log opened: recorded too
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     with CommLog() as log:
@@ -36,7 +36,7 @@ def record_on_rank() -> dict:
 
 def test_calls_bytes_and_peers_are_recorded_and_torch_restored():
     for rank, seen in enumerate(launch(record_on_rank, 2, timeout_s=120)):
-        assert seen["names"] == ["isend", "recv", "isend", "irecv", "all_reduce"]
+        assert seen["names"] == ["isend", "recv", "isend", "irecv", "all_reduce", "all_reduce"]
         assert seen["bytes"] == 40 + 16 and seen["sends"] == 2 and seen["collectives"] == ["all_reduce"]
         assert seen["peers"][:2] == [(rank + 1) % 2, (rank - 1) % 2]
         assert seen["restored"]

@@ -3,9 +3,11 @@
 On every rank :func:`check_on_rank` cuts the run's seeded transformer into one stage per rank
 (:func:`course.model_parallel.pipeline.split`), gives the student's ``run_stage`` this rank's stage, its 1F1B order
 (:func:`course.model_parallel.schedules.one_f_one_b`), the micro-batches and the loss, and compares the stage's
-gradients with the unsplit model's on the same batch. Meanwhile every ``isend`` is held back a little
-(:class:`LateSends`: one thread per rank issues them in order, ``DELAY_S`` late), so that a tensor read before its
-``irecv`` completed is wrong on every run, not only on a slow machine; every ``isend``/``irecv`` peer is recorded.
+gradients with the unsplit model's on the same batch. Meanwhile every message the student posts is recorded,
+however ``isend``/``irecv`` were imported (:class:`Messages`, through the process group), and a received tensor holds
+NaN until its request's ``wait()`` returns, so that a tensor read before its ``irecv`` completed is wrong on every
+run, not only on a slow machine. All of it happens on the rank's one thread, in the order the student posts: legal
+on NCCL, whose rules the ranks keep (:mod:`course.runtime.nccl_rules`).
 A file using the course's own runner is refused (the lab's ``shortcuts``). A stage that waits for what its
 neighbour never sends hangs: the run's limit is short, and the report says which ranks waited where.
 
@@ -15,17 +17,18 @@ with ``isend``/``irecv``, one of each per micro-batch and neighbour.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import queue
-import threading
-import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
+from course.runtime import message_headers, observed
+from course.runtime.observed_record import Record
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 from grader.labs.pipeline_runner.precheck import precheck
 
@@ -35,70 +38,54 @@ CHECKS = (
     Check("waits", "every isend and irecv request is waited (an irecv before its tensor is read)", 2),
 )
 TOLERANCE = 1e-5
-DELAY_S = 0.05  # how late each isend is issued: far longer than reading a received tensor takes
 
 
-class _Request:
-    """What the student's ``irecv`` returns: the real request, and whether the student waited it."""
+class _Request(dist.Work):
+    """What the student's ``isend`` or ``irecv`` returns: the group's request, and whether the student waited it."""
 
-    def __init__(self, request: Any = None) -> None:
+    def __init__(self, request: Any) -> None:
+        super().__init__()
         self.request, self.waited = request, False
 
-    def wait(self, *args: Any, **kwargs: Any) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
         self.waited = True
-        return self.request.wait(*args, **kwargs)
+        return self.request.wait() if timeout is None else self.request.wait(timeout)
 
     def is_completed(self) -> bool:
-        return self.request.is_completed()
+        return bool(self.request.is_completed())
+
+    def source_rank(self) -> int:
+        return self.request.source_rank()
 
 
-class _LateRequest(_Request):
-    """What the student's ``isend`` returns: ``wait()`` waits until the send was issued, then for the send."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.issued = threading.Event()
-
-    def wait(self, *args: Any, **kwargs: Any) -> bool:
-        self.issued.wait()
-        return super().wait(*args, **kwargs)
-
-    def is_completed(self) -> bool:
-        return self.issued.is_set() and self.request.is_completed()
-
-
-class LateSends:
-    """While active, ``dist.isend`` is issued ``DELAY_S`` late, in order, by one thread; ``calls`` records
-    ``(name, peer)`` of every ``isend`` and ``irecv``."""
+class Messages:
+    """While open, ``calls`` records ``(name, peer)`` of every message the student's code posts, however it reached
+    the process group (``from torch.distributed import isend`` too: :mod:`course.runtime.observed`), and a received
+    tensor is filled only when its request's ``wait()`` returns (NaN until then:
+    :func:`course.runtime.message_headers.delivered_at_wait`)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
         self.requests: list[_Request] = []  # in the order of calls
-        self._queue: queue.Queue = queue.Queue()
-        self._isend, self._irecv = dist.isend, dist.irecv
+        self._open = contextlib.ExitStack()
 
-    def __enter__(self) -> LateSends:
-        self._thread = threading.Thread(target=self._issue, daemon=True)
-        self._thread.start()
-        dist.isend, dist.irecv = self._late_isend, self._recorded_irecv
+    def __enter__(self) -> Messages:
+        self._open.enter_context(observed.listening(self._listen))
+        self._open.enter_context(message_headers.delivered_at_wait())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        dist.isend, dist.irecv = self._isend, self._irecv
-        self._queue.put(None)
-        self._thread.join()
+        self._open.close()
 
-    def _late_isend(self, tensor: Any, dst: int | None = None, *args: Any, **kwargs: Any) -> _LateRequest:
-        self.calls.append(("isend", dst if dst is not None else kwargs.get("dst", -1)))
-        late = _LateRequest()
-        self.requests.append(late)
-        self._queue.put((time.monotonic() + DELAY_S, late, tensor, dst, args, kwargs))
-        return late
+    def _listen(self, record: Record) -> Callable[[Any], Any] | None:
+        if record.kind != "p2p" or record.peer is None:
+            return None
+        self.calls.append((record.api, record.peer))
 
-    def _recorded_irecv(self, tensor: Any, src: int | None = None, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append(("irecv", src if src is not None else kwargs.get("src", -1)))
-        self.requests.append(_Request(self._irecv(tensor, src, *args, **kwargs)))
-        return self.requests[-1]
+        def tracked(request: Any) -> _Request:
+            self.requests.append(_Request(request))
+            return self.requests[-1]
+        return tracked
 
     def unwaited(self) -> list[int]:
         """Indices (into ``calls``) of the requests the student never waited; each is waited here, so none hangs."""
@@ -106,13 +93,6 @@ class LateSends:
         for index in missed:
             self.requests[index].wait()
         return missed
-
-    def _issue(self) -> None:
-        while (item := self._queue.get()) is not None:
-            at, late, tensor, dst, args, kwargs = item
-            time.sleep(max(0.0, at - time.monotonic()))
-            late.request = self._isend(tensor, dst, *args, **kwargs)
-            late.issued.set()
 
 
 def _model_config(p: int) -> transformer.Config:
@@ -131,7 +111,7 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
     ops = [(op.kind, op.micro_batch) for op in schedules.one_f_one_b(p, m, rank)]
     shape = (len(micro_inputs[0]), model_config.seq_len, model_config.d_model)
     run_stage = load_entry(path, "run_stage")
-    with LateSends() as sends:
+    with Messages() as sends:
         try:
             run_stage(stage, ops, micro_inputs, lambda out, i: transformer.loss(out, micro_targets[i]) / m, shape)
         except RuntimeError as error:
@@ -217,4 +197,4 @@ LAB = Lab(
                "rank - 1 and send them to rank + 1; gradients go the other way, once per micro-batch."),
 )
 
-__all__ = ["LAB", "LateSends", "check_on_rank"]
+__all__ = ["LAB", "Messages", "check_on_rank"]

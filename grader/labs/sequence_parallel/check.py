@@ -28,6 +28,7 @@ from torch.nn import functional as F  # noqa: N812
 from course import world
 from course.numerics.bounds import verdict
 from course.numerics.divergence import FORWARD, GRADIENT, Recorder, first_divergence
+from course.runtime import collective_names
 from course.runtime.comm_log import COLLECTIVES, CommLog
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 from grader.labs.divergence import earliest, named
@@ -41,7 +42,7 @@ CHECKS = (
 )
 #: what each recorded tensor is, in the order forward and backward compute them
 NAMES = {"y": "the gather linear", "bias": "bias", "weight": "weight", "x": "the input x"}
-GATHERS = ("all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_single")
+GATHERS = collective_names.functions("all_gather")  # every all-gather's name, old and new
 SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
 
 

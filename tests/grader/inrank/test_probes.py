@@ -286,7 +286,7 @@ def join_by(route: str) -> list[dict]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from course.runtime import intercept
+    from course.runtime import intercept, observed
     from course.runtime.ports import reserved_port
 
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -298,8 +298,9 @@ def join_by(route: str) -> list[dict]:
     writer = Recorder()
     probe = probes.Probes(writer, rank=rank, seed=1)
     listen = probe._guard("torch.distributed", probe._listen)
-    intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group", *probes.COLLECTIVES,
-                                       *intercept.MESSAGES))
+    intercept.INTERCEPTOR.add(listen, ("init_process_group", "destroy_process_group"))
+    observing = observed.listening(probe._guard("communication", probe._observe))
+    observing.__enter__()
     try:
         if route == "init_device_mesh":
             init_device_mesh("cpu", (world_size,))
@@ -321,6 +322,7 @@ def join_by(route: str) -> list[dict]:
         dist.destroy_process_group()
     finally:
         intercept.INTERCEPTOR.remove(listen)
+        observing.__exit__(None, None, None)
         held.close()
     return writer.records
 

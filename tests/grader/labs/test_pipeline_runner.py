@@ -46,3 +46,26 @@ def test_each_wrong_runner_fails_the_checks_its_mistake_breaks(attempt, fails, f
         assert result.runs == 1 and all("simulated before starting any rank" in r.message for r in result.checks)
     for part in (fragment,) if isinstance(fragment, str) else fragment:  # a hang: who waits for whom, the wrong send
         assert any(part in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
+
+
+def test_nccl_rules_catch_the_old_late_sends_design():
+    """The checker used to issue every isend 50 ms late from a second thread: on NCCL, one communicator used from two
+    threads (and sends reordered). The ranks keep NCCL's rules, so the reference solution fails under that design."""
+    import late_sends
+
+    from course.runtime.launch import RankFailed, launch
+
+    reference = os.path.join(ROOT, "grader", "labs", "pipeline_runner", "reference.py")
+    with pytest.raises(RankFailed, match="NCCL rule 'threads'.*issue every call of a group from one thread"):
+        launch(late_sends.late_sends_run, 3, reference, 3, timeout_s=60)
+
+
+def test_a_runner_that_imports_isend_by_name_is_heard(tmp_path):
+    """The group itself records the messages: `from torch.distributed import isend, irecv` is counted too."""
+    reference = os.path.join(ROOT, "grader", "labs", "pipeline_runner", "reference.py")
+    text = open(reference).read().replace("import torch.distributed as dist\n", (
+        "import torch.distributed as dist\nfrom torch.distributed import irecv, isend\n"))
+    text = text.replace("dist.isend(", "isend(").replace("dist.irecv(", "irecv(")
+    (tmp_path / "pipeline_runner.py").write_text(text)
+    result = run_lab(pipeline_runner.LAB, str(tmp_path / "pipeline_runner.py"))
+    assert result.passed, render.lab_feedback(result)

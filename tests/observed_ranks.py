@@ -1,0 +1,120 @@
+"""Rank functions for tests/runtime/test_observed.py and test_nccl_rules.py: each makes one call by one route and
+returns the records the observation layer noted (as tuples: what every route must agree on)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import irecv, isend  # imported by name before anything could wrap them
+
+from course.runtime import observed
+
+
+def _noted(call, group=None) -> list[tuple]:
+    records = []
+    with observed.listening(records.append):
+        call()
+    return [(r.op, r.kind, r.api, r.nbytes, r.peer) for r in records]
+
+
+def _ring_peers() -> tuple[int, int]:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    return (rank + 1) % size, (rank - 1) % size
+
+
+def routes() -> dict[str, object]:
+    """Each route's records on this rank, plus whether the world is observed and what backend it reports."""
+    size = dist.get_world_size()
+    right, left = _ring_peers()
+    out = torch.empty(4 * size)
+    found = {"observed": observed.is_observed(), "backend": str(dist.get_backend())}
+
+    def messages_by_name():
+        sent, received = isend(torch.ones(4), right), irecv(torch.empty(4), left)
+        sent.wait(), received.wait()
+
+    def batch():
+        ops = [dist.P2POp(dist.isend, torch.ones(4), right), dist.P2POp(dist.irecv, torch.empty(4), left)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def protocol():
+        from course.collectives.protocol import Comm
+        comm = Comm(dist.get_rank(), size, dist.group.WORLD)
+        sending, receiving = comm.isend(torch.ones(4), right), comm.irecv(torch.empty(4), left)
+        sending.wait(), receiving.wait()
+
+    def functional():
+        import torch.distributed._functional_collectives as fc
+        fc.all_gather_tensor(torch.ones(4), 0, dist.group.WORLD).wait()
+
+    def mesh():
+        from torch.distributed.device_mesh import init_device_mesh
+        dist.all_gather_single(out, torch.ones(4), group=init_device_mesh("cpu", (size,)).get_group())
+
+    found.update(
+        all_gather_single=_noted(lambda: dist.all_gather_single(out, torch.ones(4))),
+        all_gather_into_tensor=_noted(lambda: dist.all_gather_into_tensor(out, torch.ones(4))),
+        reduce_scatter_single=_noted(lambda: dist.reduce_scatter_single(torch.empty(1), torch.ones(size))),
+        reduce_scatter_tensor=_noted(lambda: dist.reduce_scatter_tensor(torch.empty(1), torch.ones(size))),
+        functional=_noted(functional), mesh=_noted(mesh),
+        by_name=_noted(messages_by_name), batch=_noted(batch), protocol=_noted(protocol),
+        new_group=_noted(lambda: dist.all_reduce(torch.ones(4), group=dist.new_group(list(range(size))))),
+        all_reduce=_noted(lambda: dist.all_reduce(torch.ones(4))),
+    )
+    return found
+
+
+# ------------------------------------------------------------------------------ NCCL's rules, each broken once
+def off_device() -> None:
+    """Every rank declares a GPU-like device and sends a CPU tensor (the forgotten ``.to(rank.device)``)."""
+    from course.runtime import nccl_rules
+    nccl_rules.declare_device("meta")
+    dist.all_reduce(torch.ones(2))
+
+
+def sends_in_another_order(tags: bool) -> None:
+    """Rank 0 sends a 4-vector then a 2-vector (tags 1, 2); rank 1 receives them the other way round. Gloo matches by
+    tag, NCCL in order: with ``tags`` gloo would pass, without it gloo fails obscurely."""
+    if dist.get_rank() == 0:
+        first, second = isend(torch.ones(4), 1, tag=1 if tags else 0), isend(torch.ones(2), 1, tag=2 if tags else 0)
+        first.wait(), second.wait()
+    else:
+        second = irecv(torch.empty(2), 0, tag=2 if tags else 0)
+        first = irecv(torch.empty(4), 0, tag=1 if tags else 0)
+        second.wait(), first.wait()
+
+
+def sends_in_the_same_order() -> list[float]:
+    """The legal version: the receives in the order of the sends, one a reshaped view (NCCL matches sizes)."""
+    if dist.get_rank() == 0:
+        for work in (isend(torch.arange(4.0), 1, tag=1), isend(torch.ones(2), 1, tag=2)):
+            work.wait()
+        return []
+    first, second = torch.empty(2, 2), torch.empty(2)
+    for work in (irecv(first, 0, tag=1), irecv(second, 0, tag=2)):
+        work.wait()
+    return first.flatten().tolist() + second.tolist()
+
+
+def sends_from_another_thread() -> None:
+    """The late-send design: a second thread issues the isends while this thread's irecv is in flight."""
+    import threading
+    import time
+    right, left = _ring_peers()
+    received = irecv(torch.empty(4), left)
+    def late():
+        time.sleep(0.05)
+        isend(torch.ones(4), right).wait()
+    thread = threading.Thread(target=late, name="late-sends")
+    thread.start()
+    thread.join()
+    received.wait()
+
+
+def collectives_that_differ(at: int) -> None:
+    """Collective number ``at`` differs: rank 1 all-reduces 3 numbers where the others all-reduce 4."""
+    for _ in range(at - 1):
+        dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(3 if dist.get_rank() == 1 else 4))
+

@@ -1,0 +1,47 @@
+"""course.runtime.nccl_rules: code that gloo lets pass but NCCL forbids fails on CPU, at the learner's line, with
+the rule named; the legal version of the same code passes."""
+
+import observed_ranks
+import pytest
+
+from course.runtime.launch import RankFailed, launch
+
+HERE = observed_ranks.__file__
+
+
+def failure(fn, *args, world_size=2):
+    with pytest.raises(RankFailed) as failed:
+        launch(fn, world_size, *args, timeout_s=60)
+    return str(failed.value)
+
+
+def test_a_tensor_off_the_ranks_device_is_named_with_the_line():
+    text = failure(observed_ranks.off_device)
+    assert "NCCL rule 'device'" in text and "expected one on this rank's device, meta" in text
+    assert f"{HERE}:" in text and "tensor.to(rank.device)" in text
+
+
+def test_receives_in_another_order_than_the_sends_fail():
+    text = failure(observed_ranks.sends_in_another_order, False)
+    assert "NCCL rule 'order'" in text and "receive number 1 of this rank from rank 0" in text
+    assert "expected float32[2]" in text and "carries float32[4]" in text
+
+
+def test_receives_in_the_order_of_the_sends_pass_even_reshaped():
+    assert launch(observed_ranks.sends_in_the_same_order, 2, timeout_s=60)[1] == [0.0, 1.0, 2.0, 3.0, 1.0, 1.0]
+
+
+def test_messages_with_tags_are_matched_per_tag_as_gloo_does():
+    assert launch(observed_ranks.sends_in_another_order, 2, True, timeout_s=60) == [None, None]
+
+
+def test_a_group_used_from_two_threads_fails():
+    text = failure(observed_ranks.sends_from_another_thread)
+    assert "NCCL rule 'threads'" in text and "thread 'late-sends'" in text and "irecv" in text
+
+
+@pytest.mark.parametrize("at", [1, 2])  # ranks compare at their 1st, 2nd, 4th, ... collective
+def test_collectives_that_differ_between_ranks_fail(at):
+    text = failure(observed_ranks.collectives_that_differ, at, world_size=3)
+    assert "NCCL rule 'agreement'" in text and f"collective number {at} " in text
+    assert "all_reduce float32[3]" in text and "all_reduce float32[4]" in text
