@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # One thread per process. Two workers, and the ranks they start, already fill the cores. A second torch thread
 # only spins waiting for the first on an oversubscribed machine: 3-9x the CPU time for the same small model.
@@ -15,6 +16,11 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# No hypothesis deadline anywhere: a verdict must not depend on the machine's load, and an example's first call
+# may import or compile what later ones reuse (a 0.48 s first call of a 0.1 ms test failed under load).
+settings.register_profile("course", deadline=None)
+settings.load_profile("course")
 
 # tests/<folder>/ mirrors course/<folder>/; a module of another unit says so with its own `pytestmark`
 UNIT_OF_FOLDER = {"runtime": "unit0", "optimization": "unit2", "naive": "unit3", "model_parallel": "unit3",

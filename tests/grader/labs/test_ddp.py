@@ -98,7 +98,7 @@ def test_a_synchronization_mistake_names_the_first_parameter_gradient_that_diver
 @pytest.mark.timeout(600)
 def test_the_solution_passes_on_5_and_6_ranks_within_the_derived_bound():
     runs = tuple({**ddp.LAB.runs[0], "world_size": world_size, "seed": world_size} for world_size in (5, 6))
-    lab = dataclasses.replace(ddp.LAB, runs=runs, hidden_runs=(), variant={})
+    lab = dataclasses.replace(ddp.LAB, runs=runs, hidden_runs=(), variant={}, uneven={})
     result = run_lab(lab, SOLUTION)
     assert result.passed and result.runs == 2, render.lab_feedback(result)
 

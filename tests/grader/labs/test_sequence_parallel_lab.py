@@ -61,6 +61,6 @@ def test_a_mismatch_names_the_first_tensor_that_diverges(attempt, first, planted
 def test_the_solution_passes_in_every_dtype_on_2_to_6_ranks():
     runs = tuple({**sequence_parallel._run(world_size, world_size, 2 * world_size, "{dtype}"), "dtype": dtype}
                  for dtype, world_size in (("bfloat16", 5), ("float16", 6), ("float16", 2), ("bfloat16", 3)))
-    lab = dataclasses.replace(sequence_parallel.LAB, runs=runs, hidden_runs=(), variant={})
+    lab = dataclasses.replace(sequence_parallel.LAB, runs=runs, hidden_runs=(), variant={}, uneven={})
     result = run_lab(lab, os.path.join(ROOT, "grader", "labs", "sequence_parallel", "reference.py"))
     assert result.passed and result.runs == 4, render.lab_feedback(result)
