@@ -1,0 +1,48 @@
+"""The ring_attention lab's planted mistakes: small edits of ``reference.py`` (see :mod:`grader.labs.mistakes`).
+
+Which checks each must fail, and what the message says: ``tests/grader/labs/test_ring_attention*.py``.
+"""
+
+from grader.labs.mistakes import Mistake
+
+MISTAKES: dict[str, Mistake] = {
+    "mask_wrong_blocks": Mistake(
+        why="each block is masked with this rank's own positions, not those of the keys it holds.",
+        edits=(
+            (('        source = (rank - step) % world_size\n'
+             '        out, lse = merge(out, lse, *block_attention(q, kv[0], kv[1], layout[rank], layout[source]))\n'),
+             ('        source = (rank - step) % world_size  # noqa: F841 - computed, then not used: the mistake\n'
+             '        out, lse = merge(out, lse, *block_attention(q, kv[0], kv[1], layout[rank], layout[rank]))\n')),
+            (('        source = (rank - step) % world_size\n'
+             '        dq_b, dk_b, dv_b = block_backward(dout, q, kv[0], kv[1], out, lse, layout[rank], layout[source])\n'),
+             ('        source = (rank - step) % world_size  # noqa: F841 - computed, then not used: the mistake\n'
+             '        dq_b, dk_b, dv_b = block_backward(dout, q, kv[0], kv[1], out, lse, layout[rank], layout[rank])\n')),
+        ),
+    ),
+    "merge_no_max": Mistake(
+        why='the merge exponentiates each lse without subtracting the running maximum.',
+        edits=(
+            (('    m = torch.maximum(lse_a, lse_b)\n'
+             '    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # both -inf: nothing seen yet\n'
+             '    w_a, w_b = torch.exp(lse_a - m), torch.exp(lse_b - m)\n'),
+             '    w_a, w_b = torch.exp(lse_a), torch.exp(lse_b)  # no running maximum: overflows past e^88\n'),
+            ('    return out, m + torch.log(total)\n',
+             '    return out, torch.log(total)\n'),
+        ),
+    ),
+    "wrong_neighbour": Mistake(
+        why='the ring turns the other way: blocks go to rank - 1 and come from rank + 1.',
+        edits=(
+            ('    requests = [dist.isend(block, (rank + 1) % world_size), dist.irecv(incoming, (rank - 1) % world_size)]\n',
+             '    requests = [dist.isend(block, (rank - 1) % world_size), dist.irecv(incoming, (rank + 1) % world_size)]\n'),
+            (('            requests, incoming = _send_receive(kv, rank, world_size)  # the next block travels meanwhile\n'
+             '        source = (rank - step) % world_size\n'),
+             ('            requests, incoming = _send_receive(kv, rank, world_size)  # the next block travels meanwhile\n'
+             '        source = (rank + step) % world_size\n')),
+            (('            requests, incoming = _send_receive(kv, rank, world_size)\n'
+             '        source = (rank - step) % world_size\n'),
+             ('            requests, incoming = _send_receive(kv, rank, world_size)\n'
+             '        source = (rank + step) % world_size\n')),
+        ),
+    ),
+}
