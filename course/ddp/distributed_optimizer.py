@@ -104,8 +104,10 @@ class DistributedOptimizer:
         self.backward_passes_per_step = check_count("backward_passes_per_step", backward_passes_per_step)
         self.record_events = record_events
         self.events: list[Event] = []
-        self.group = group
-        self.world_size = dist.get_world_size(group)
+        # The communication thread gets a group of its own, as Horovod's background thread has its own
+        # communicator: NCCL forbids one group used from two threads (the rank's own collectives run meanwhile).
+        self.group = dist.new_group() if group is None else group
+        self.world_size = dist.get_world_size(self.group)
         self.buckets = self._build_buckets(named_parameters, bucket_bytes)
         self._verify_buckets()
         self._where = {id(p): (b.index, name) for b in self.buckets for name, p in zip(b.names, b.params, strict=True)}

@@ -142,8 +142,8 @@ def attention_efficiency(generation: str) -> float:
 
 #: The fraction of the microbenchmarks' rates that a transformer's kernels sustain inside a training step, per GPU
 #: generation: **fitted** on the fitting set of :mod:`course.perf.figures` only, by
-#: :func:`course.perf.protocol.fit_training_efficiency` (``tests/perf/test_protocol.py`` checks the two agree). A
-#: generation with no figure in the fitting set keeps 1.0 (unfitted, said so).
+#: :func:`course.perf.protocol.fit_training_efficiency` (``tests/perf/test_validation_protocol.py`` checks the two
+#: agree). A generation with no figure in the fitting set keeps 1.0 (unfitted, said so).
 TRAINING_EFFICIENCY: dict[str, float] = {"Ampere": 0.84, "Hopper": 0.88}
 
 

@@ -7,12 +7,12 @@ import matplotlib
 import pytest
 
 from course.model_parallel import your_bubble
+from grader.labs import mistakes
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.unit8
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = os.path.join(ROOT, "grader", "labs", "one_f_one_b")
-ATTEMPTS = os.path.join(ROOT, "tests", "grader", "labs", "attempts")
 
 
 def test_the_solution_bubble_equals_the_closed_form_and_is_drawn_beside_it():
@@ -21,8 +21,8 @@ def test_the_solution_bubble_equals_the_closed_form_and_is_drawn_beside_it():
     assert len(your_bubble.plot_yours(found).axes) == 2
 
 
-def test_the_stub_draws_the_course_schedule_and_a_deadlock_is_named():
+def test_the_stub_draws_the_course_schedule_and_a_deadlock_is_named(tmp_path):
     assert "yours is not written yet" in your_bubble.simulate_yours(os.path.join(LAB, "stub.py"), 4, 8).whose
-    stuck = your_bubble.simulate_yours(os.path.join(ATTEMPTS, "one_f_one_b_reversed_warmup.py"), 4, 8)
+    stuck = your_bubble.simulate_yours(str(mistakes.write("one_f_one_b", "reversed_warmup", tmp_path)), 4, 8)
     assert stuck.bubble is None and "waits" in stuck.deadlock
     your_bubble.plot_yours(stuck)
