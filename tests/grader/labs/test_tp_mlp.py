@@ -60,13 +60,13 @@ def test_a_mismatch_names_the_first_tensor_that_diverges(attempt, first, planted
 
 
 @pytest.mark.slow
-def test_the_solution_passes_in_every_dtype_on_2_to_6_ranks():
+def test_the_solution_passes_in_every_dtype_on_2_to_6_ranks(planted):
     runs = tuple({**tp_mlp._run(world_size, world_size, 16 * world_size, "{dtype}"), "dtype": dtype}
                  for dtype, world_size in (("bfloat16", 5), ("float16", 6), ("float16", 2), ("bfloat16", 3)))
     lab = dataclasses.replace(tp_mlp.LAB, runs=runs, hidden_runs=(), variant={}, uneven={})
     result = run_lab(lab, os.path.join(ROOT, "grader", "labs", "tp_mlp", "reference.py"))
     assert result.passed and result.runs == 4, render.lab_feedback(result)
-    wrong = run_lab(lab, os.path.join(HERE, "attempts", "tp_mlp_bias_before_reduce.py"))
+    wrong = run_lab(lab, planted("tp_mlp", "bias_before_reduce"))
     assert wrong.failed() == ["outputs"], render.lab_feedback(wrong)
 
 
