@@ -47,4 +47,19 @@ MISTAKES: dict[str, Mistake] = {
              ""),
         ),
     ),
+    "copies_over_target": Mistake(
+        why='Lab: a full checkpoint under DDP, resumed bit-for-bit (notebook 09). Check: course.labs.check("checkpoint", "labs/checkpoint_resume.py"). A job that stops at step k and resumes from your checkpoint must end with the same parameters, to the last bit, as a job that never stopped. So the checkpoint holds everything a step depends on: the model, the optimizer\'s state (momentum), the learning-rate scheduler, where the data stream was (epoch and step), and every rank\'s random number generator (dropout draws from it, and each rank draws its own). Using course.practice.checkpoint is refused: this is that module, written by you.',
+        edits=(
+            ('import os\n',
+             'import os  # noqa: F401 - a rename would need it\n'),
+            ('import random\n',
+             ('import random\n'
+             'import shutil\n')),
+            (('import torch.distributed as dist\n'
+             '\n'),
+             'import torch.distributed as dist\n'),
+            ('        os.replace(partial, path)  # atomic: readers see the old file or the new one, never half of one\n',
+             '        shutil.copy(partial, path)  # "atomic"? a crash in the middle of the copy leaves half a file at path\n'),
+        ),
+    ),
 }

@@ -39,4 +39,16 @@ MISTAKES: dict[str, Mistake] = {
              "from torch.amp import GradScaler  # noqa: F401\n"),
         ),
     ),
+    "never_scales": Mistake(
+        why='Lab: a loss scaler and a mixed-precision training step (notebook 09). Check: course.labs.check("mixed_precision", "labs/loss_scaler.py"). fp16 keeps only 5 exponent bits: small gradients flush to zero. A loss scaler multiplies the loss by a large scale before backward, so the gradients are large enough, and divides them by it again before the optimizer sees them. When the scale is too large, a gradient overflows to inf: that step is skipped and the scale halved. You write what torch.amp.GradScaler does (using it is refused). The check trains with your code and with GradScaler, and makes one gradient inf at one step.',
+        edits=(
+            (('from torch import nn\n'
+             '\n'),
+             'from torch import nn\n'),
+            ('        return loss * self._scale\n',
+             '        return loss  # never scaled: with powers of two the steps are bit-identical, but fp16 would underflow\n'),
+            ('                    p.grad.div_(self._scale)\n',
+             '                    pass  # nothing to divide: the loss was never scaled\n'),
+        ),
+    ),
 }

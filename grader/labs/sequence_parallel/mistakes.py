@@ -37,4 +37,31 @@ MISTAKES: dict[str, Mistake] = {
              "    dist.reduce_scatter_tensor(mine, whole)\n"),
         ),
     ),
+    "sums_bias_grad": Mistake(
+        why="backward sums the bias gradient over the ranks too, though each rank's rows of the bias are its own.",
+        edits=(
+            (('from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older\n'
+             '\n'),
+             'from course.runtime.collective_names import all_gather_single, reduce_scatter_single  # torch 2.13 names, or older\n'),
+            (('        return grad_x, grad_weight, grad.sum(dim=(0, 1))\n'
+             '\n'
+             '\n'
+             'if __name__ == "__main__":  # torchrun --nproc_per_node=4 labs/sequence_parallel.py\n'
+             '    from course import world\n'
+             '\n'
+             '    me = world.init_from_env()\n'
+             '    torch.manual_seed(0)\n'
+             '    x, weight, bias = torch.randn(2, 8, 16), torch.randn(32, 16), torch.randn(32)\n'
+             '    k, s = 32 // me.world_size, 8 // me.world_size\n'
+             '    rank = dist.get_rank()\n'
+             '    rows, positions = slice(rank * k, (rank + 1) * k), slice(rank * s, (rank + 1) * s)\n'
+             '    mine = GatherLinear.apply(x[:, positions].to(me.device), weight[rows].to(me.device), bias[rows].to(me.device))\n'
+             '    error = (mine.cpu() - F.linear(x, weight, bias)[..., rows]).abs().max().item()\n'
+             '    world.print0(f"GatherLinear on {me.world_size} ranks differs from the unsplit linear by {error:.2e}")\n'
+             '    world.shutdown()\n'),
+             ('        grad_bias = grad.sum(dim=(0, 1)).contiguous()\n'
+             "        dist.all_reduce(grad_bias)  # wrong: every rank's rows of the bias are its own, already whole\n"
+             '        return grad_x, grad_weight, grad_bias\n')),
+        ),
+    ),
 }
