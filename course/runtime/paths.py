@@ -39,7 +39,7 @@ def shorten(text: str) -> str:
     >>> shorten(f'File "{ROOT}/course/hello.py", line 3')
     'File "course/hello.py", line 3'
     """
+    text = text.replace(sys.executable, os.path.basename(sys.executable))  # first: it may lie under the project
     for prefix, short in _prefixes():
         text = text.replace(prefix, short)
-    text = _SITE.sub("", text)
-    return text.replace(sys.executable, os.path.basename(sys.executable))
+    return _SITE.sub("", text)
