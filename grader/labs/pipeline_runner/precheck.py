@@ -17,6 +17,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 from course.model_parallel import message_order, pipeline, schedules, transformer
 from grader.labs.core import Finding, load_entry
@@ -51,7 +52,10 @@ class _Messages:
         self.calls.append(message_order.Call("wait", request=index, during=self.ops.current))
         return True
 
-    def patches(self, rank: int, world_size: int) -> list:
+    def patches(self, rank: int, world_size: int, student: dict[str, Any]) -> list:
+        """The stand-ins, wherever the student's module can reach torch's functions: ``dist.isend``,
+        ``distributed_c10d.isend`` and a name imported into ``student`` (the module's globals) before the play.
+        A real receive here would wait for a peer that does not exist until the run's time limit."""
         def blocking(kind: str):
             return lambda tensor, peer=None, *a, **k: self.post(kind, tensor, peer).wait()
 
@@ -59,7 +63,12 @@ class _Messages:
                     "isend": lambda tensor, dst=None, *a, **k: self.post("send", tensor, dst),
                     "irecv": lambda tensor, src=None, *a, **k: self.post("recv", tensor, src),
                     "send": blocking("send"), "recv": blocking("recv")}
-        return [mock.patch.object(dist, name, value) for name, value in replaced.items()]
+        originals = {id(getattr(distributed_c10d, name)): value for name, value in replaced.items()}
+        aliases = {alias: originals[id(bound)] for alias, bound in student.items() if id(bound) in originals}
+        patches = [mock.patch.dict(student, aliases)]
+        for name, value in replaced.items():
+            patches += [mock.patch.object(dist, name, value), mock.patch.object(distributed_c10d, name, value)]
+        return patches
 
 
 def messages(path: str, config: dict, model_config: Callable[[int], transformer.Config]
@@ -76,7 +85,7 @@ def messages(path: str, config: dict, model_config: Callable[[int], transformer.
     for rank in range(p):
         ops = _Ops((op.kind, op.micro_batch) for op in schedules.one_f_one_b(p, m, rank))
         stage_messages = _Messages(ops)
-        patches = stage_messages.patches(rank, p)
+        patches = stage_messages.patches(rank, p, run_stage.__globals__)
         for patch in patches:
             patch.start()
         try:
@@ -85,7 +94,7 @@ def messages(path: str, config: dict, model_config: Callable[[int], transformer.
         except Exception:  # noqa: BLE001 - the real run explains the student's error in their terms
             return None
         finally:
-            for patch in patches:
+            for patch in reversed(patches):
                 patch.stop()
         recorded.append(stage_messages.calls)
     return recorded

@@ -8,6 +8,7 @@ import pytest
 from grader import render
 from grader.labs.core import run_lab
 from grader.labs.pipeline_runner import check as pipeline_runner
+from grader.labs.pipeline_runner import precheck
 
 pytestmark = [pytest.mark.unit8, pytest.mark.timeout(600)]
 HERE = os.path.dirname(__file__)
@@ -60,12 +61,26 @@ def test_nccl_rules_catch_the_old_late_sends_design():
         launch(late_sends.late_sends_run, 3, reference, 3, timeout_s=60)
 
 
-def test_a_runner_that_imports_isend_by_name_is_heard(tmp_path):
-    """The group itself records the messages: `from torch.distributed import isend, irecv` is counted too."""
+def _imports_isend_by_name(tmp_path) -> str:
     reference = os.path.join(ROOT, "grader", "labs", "pipeline_runner", "reference.py")
     text = open(reference).read().replace("import torch.distributed as dist\n", (
-        "import torch.distributed as dist\nfrom torch.distributed import irecv, isend\n"))
-    text = text.replace("dist.isend(", "isend(").replace("dist.irecv(", "irecv(")
+        "import torch.distributed as dist\nfrom torch.distributed import irecv as receive, isend\n"))
+    text = text.replace("dist.isend(", "isend(").replace("dist.irecv(", "receive(")
     (tmp_path / "pipeline_runner.py").write_text(text)
-    result = run_lab(pipeline_runner.LAB, str(tmp_path / "pipeline_runner.py"))
+    return str(tmp_path / "pipeline_runner.py")
+
+
+def test_a_runner_that_imports_isend_by_name_is_heard(tmp_path):
+    """The group itself records the messages: `from torch.distributed import isend, irecv` is counted too."""
+    result = run_lab(pipeline_runner.LAB, _imports_isend_by_name(tmp_path))
     assert result.passed, render.lab_feedback(result)
+
+
+def test_the_precheck_plays_names_imported_before_it(tmp_path):
+    """Played before any rank starts, an irecv imported under another name must not reach torch (its wait would
+    last until the run's limit): every stage's messages are heard, and the same as the reference's."""
+    config = {"world_size": 4, "micro_batches": 5, "seed": 0}
+    reference = os.path.join(ROOT, "grader", "labs", "pipeline_runner", "reference.py")
+    heard = precheck.messages(_imports_isend_by_name(tmp_path), config, pipeline_runner._model_config)
+    assert heard == precheck.messages(reference, config, pipeline_runner._model_config)
+    assert all(any(call.kind == "recv" for call in stage) for stage in heard[1:])
