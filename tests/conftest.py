@@ -33,6 +33,7 @@ TESTS = Path(__file__).resolve().parent
 @pytest.hookimpl(tryfirst=True)  # before `-m unitN` selects
 def pytest_collection_modifyitems(items):
     """Mark every test under tests/<folder>/ with its folder's unit, unless the module names another unit."""
+    items.sort(key=_start_order)  # stable: the rest keep their collection order
     for item in items:
         _check_group(item)
         try:
@@ -58,17 +59,39 @@ def pytest_collection_finish(session):
 SHARED = {"graded_submissions": ("grading", ("tests/grader/test_fair_idioms.py", "tests/grader/test_submissions.py")),
           "hang_drills": ("hang drills", ("tests/practice/test_drills.py", "tests/practice/test_flight_recorder.py"))}
 GROUP_OF_MODULE = {module: group for group, modules in SHARED.values() for module in modules}
+# The longest scopes go out first, longest first, so that none of them starts late and runs alone at the end while
+# the other workers wait (the order of a full run's --durations, summed by scope). The rest, each under a minute,
+# follow in collection order and fill the gaps.
+FIRST = ("grading", "tests/runtime/test_launch.py", "notebooks/05_ddp.ipynb", "tests/grader/sandbox/test_sandbox.py",
+         "tests/grader/labs/test_ddp.py", "hang drills", "tests/grader/labs/test_one_f_one_b.py",
+         "notebooks/08_tensor_pipeline.ipynb", "tests/test_lab_browser.py", "notebooks/02_large_batch.ipynb",
+         "notebooks/09_real_gpu_practice.ipynb", "tests/benchmarks/test_gpu_course_check.py",
+         "notebooks/03_naive_multi_gpu.ipynb", "tests/test_autograder_setup.py", "tests/grader/labs/test_fsdp.py",
+         "tests/grader/labs/test_ring.py", "notebooks/09b_profiling_and_pitfalls.ipynb",
+         "tests/grader/labs/test_zero.py", "tests/collectives/test_allreduce.py")
+
+
+def _scope(nodeid: str) -> str:
+    """The unit xdist hands a worker: a module, or the group of modules that share a costly session fixture."""
+    module = nodeid.split("::", 1)[0]
+    return GROUP_OF_MODULE.get(module, module)
+
+
+def _start_order(item) -> int:
+    scope = _scope(item.nodeid)
+    return FIRST.index(scope) if scope in FIRST else len(FIRST)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduling by module, the modules of one shared fixture counting as one (largest groups first)."""
+    """xdist's scheduling by module, the modules of one shared fixture counting as one, :data:`FIRST` first."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # FIRST's order, not the number of tests in a scope
 
     class ByModuleAndSharedFixture(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return GROUP_OF_MODULE.get(module, module)
+            return _scope(nodeid)
 
     return ByModuleAndSharedFixture(config, log)
 
