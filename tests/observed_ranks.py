@@ -192,3 +192,10 @@ def held_routes() -> dict[str, dict[str, object]]:
         found[name]["gathers"] = [(g.async_op, g.waited >= g.launched) for g in watch.gathers]
         found[name]["watched"] = (watch.prefetched, watch.peak, _values(output))
     return found
+
+
+def shapes_that_differ(at: int, calls: int) -> None:
+    """``calls`` all-reduces of 4 numbers; at number ``at`` rank 1's is shaped (2, 2). Gloo sees 4 numbers on every
+    rank and lets it pass; NCCL's rule on shapes does not."""
+    for number in range(1, calls + 1):
+        dist.all_reduce(torch.ones(2, 2) if number == at and dist.get_rank() == 1 else torch.ones(4))

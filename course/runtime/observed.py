@@ -284,6 +284,12 @@ def unobserved() -> Iterator[None]:
         c10d.ProcessGroupGloo = was
 
 
+def settle() -> None:
+    """Check NCCL's agreement rule once more on every live observed group of this process, at its last collective
+    (:func:`course.runtime.nccl_rules.settle`): a rank's function calls it as it returns."""
+    nccl_rules.settle([group for group in _INNER_TO_OUTER.values() if group in c10d._world.pg_map])
+
+
 def is_observed(group: Any = None) -> bool:
     """True when ``group`` (default: the world's) is an :class:`ObservedGroup`."""
     if group is None:

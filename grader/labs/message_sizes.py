@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from course.runtime import intercept, observed
+from course.runtime import collective_names, intercept, observed
 from course.runtime.observed_record import Record
 
-_SENDS, _RECEIVES = ("send", "isend"), ("recv", "irecv")
+_SENDS, _RECEIVES = collective_names.functions("send"), collective_names.functions("recv")
 
 
 class SizeMismatch(Exception):

@@ -59,8 +59,8 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("reads_before_wait", ["matches_ddp"], "the bucket was read before its allreduce finished"),
     ("out_of_order", ["in_order"], "step 1 launched the buckets in the order 1, 0, 2, 3 (bytes 4224, 4136, 84, "
      "5376): bucket 1 filled first and went first. Every rank must launch bucket 0, then 1, 2, ..."),
-    # torch's DDP reduces in C++, so no allreduce of the student's is seen either
-    ("uses_torch_ddp", ["one_allreduce_per_bucket", "overlap", "no_torch_ddp"], ": no allreduce at all"),
+    # torch's DDP reduces all its gradients in one bucket of 25 MB: the process group sees that one allreduce
+    ("uses_torch_ddp", ["one_allreduce_per_bucket", "overlap", "no_torch_ddp"], "everything in one allreduce"),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
     result = run_lab(ddp.LAB, planted("ddp", attempt))
