@@ -17,6 +17,9 @@ Two ways to get one, each proven by ``tests/runtime/test_observed.py``:
   every gloo group made (``init_process_group("gloo")``, ``init_process_group()``, ``new_group``,
   ``init_device_mesh``) is an observed one, and ``dist.get_backend()`` still says ``gloo``.
 
+Listeners (:func:`listening`) are told each record and may wrap the work handle (a timed ``wait()``:
+:mod:`course.runtime.observed_work`); a checker that must change what a call does (results landing only at
+``wait()``) rewrites its arguments (:func:`rewriting`); a checker's own calls are told to neither (:func:`unheard`).
 Taught in ``notebooks/04_allreduce.ipynb`` (what a collective sends) and used by the labs' logs and the grader.
 """
 
