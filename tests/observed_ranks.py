@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed import irecv, isend  # imported by name before anything could wrap them
+from torch.distributed import all_gather_into_tensor, irecv, isend  # imported by name before anything could wrap them
 
 from course.runtime import observed
 
@@ -156,6 +156,7 @@ def _held_routes(out_of: int) -> dict[str, object]:
         "all_reduce on a mesh": reduced(lambda t: dist.all_reduce(t, group=mesh, async_op=True)),
         "all_gather_single": gathered(lambda out: dist.all_gather_single(out, mine, async_op=True)),
         "all_gather_into_tensor": gathered(lambda out: dist.all_gather_into_tensor(out, mine, async_op=True)),
+        "all_gather_into_tensor by name": gathered(lambda out: all_gather_into_tensor(out, mine, async_op=True)),
         "all_gather on a mesh": gathered(lambda out: dist.all_gather_single(out, mine, group=mesh, async_op=True)),
         "all_gather list": listed,
         "reduce_scatter_single": scattered("reduce_scatter_single"),

@@ -16,7 +16,8 @@ def held():
 
 
 ROUTES = ["all_reduce by name", "all_reduce on a mesh", "all_gather_single", "all_gather_into_tensor",
-          "all_gather on a mesh", "all_gather list", "reduce_scatter_single", "reduce_scatter_tensor"]
+          "all_gather_into_tensor by name", "all_gather on a mesh", "all_gather list", "reduce_scatter_single",
+          "reduce_scatter_tensor"]
 #: what each route's output holds after wait() on 2 ranks whose input is 4 copies of (rank + 1)
 RESULT = {"all_reduce": [3.0] * 4, "all_gather": [1.0] * 4 + [2.0] * 4, "reduce_scatter": [3.0] * 4}
 
