@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed import irecv, isend  # imported by name before anything could wrap them
+from torch.distributed import all_gather_into_tensor, irecv, isend  # imported by name before anything could wrap them
 
 from course.runtime import observed
 
@@ -118,3 +118,85 @@ def collectives_that_differ(at: int) -> None:
         dist.all_reduce(torch.ones(4))
     dist.all_reduce(torch.ones(3 if dist.get_rank() == 1 else 4))
 
+
+
+# ------------------------------------------------------------------ the labs' watchers, by every route (2 ranks)
+def _held_routes(out_of: int) -> dict[str, object]:
+    """Each route to an asynchronous all-reduce, all-gather or reduce-scatter: ``name -> (output, start)``, a function
+    starting the call on a tensor it returns (the student's) and the call's work handle."""
+    from torch.distributed import all_reduce  # imported by name before anything could wrap it
+    from torch.distributed.device_mesh import init_device_mesh
+    size, mine = dist.get_world_size(), torch.full((4,), float(out_of))
+    mesh = init_device_mesh("cpu", (size,)).get_group()
+
+    def gathered(call):
+        def start():
+            out = torch.zeros(4 * size)
+            return out, call(out)
+        return start
+
+    def listed():
+        outs = [torch.zeros(4) for _ in range(size)]
+        return outs, dist.all_gather(outs, mine, async_op=True)
+
+    def scattered(name):
+        def start():
+            out = torch.zeros(4)
+            return out, getattr(dist, name)(out, mine.repeat(size), async_op=True)
+        return start
+
+    def reduced(call):
+        def start():
+            t = mine.clone()
+            return t, call(t)
+        return start
+
+    return {
+        "all_reduce by name": reduced(lambda t: all_reduce(t, async_op=True)),
+        "all_reduce on a mesh": reduced(lambda t: dist.all_reduce(t, group=mesh, async_op=True)),
+        "all_gather_single": gathered(lambda out: dist.all_gather_single(out, mine, async_op=True)),
+        "all_gather_into_tensor": gathered(lambda out: dist.all_gather_into_tensor(out, mine, async_op=True)),
+        "all_gather_into_tensor by name": gathered(lambda out: all_gather_into_tensor(out, mine, async_op=True)),
+        "all_gather on a mesh": gathered(lambda out: dist.all_gather_single(out, mine, group=mesh, async_op=True)),
+        "all_gather list": listed,
+        "reduce_scatter_single": scattered("reduce_scatter_single"),
+        "reduce_scatter_tensor": scattered("reduce_scatter_tensor"),
+    }
+
+
+def _values(output) -> list[float]:
+    return torch.cat([t.flatten() for t in output]).tolist() if isinstance(output, list) else output.tolist()
+
+
+def held_routes() -> dict[str, dict[str, object]]:
+    """For each route, under the recorder and ``results_at_wait``: the student's tensor before and after ``wait()``
+    and the recorder's record (op, bytes, bytes sent, asynchronous, waited before and after ``wait()``); under the
+    FSDP lab's gather watch, the gathers it saw and the values after ``wait()``."""
+    from course.runtime import recorder
+    from grader.labs.fsdp import gathers
+    from grader.labs.late_results import results_at_wait
+    found = {}
+    for name, start in _held_routes(dist.get_rank() + 1).items():
+        with recorder.recording(dist.get_world_size()) as seen, results_at_wait():
+            output, work = start()
+            before, waited_before = _values(output), seen.calls[-1].waited
+            work.wait()
+        (record,) = seen.calls
+        found[name] = {"before": before, "after": _values(output), "record": (
+            record.op, record.nbytes, record.sent_bytes, record.async_op, waited_before, record.waited is not None)}
+    for name, start in _held_routes(dist.get_rank() + 1).items():
+        if "gather" not in name:
+            continue
+        with gathers.watching_gathers() as watch:
+            output, work = start()
+            work.wait()
+        found[name]["gathers"] = [(g.async_op, g.waited >= g.launched) for g in watch.gathers]
+        found[name]["watched"] = (watch.prefetched, watch.peak, _values(output))
+    return found
+
+
+def shapes_that_differ(at: int, calls: int) -> None:
+    """``calls`` all-reduces of 4 numbers; at number ``at`` rank 1's is shaped (2, 2). Gloo sees 4 numbers on every
+    rank and lets it pass; NCCL's rule on shapes does not."""
+    for number in range(1, calls + 1):
+        dist.all_reduce(torch.ones(2, 2) if number == at and dist.get_rank() == 1 else torch.ones(4))

@@ -147,6 +147,7 @@ def _run_rank(fn: bytes, rank: int, world_size: int, port: int, timeout_s: float
         # Plain pickle copies tensors by value: the queue's own pickler would share their memory, which
         # vanishes when this process exits before the launcher reads it.
         result = pickle.dumps(fn(*args, **kwargs))
+        observed.settle()  # collectives that differ after the last sampled agreement check fail here
         sys.stdout.flush()
         channel.put(("ok", rank, result))
     except BaseException:  # noqa: B036 - the launcher must hear about every way a rank can end

@@ -11,15 +11,20 @@ Gloo is lenient where NCCL is not. Under :mod:`course.runtime.observed`, a rank 
 * ``threads``: a group is used by one thread at a time. A call issued while another thread's call on the same group
   is still in flight would be ordered differently on each rank.
 * ``agreement``: every rank issues the same collectives in the same order, with the same shapes, dtypes and roots
-  (what ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` checks at every call). Here each rank notes a signature per collective,
-  and compares the list with the other ranks' through the store after its 1st, 2nd, 4th, ... 64th collective and
-  then every 64th: a few store round trips per 64 calls, not one per call.
+  (what ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` checks at every call). Here each rank notes a signature per collective
+  and folds it into a running hash of all its collectives so far. After its 1st, 2nd, 4th, ... 64th collective and
+  then every 64th it publishes that hash, with the signatures since the last check, through the store, and compares
+  with the ranks that have already published: a few store round trips per 64 calls, not one per call. Since the
+  hash covers every call, a difference at any call (the 5th, between two checks) is caught at the next check, and
+  the ranks of :func:`course.runtime.launch.launch` check once more when their function returns (:func:`settle`),
+  so none goes unseen. The message names the first call that differs and what each rank issued there.
 
 Taught in ``notebooks/08_tensor_pipeline.ipynb`` (the pipeline's sends and receives).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -62,6 +67,8 @@ class Rules:
         self._inboxes: dict[tuple[int, int], message_headers.Inbox] = {}  # (peer, tag) -> checks its headers
         self._signatures: list[list[str]] = []  # collectives since the last agreement check: [signature, where]
         self._collectives = 0
+        self._hash = ""  # running hash of every collective's signature so far
+        self._checks: list[int] = []  # the collective numbers this rank published its hash at
         self.broken: NcclRuleError | None = None
 
     def before(self, record: Record, tensors: list[torch.Tensor], args: tuple) -> None:
@@ -135,33 +142,61 @@ class Rules:
             signature += f" from root {args[1].rootRank}"
         with self._lock:
             self._signatures.append([signature, record.where])
+            self._hash = hashlib.blake2b(f"{self._hash}|{signature}".encode(), digest_size=8).hexdigest()
             self._collectives += 1
             number = self._collectives
-            due = number % CHECK_EVERY == 0 or (number & (number - 1)) == 0
-            if not due:
+            if number % CHECK_EVERY != 0 and (number & (number - 1)) != 0:
                 return
-            mine, self._signatures = self._signatures, []
-        self._agree(number, mine)
+        self.agree()
 
-    def _agree(self, number: int, mine: list[list[str]]) -> None:
-        """Publish this rank's signatures up to collective ``number``; compare with the ranks that already have."""
-        rank = self.group.rank()
-        self.store.set(f"observed-agree/{number}/{rank}", json.dumps(mine))
+    def agree(self) -> None:
+        """Publish this rank's running hash at its latest collective, with the signatures since its last check, and
+        compare with the ranks that have already published there (:class:`NcclRuleError` naming the first call
+        that differs). Called at the sampled collectives, and by :func:`settle` at the end."""
+        with self._lock:
+            number, mine, self._signatures = self._collectives, self._signatures, []
+            if not self.enforce or not number or (self._checks and self._checks[-1] == number):
+                return
+            self._checks.append(number)
+            rank = self.group.rank()
+            self.store.set(f"observed-agree/{number}/{rank}", json.dumps({"hash": self._hash, "calls": mine}))
         for other in range(self.group.size()):
             key = f"observed-agree/{number}/{other}"
-            if other == rank or not self.store.check([key]):
-                continue
-            theirs = json.loads(self.store.get(key))
-            for index, (signature, where) in enumerate(mine):
-                if index >= len(theirs) or theirs[index][0] != signature:
-                    got = theirs[index] if index < len(theirs) else ["nothing", ""]
-                    call = number - len(mine) + index + 1
-                    raise NcclRuleError(
-                        "agreement", f"collective number {call} on this process group differs between ranks: "
-                        f"rank {rank} issued {signature}{f' (at {where})' if where else ''}, but rank {other} issued "
-                        f"{got[0]}{f' (at {got[1]})' if got[1] else ''}. On GPUs NCCL would hang or mix up the data. "
-                        "Fix: every rank must call the same collectives in the same order, with the same shapes, "
-                        "dtypes and root.")
+            if other != rank and self.store.check([key]) and json.loads(self.store.get(key))["hash"] != self._hash:
+                raise self._disagreement(rank, other)
+
+    def _disagreement(self, rank: int, other: int) -> NcclRuleError:
+        """The first collective whose signature differs between this rank and ``other`` (both published at every
+        check up to the one that failed), as a rule's error."""
+        index = 0
+        for number in self._checks:
+            keys = [f"observed-agree/{number}/{who}" for who in (rank, other)]
+            if not self.store.check(keys):
+                break  # the other rank never reached this check
+            mine, theirs = (json.loads(self.store.get(key))["calls"] for key in keys)
+            for offset, (signature, where) in enumerate(mine):
+                got = theirs[offset] if offset < len(theirs) else ["nothing", ""]
+                if got[0] != signature:
+                    return NcclRuleError(
+                        "agreement", f"collective number {index + offset + 1} on this process group differs between "
+                        f"ranks: rank {rank} issued {signature}{f' (at {where})' if where else ''}, but rank {other} "
+                        f"issued {got[0]}{f' (at {got[1]})' if got[1] else ''}. On GPUs NCCL would hang or mix up the "
+                        "data. Fix: every rank must call the same collectives in the same order, with the same "
+                        "shapes, dtypes and root.")
+            index += len(mine)
+        return NcclRuleError("agreement", f"the collectives of rank {rank} and rank {other} differ (their running "
+                             "hashes do), but no single call could be named. Fix: every rank must call the same "
+                             "collectives in the same order, with the same shapes, dtypes and root.")
+
+
+def settle(groups: list[Any]) -> None:
+    """Check the agreement of each observed group in ``groups`` once more, at its last collective: a difference
+    after the last sampled check is caught too (:func:`course.runtime.launch.launch` calls it as a rank's function
+    returns). Raises :class:`NcclRuleError` as the sampled checks do."""
+    for group in groups:
+        rules = getattr(group, "rules", None)
+        if isinstance(rules, Rules):
+            rules.agree()
 
 
 def _done(work: Any) -> bool:

@@ -17,6 +17,9 @@ Two ways to get one, each proven by ``tests/runtime/test_observed.py``:
   every gloo group made (``init_process_group("gloo")``, ``init_process_group()``, ``new_group``,
   ``init_device_mesh``) is an observed one, and ``dist.get_backend()`` still says ``gloo``.
 
+Listeners (:func:`listening`) are told each record and may wrap the work handle (a timed ``wait()``:
+:mod:`course.runtime.observed_work`); a checker that must change what a call does (results landing only at
+``wait()``) rewrites its arguments (:func:`rewriting`); a checker's own calls are told to neither (:func:`unheard`).
 Taught in ``notebooks/04_allreduce.ipynb`` (what a collective sends) and used by the labs' logs and the grader.
 """
 
@@ -44,8 +47,12 @@ _GLOO = ProcessGroup.BackendType.GLOO
 _NCCL = ProcessGroup.BackendType.NCCL
 After = Callable[[Any], Any]  # work -> work: told the call's work handle as it returns
 Listener = Callable[[Record], After | None]
+#: (record, args) -> (the args the real group gets, After), or None to leave the call as it is
+Rewriter = Callable[[Record, tuple], tuple[tuple, After] | None]
 _LISTENERS: list[Listener] = []
+_REWRITERS: list[Rewriter] = []
 _LOCK = threading.Lock()
+_UNHEARD = threading.local()  # .on: inside unheard(): a checker's own call, told to no listener
 
 
 class ObservedGroup(ProcessGroup):
@@ -79,7 +86,13 @@ class ObservedGroup(ProcessGroup):
         tensors = flatten(args[what.input]) if what.input is not None and len(args) > what.input else []
         record = self._record(method, what, args, tensors)
         self.rules.before(record, tensors, args)
-        afters = [after for listener in tuple(_LISTENERS) if (after := listener(record)) is not None]
+        afters = []
+        if not getattr(_UNHEARD, "on", False):
+            for rewriter in tuple(_REWRITERS):
+                if (rewritten := rewriter(record, args)) is not None:
+                    args, after = rewritten
+                    afters.append(after)
+            afters += [after for listener in tuple(_LISTENERS) if (after := listener(record)) is not None]
         work = self.rules.issue(record, method, args, kwargs)
         record.end = time.perf_counter()
         for after in afters:
@@ -98,7 +111,7 @@ class ObservedGroup(ProcessGroup):
                       shapes=tuple(tuple(t.shape) for t in tensors),
                       dtype=str(tensors[0].dtype).removeprefix("torch.") if tensors else "",
                       where=where, caller=caller, by_torch=by_torch, thread=threading.get_ident(),
-                      start=time.perf_counter())
+                      start=time.perf_counter(), async_op=bool(getattr(args[-1] if args else None, "asyncOp", True)))
 
     def global_rank(self, group_rank: int) -> int:
         """The default group's number of this group's rank ``group_rank`` (itself if the world does not know this
@@ -158,6 +171,35 @@ def listening(listener: Listener) -> Iterator[None]:
         yield
     finally:
         remove_listener(listener)
+
+
+@contextmanager
+def rewriting(rewriter: Rewriter) -> Iterator[None]:
+    """Inside the ``with`` block, ``rewriter`` may change what each call of an observed group does: told the record
+    and the group method's arguments, it returns the arguments the real group gets instead and an :data:`After`
+    for the work handle (a checker making results land only at ``wait()``), or None."""
+    with _LOCK:
+        _REWRITERS.append(rewriter)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _REWRITERS[:] = [other for other in _REWRITERS if other != rewriter]
+
+
+def unheard(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (a ``torch.distributed`` function), whose calls on this thread no listener or rewriter is told
+    of: a checker's own collectives, kept out of the learner's record. NCCL's rules still apply."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        was = getattr(_UNHEARD, "on", False)
+        _UNHEARD.on = True
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _UNHEARD.on = was
+
+    call.__name__ = call.__qualname__ = getattr(function, "__name__", "unheard")
+    return call
 
 
 def add_listener(listener: Listener) -> None:
@@ -243,6 +285,12 @@ def unobserved() -> Iterator[None]:
         yield
     finally:
         c10d.ProcessGroupGloo = was
+
+
+def settle() -> None:
+    """Check NCCL's agreement rule once more on every live observed group of this process, at its last collective
+    (:func:`course.runtime.nccl_rules.settle`): a rank's function calls it as it returns."""
+    nccl_rules.settle([group for group in _INNER_TO_OUTER.values() if group in c10d._world.pg_map])
 
 
 def is_observed(group: Any = None) -> bool:

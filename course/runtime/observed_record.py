@@ -51,6 +51,8 @@ class Record:
         caller: the file that called into ``torch.distributed``; by_torch: that file is torch's (DDP, autograd).
         thread: the issuing thread's ident. start, end: when issued and when it returned; waited: when its work
             handle's ``wait()`` was first called (set by listeners that time it).
+        async_op: the call returned a work handle to the code (``async_op=True``, a functional collective, a group
+            method called directly); False when ``torch.distributed`` waited for it before returning.
     """
 
     op: str
@@ -72,6 +74,7 @@ class Record:
     start: float
     end: float = float("nan")
     waited: float | None = None
+    async_op: bool = True
 
     def signature(self) -> str:
         """What every rank must agree on for a collective: ``"all_reduce float32[4, 3]"``."""

@@ -33,10 +33,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from course.runtime import intercept, observed
+from course.runtime import collective_names, intercept, observed
 
 #: What a learner calls to send or receive one message; the messages are named after the outermost call.
-CALLS = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
+CALLS = (*collective_names.functions(kind="p2p"), "batch_isend_irecv")
 WAIT = "Work.wait"
 SIZE = 64 * 1024  # bytes of the record file: the record of 64 ranks' counts fits many times over
 _KEPT_WORKS = 4096  # work handles remembered until waited; past it, the completed ones and then the oldest go

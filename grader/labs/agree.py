@@ -1,8 +1,8 @@
 """What the ranks tell each other while a lab is checked, over the checker's own (unrecorded) collectives.
 
 :func:`spreads` says how far each rank's tensors are from rank 0's, :func:`total` sums a number over the
-ranks. Both use :data:`course.runtime.recorder.ORIGINAL`, so a recorder
-installed meanwhile does not count them as the student's calls.
+ranks. Both use :data:`course.runtime.recorder.ORIGINAL`, whose calls no recorder hears
+(:func:`course.runtime.observed.unheard`), so they never count as the student's calls.
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
 """Catch a send and its receive of different sizes before gloo does (gloo aborts the process with no Python error).
 
-``with matched_sizes():`` wraps ``torch.distributed``'s ``send``/``isend`` and ``recv``/``irecv``: before the
-k-th message from rank a to rank b goes out, rank a writes its element count to the process group's store under
-``a->b/k``; before rank b posts its k-th receive from a, it reads that count and raises :class:`SizeMismatch` if
-its buffer holds a different number of elements. The message is then never posted, so no rank is aborted and the
-lab can say which message disagreed. Used by the ring lab (:mod:`grader.labs.ring`).
+``with matched_sizes():`` watches every message the process group sends or receives
+(:func:`course.runtime.observed.rewriting`: ``send``, ``isend`` imported by name, ``batch_isend_irecv``, a group's
+own ``send``): before the k-th message from rank a to rank b goes out, rank a writes its element count to the
+process group's store under ``a->b/k``; before rank b posts its k-th receive from a, it reads that count and raises
+:class:`SizeMismatch` if its buffer holds a different number of elements. The message is then never posted, so no
+rank is aborted and the lab can say which message disagreed. On a group of torch's own (nccl on GPUs) it wraps
+``torch.distributed``'s ``send``/``isend`` and ``recv``/``irecv`` by name instead. Used by the ring lab
+(:mod:`grader.labs.ring`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,9 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from course.runtime import intercept
+from course.runtime import collective_names, intercept, observed
+from course.runtime.observed_record import Record
 
-_SENDS, _RECEIVES = ("send", "isend"), ("recv", "irecv")
+_SENDS, _RECEIVES = collective_names.functions("send"), collective_names.functions("recv")
 
 
 class SizeMismatch(Exception):
@@ -39,35 +44,42 @@ def _peer(args: tuple, kwargs: dict, key: str) -> int | None:
     return peer if isinstance(peer, int) else None
 
 
-@contextmanager
-def matched_sizes(tag: str = "") -> Iterator[None]:
-    """While open, every point-to-point message's size is compared with its receive's before it is posted.
+class _Sizes:
+    """The element counts of one ``with matched_sizes()``'s messages, compared through the store."""
 
-    Messages are counted from 0 in each ``with``; every rank must use the same ``tag``, new for each ``with``."""
-    store = c10d._get_default_store()
-    rank = dist.get_rank()
-    counts: Counter = Counter()  # (sender, receiver) -> messages so far
-    inside = threading.local()
+    def __init__(self, tag: str) -> None:
+        self.store, self.rank, self.tag = c10d._get_default_store(), dist.get_rank(), tag
+        self.counts: Counter = Counter()  # (sender, receiver) -> messages so far
+        self.inside = threading.local()  # .depth: inside a wrapped call (torch's send calls isend)
 
-    def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        sending = name in _SENDS
+    def check(self, sending: bool, peer: int, numel: int) -> None:
+        """Publish (a send) or compare (a receive) the next message's element count with ``peer``."""
+        pair = (self.rank, peer) if sending else (peer, self.rank)
+        index = self.counts[pair]
+        self.counts[pair] += 1
+        key = f"course-labs-size/{self.tag}/{pair[0]}->{pair[1]}/{index}"
+        if sending:
+            self.store.set(key, str(numel))
+        elif (sent := int(self.store.get(key))) != numel:
+            raise SizeMismatch(peer, self.rank, index, sent, numel)
+
+    def rewrite(self, record: Record, args: tuple) -> None:
+        """On the process group: every message, checked before it is posted (and left as it is)."""
+        if record.kind == "p2p" and record.peer is not None:
+            self.check(record.op == "send", record.peer, sum(math.prod(shape) for shape in record.shapes))
+
+    def wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        """On a group of torch's own: the function ``name``, its messages checked (the outer call counts: torch's
+        send calls isend)."""
+        sending, inside = name in _SENDS, self.inside
 
         @functools.wraps(original)
         def checked(*args: Any, **kwargs: Any) -> Any:
             tensor = args[0] if args else kwargs.get("tensor")
             peer = _peer(args, kwargs, "dst" if sending else "src")
             if getattr(inside, "depth", 0) or peer is None or not isinstance(tensor, torch.Tensor):
-                return original(*args, **kwargs)  # torch's send calls isend: the outer call counts
-            pair = (rank, peer) if sending else (peer, rank)
-            index = counts[pair]
-            counts[pair] += 1
-            key = f"course-labs-size/{tag}/{pair[0]}->{pair[1]}/{index}"
-            if sending:
-                store.set(key, str(tensor.numel()))
-            else:
-                sent = int(store.get(key))
-                if sent != tensor.numel():
-                    raise SizeMismatch(peer, rank, index, sent, tensor.numel())
+                return original(*args, **kwargs)
+            self.check(sending, peer, tensor.numel())
             inside.depth = 1
             try:
                 return original(*args, **kwargs)
@@ -75,5 +87,16 @@ def matched_sizes(tag: str = "") -> Iterator[None]:
                 inside.depth = 0
         return checked
 
-    with intercept.replacing(_SENDS + _RECEIVES, wrap):
-        yield
+
+@contextmanager
+def matched_sizes(tag: str = "") -> Iterator[None]:
+    """While open, every point-to-point message's size is compared with its receive's before it is posted.
+
+    Messages are counted from 0 in each ``with``; every rank must use the same ``tag``, new for each ``with``."""
+    sizes = _Sizes(tag)
+    if observed.is_observed():
+        with observed.rewriting(sizes.rewrite):
+            yield
+    else:
+        with intercept.replacing(_SENDS + _RECEIVES, sizes.wrap):
+            yield

@@ -48,3 +48,11 @@ def test_collectives_that_differ_between_ranks_fail(at):
     text = failure(observed_ranks.collectives_that_differ, at, world_size=3)
     assert "NCCL rule 'agreement'" in text and f"collective number {at} " in text
     assert "all_reduce float32[3]" in text and "all_reduce float32[4]" in text
+
+
+@pytest.mark.parametrize("calls", [5, 12])  # the difference at call 5 is caught at the end, or at the check at 8
+def test_a_difference_between_two_checks_is_caught_and_named(calls):
+    text = failure(observed_ranks.shapes_that_differ, 5, calls)
+    assert "NCCL rule 'agreement'" in text and "collective number 5 " in text
+    assert "all_reduce float32[2, 2]" in text and "all_reduce float32[4]" in text
+    assert ("observed.settle()" in text) == (calls == 5)  # 12 calls: caught at the 8th, before the end

@@ -40,7 +40,8 @@ from course.ddp import buckets
 from course.numerics.bounds import verdict
 from course.perf import protocol
 from course.perf import schedule as modelled
-from course.runtime.recorder import ORIGINAL, Call, Recorder, recording
+from course.runtime.observed_record import Record
+from course.runtime.recorder import ORIGINAL, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, load_entry
 from grader.labs.ddp import gradients
@@ -123,7 +124,7 @@ def reference_trajectory(config: dict, me: world.Rank) -> list[torch.Tensor]:
 class StepRecord:
     """What one of the student's training steps did, on this rank's clock (``time.perf_counter()``)."""
 
-    calls: list[Call]
+    calls: list[Record]
     ready: list[float] = field(default_factory=list)  # when each gradient became ready, in order
     sizes: list[int] = field(default_factory=list)  # its bytes, same order
     backward_end: float = 0.0
@@ -169,13 +170,13 @@ def _train_student(my_ddp: type, config: dict, recorder: Recorder, me: world.Ran
     return trajectory, records
 
 
-def _synchronized(calls: list[Call], local: dict[nn.Parameter, torch.Tensor], world_size: int) -> str:
+def _synchronized(calls: list[Record], local: dict[nn.Parameter, torch.Tensor], world_size: int) -> str:
     """What went wrong between the allreduces and ``.grad``, if every gradient shows it ("" otherwise).
 
     "no_wait": some allreduce was never waited for; "no_copy": every ``.grad`` still holds this rank's own
     gradient; "early_read": every ``.grad`` is this rank's own gradient / world_size (the bucket was read before its
     allreduce's result landed, which :func:`grader.labs.late_results.results_at_wait` makes happen every time)."""
-    if any(call.name == "all_reduce" and call.async_op and call.waited is None for call in calls):
+    if any(call.op == "all_reduce" and call.async_op and call.waited is None for call in calls):
         return "no_wait"
     if local and all(p.grad is not None and torch.equal(p.grad, g) for p, g in local.items()):
         return "no_copy"
@@ -267,7 +268,7 @@ def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], sprea
 def judge_buckets(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
     """Finding for ``one_allreduce_per_bucket``: each step's all_reduce calls against the buckets it needed."""
     for step, record in enumerate(records, start=1):
-        made = len([call for call in record.calls if call.name == "all_reduce"])
+        made = len([call for call in record.calls if call.op == "all_reduce"])
         needed = len(buckets.assign_buckets(record.sizes, bucket_cap_bytes))
         if made == needed or record.planned and made == len(buckets.assign_buckets(record.planned, bucket_cap_bytes)):
             continue  # buckets filled in the order gradients became ready, or planned in reverse parameters() order
@@ -290,7 +291,7 @@ def judge_in_order(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
     Buckets filled in the order gradients became ready are in order by construction, and pass too. Allreduces that
     are not a reordering of the planned buckets are the bucket check's to judge, not this one's."""
     for step, record in enumerate(records, start=1):
-        sizes = [call.nbytes for call in record.calls if call.name == "all_reduce"]
+        sizes = [call.nbytes for call in record.calls if call.op == "all_reduce"]
         planned = _bucket_bytes(record.planned, bucket_cap_bytes)
         if sizes in (planned, _bucket_bytes(record.sizes, bucket_cap_bytes)) or sorted(sizes) != sorted(planned):
             continue
@@ -303,25 +304,25 @@ def judge_in_order(records: list[StepRecord], bucket_cap_bytes: int) -> Finding:
     return Finding("in_order", True, f"buckets launched in order in each of {len(records)} steps")
 
 
-def _overlapped(call: Call, ready: list[float]) -> bool:
+def _overlapped(call: Record, ready: list[float]) -> bool:
     """Launched before the last gradient was ready, and not waited for until a later gradient was."""
-    later = [t for t in ready if t > call.launched]
+    later = [t for t in ready if t > call.start]
     return bool(later) and (call.waited is None or call.waited > later[0])
 
 
 def judge_overlap(records: list[StepRecord]) -> Finding:
     """Finding for ``overlap``: in every step, some allreduce still ran while backward computed a gradient."""
     for step, record in enumerate(records, start=1):
-        calls = [call for call in record.calls if call.name == "all_reduce"]
+        calls = [call for call in record.calls if call.op == "all_reduce"]
         if any(_overlapped(call, record.ready) for call in calls):
             continue
         if not calls:
             why = "no allreduce was made, so nothing could overlap backward"
-        elif all(call.launched >= record.backward_end for call in calls):
-            late = 1e3 * (min(call.launched for call in calls) - record.backward_end)
+        elif all(call.start >= record.backward_end for call in calls):
+            late = 1e3 * (min(call.start for call in calls) - record.backward_end)
             why = (f"every allreduce started after backward ended (the first {late:.2g} ms after it): nothing "
                    "overlapped; launch a bucket's allreduce (async_op=True) from the hook that fills it")
-        elif not any(call.launched < record.ready[-1] for call in calls):
+        elif not any(call.start < record.ready[-1] for call in calls):
             why = ("every allreduce started once backward's last gradient was ready: nothing overlapped; launch each "
                    "bucket's allreduce as soon as that bucket is full")
         elif not all(call.async_op for call in calls):
@@ -339,10 +340,10 @@ def judge_overlap(records: list[StepRecord]) -> Finding:
 def judge_speed(record: StepRecord) -> Finding:
     """Finding for ``modelled_speed``: the step's schedule timed by the performance model on each named cluster,
     beside torch DDP's defaults on the same gradients (:func:`course.perf.schedule.compare`)."""
-    calls = [call for call in record.calls if call.name == "all_reduce"]
+    calls = [call for call in record.calls if call.op == "all_reduce"]
     if not calls:
         return Finding("modelled_speed", not SPEED.points, "no allreduce was recorded: no schedule to time")
-    plan = modelled.from_record(record.sizes, record.ready, [c.launched for c in calls], [c.waited for c in calls],
+    plan = modelled.from_record(record.sizes, record.ready, [c.start for c in calls], [c.waited for c in calls],
                                 [c.nbytes for c in calls], record.backward_end)
     comparisons = {cluster: modelled.compare(plan, cluster, BATCH_SIZE) for cluster in modelled.CLUSTERS}
     passed = SPEED.judge(comparisons[SPEED.cluster]) or not SPEED.points

@@ -2,8 +2,11 @@
 
 :class:`GatherWatch` holds every tensor a gather wrote into, weakly, so the bytes of gathered parameters still
 alive are measured at each gather; it notes when each gather was launched and when its data was first waited
-for. :class:`MatmulClock` notes when each matrix multiply ran. Gathers into one tensor and the list form of
-``dist.all_gather`` are watched alike.
+for. It acts on the process group (:func:`course.runtime.observed.rewriting`), so every all-gather is watched
+alike, however it was called: into one tensor (``all_gather_single``, ``all_gather_into_tensor``), the list form
+of ``dist.all_gather``, a functional collective, a DeviceMesh's group. On a group of torch's own (nccl on GPUs)
+the functions of ``torch.distributed`` are wrapped by name instead. :class:`MatmulClock` notes when each matrix
+multiply ran.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from course.runtime import intercept
-from grader.labs.late_results import Late
+from course.runtime import collective_names, intercept, observed
+from course.runtime.observed_record import Record, flatten
+from grader.labs.late_results import held, land, private_like
 
-GATHERS = ("all_gather_into_tensor", "all_gather_single", "_all_gather_base", "all_gather")
+#: on a group of torch's own: every all-gather's name, old and new, that gathers tensors
+GATHERS = tuple(name for name in collective_names.functions("all_gather")
+                if collective_names.FUNCTIONS[name].input is not None)
 
 
 @dataclass
@@ -33,42 +39,6 @@ class Gather:
     launched: float
     waited: float
     async_op: bool
-
-
-class _Landing(Late):
-    """An asynchronous gather's work handle: its result lands in the student's tensor (or list of tensors) when
-    it is first waited for, by ``wait()`` or by taking its future (waiting on that comes next), and that moment
-    is noted in ``gather``."""
-
-    def __init__(self, work: Any, private: Any, target: Any, gather: Gather) -> None:
-        super().__init__(work, private, target)
-        self._gather = gather
-
-    def _land(self) -> None:
-        if not self._landed:
-            _copy_into(self._target, self._private)
-            self._landed = True
-
-    def _waiting(self) -> None:
-        self._gather.waited = min(self._gather.waited, time.perf_counter())
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self._waiting()
-        return super().wait(*args, **kwargs)
-
-    def get_future(self) -> Any:
-        self._waiting()
-        return super().get_future()
-
-
-def _copy_into(target: Any, private: Any) -> None:
-    for mine, theirs in zip(_as_list(target), _as_list(private), strict=True):
-        mine.copy_(theirs)
-
-
-def _as_list(output: Any) -> list[torch.Tensor]:
-    """A gather's output: one tensor, or the list of tensors of ``dist.all_gather``'s list form."""
-    return list(output) if isinstance(output, (list, tuple)) else [output]
 
 
 class GatherWatch:
@@ -95,33 +65,51 @@ class GatherWatch:
                 storages[storage.data_ptr()] = storage.nbytes()  # resize_(0) frees it in place
         return sum(storages.values())
 
+    def _note(self, output: Any, async_op: bool) -> Gather:
+        """A gather into ``output`` (a tensor or lists of them) begins: its tensors are watched from now on."""
+        self.outputs += [weakref.ref(t) for t in flatten(output)]
+        self.peak = max(self.peak, self.alive())
+        self.prefetched |= async_op
+        gather = Gather(time.perf_counter(), float("inf"), async_op)
+        self.gathers.append(gather)
+        return gather
+
+    def rewrite(self, record: Record, args: tuple) -> tuple[tuple, Any] | None:
+        """On the process group: a gather runs into the checker's own buffers, copied into the student's output
+        at its first wait (gloo may hold its output a while after returning, and what it holds must not count as
+        the student's)."""
+        if record.op != "all_gather" or not args or not flatten(args[0]):
+            return None
+        output = args[0]
+        gather = self._note(output, record.async_op)
+        private = private_like(output, torch.empty_like)
+        return (private, *args[1:]), lambda work: held(work, output, private, lambda: _waited(gather))
+
     def wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """On a group of torch's own: the gather function ``original``, watched (the output its first argument)."""
         @functools.wraps(original)
         def watched(*args: Any, **kwargs: Any) -> Any:
             output = args[0] if args else None
-            tensors = _as_list(output) if isinstance(output, (torch.Tensor, list, tuple)) else []
-            if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors) \
+            if not isinstance(output, (torch.Tensor, list, tuple)) or not flatten(output) \
                     or getattr(self._inside, "on", False):
                 return original(*args, **kwargs)
-            self.outputs += [weakref.ref(t) for t in tensors]
-            self.peak = max(self.peak, self.alive())
-            self.prefetched |= bool(kwargs.get("async_op"))
-            gather = Gather(time.perf_counter(), float("inf"), bool(kwargs.get("async_op")))
-            self.gathers.append(gather)
-            # gather into the checker's own buffers, then copy: gloo may hold its output a while after returning,
-            # and what it holds must not count as the student's
-            private = [torch.empty_like(t) for t in tensors]
+            gather = self._note(output, bool(kwargs.get("async_op")))
+            private = private_like(output, torch.empty_like)
             self._inside.on = True
             try:
-                result = original(private if isinstance(output, (list, tuple)) else private[0], *args[1:], **kwargs)
+                result = original(private, *args[1:], **kwargs)
             finally:
                 self._inside.on = False
             if kwargs.get("async_op"):
-                return _Landing(result, private, tensors, gather)  # copied in at the first wait, not before
-            _copy_into(tensors, private)
+                return held(result, output, private, lambda: _waited(gather))  # copied in at the first wait
+            land(output, private)
             gather.waited = time.perf_counter()
             return result
         return watched
+
+
+def _waited(gather: Gather) -> None:
+    gather.waited = min(gather.waited, time.perf_counter())
 
 
 class MatmulClock(TorchDispatchMode):
@@ -143,5 +131,9 @@ class MatmulClock(TorchDispatchMode):
 def watching_gathers() -> Iterator[GatherWatch]:
     """While open, every all-gather's output tensor is watched (:class:`GatherWatch`)."""
     watch = GatherWatch()
-    with intercept.replacing(GATHERS, lambda _name, current: watch.wrap(current)):
-        yield watch
+    if observed.is_observed():
+        with observed.rewriting(watch.rewrite):
+            yield watch
+    else:
+        with intercept.replacing(GATHERS, lambda _name, current: watch.wrap(current)):
+            yield watch

@@ -26,9 +26,11 @@ import torch.distributed as dist
 
 from course import world
 from course.long_context import balance, blockwise
-from course.runtime.comm_log import COLLECTIVES, CommLog
+from course.runtime.collective_names import functions
+from course.runtime.comm_log import COLLECTIVES, SENDS, CommLog
 from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
 
+RECEIVES = functions("recv")  # every receive's name, as the communication log names a call
 CHECKS = (
     Check("layout", "zigzag_positions gives each position to one rank and every rank the same causal work", 2),
     Check("causal_mask", "each query attends to exactly the keys at or before its position", 2),
@@ -110,10 +112,10 @@ def _probe(forward: Callable, config: dict, layout: list[torch.Tensor]) -> torch
 def _ring(rank: int, n: int, calls: list) -> Finding:
     nxt, prv = (rank + 1) % n, (rank - 1) % n
     for call in calls:
-        if call.name in ("isend", "send") and call.peer != nxt:
+        if call.name in SENDS and call.peer != nxt:
             return Finding("ring", False, f"rank {rank} sent a message to rank {call.peer}; the ring passes each "
                            f"block to the next rank, (rank + 1) % world_size = {nxt}")
-        if call.name in ("irecv", "recv") and call.peer != prv:
+        if call.name in RECEIVES and call.peer != prv:
             return Finding("ring", False, f"rank {rank} received from rank {call.peer}; in the ring each rank "
                            f"receives from the previous one, (rank - 1) % world_size = {prv}")
     return Finding("ring", True)
@@ -125,7 +127,7 @@ def _messages(rank: int, n: int, config: dict, forward: list, backward: list) ->
         return Finding("messages", False, f"rank {rank} called {used[0]}: ring attention moves blocks with "
                        "isend/irecv only, no collective")
     block = 2 * config["batch"] * config["heads"] * config["seq_len"] // n * config["head_dim"] * 4
-    sends = [c.nbytes for c in forward if c.name in ("isend", "send")]
+    sends = [c.nbytes for c in forward if c.name in SENDS]
     if len(sends) != n - 1:
         return Finding("messages", False, f"rank {rank} sent {len(sends)} message(s) in forward; expected "
                        f"world_size - 1 = {n - 1}, one per step, with keys and values stacked in one tensor")

@@ -43,7 +43,7 @@ CHECKS = (
 #: what each recorded tensor is, in the order forward and backward compute them
 NAMES = {"y": "the gather linear", "bias": "bias", "weight": "weight", "x": "the input x"}
 GATHERS = collective_names.functions("all_gather")  # every all-gather's name, old and new
-SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "reduce_scatter_single")
+SCATTERS = collective_names.functions("reduce_scatter")  # every reduce-scatter's name, old and new
 
 
 def problem(config: dict) -> dict[str, torch.Tensor]:
