@@ -12,7 +12,7 @@ data-parallel ranks) and, with recomputation, every layer's 16-bit input for the
 in flight there (``1 + (p-1)/(p·v)`` times more with ``v`` interleaved chunks), one layer's working set and the
 logits (Korthikanti et al. 2022, section 4.2.3, for the ``p`` in flight). :func:`choose` keeps the splits that
 fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those GPUs. The pick is
-the model's answer under its assumptions (ZeRO-1 for every ``d > 1``, no sequence or context parallelism, a fixed
+the model's answer under its assumptions (ZeRO-1 for every ``d·c > 1``, no sequence parallelism, a fixed
 global batch, fitted kernel efficiencies), not what a team would run: they also weigh what it leaves out (failures
 and checkpoints, other jobs on the network, a framework's kernels, the time to tune).
 
