@@ -27,7 +27,7 @@ class Config:
     d_ff: int = 32                  # hidden width of each expert's MLP
     num_experts: int = 4            # experts E
     k: int = 2                      # experts per token (top-k)
-    capacity_factor: float = 1.25   # slack over a perfectly even load; below 1 some tokens are always dropped
+    capacity_factor: float = 1.25   # slack over a perfectly even load; below 1 some assignments always drop
     seed: int = 0                   # weights
 
 

@@ -3,9 +3,9 @@
 Plain attention keeps its ``(B, H, S, S)`` probabilities for backward: bytes grow with ``S²``. Blockwise attention
 with the online softmax (``blockwise.BlockwiseAttention``, FlashAttention's idea) keeps ``q, k, v, out`` and one
 log-sum-exp per row: bytes grow with ``S``. That linear part remains, and at 128K tokens it is still too much for
-one GPU (``course.perf.context_expert``): sequence parallelism (notebook 08) cuts it by the tensor-parallel size
-``t`` only around the norms, and attention itself still needs every position's keys. Context parallelism cuts
-the sequence for the whole layer. Taught in ``notebooks/08b_long_context_and_experts.ipynb``.
+one GPU (``course.perf.context_expert``): tensor parallelism with sequence parallelism (notebook 08) divides it
+by ``t``, but ``t`` stays within a node and cannot pass the head count. Context parallelism cuts the sequence for
+the whole layer, attention included, so it can go further. Taught in ``notebooks/08b_long_context_and_experts.ipynb``.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@
   needs the number of heads (of keys and values too) divisible by the number of ranks, so it cannot go past the
   head count. Per rank it sends ``4 (n-1)/n`` local tensors; the ring sends ``2 (n-1)`` of them.
 :func:`sent_bytes` gives each scheme's bytes per rank; :func:`compare_on_rank` runs all three and checks each
-against full attention. Forward only: the ring (``ring_attention``) has the backward. Taught in
-``notebooks/08b_long_context_and_experts.ipynb``.
+against full attention. Ulysses' backward is autograd through its all-to-alls: the gradient of "piece ``j`` to
+rank ``j``" is the same exchange run on the gradients (:class:`AllToAll`), so backward sends the bytes forward did
+(``d out`` out, ``dq, dk, dv`` back); :func:`ulysses_gradients_on_rank` checks them against full attention's. The
+ring's backward is ``ring_attention``'s. Taught in ``notebooks/08b_long_context_and_experts.ipynb``.
 """
 
 from __future__ import annotations
@@ -48,9 +50,23 @@ def _all_to_all(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class AllToAll(torch.autograd.Function):
+    """:func:`_all_to_all` with autograd. Rank ``r``'s output piece ``i`` is rank ``i``'s input piece ``r``, so the
+    gradient of rank ``i``'s piece ``r`` is rank ``r``'s output gradient piece ``i``: the same exchange again."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return _all_to_all(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return _all_to_all(grad)
+
+
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranks: list[torch.Tensor]
                       ) -> torch.Tensor:
-    """Ulysses: all-to-all to ``(B, H/n, S, D)``, causal attention on those heads, all-to-all back.
+    """Ulysses: all-to-all to ``(B, H/n, S, D)``, causal attention on those heads, all-to-all back. Differentiable:
+    ``backward`` runs the two all-to-alls again, on the gradients (:class:`AllToAll`).
 
     Raises:
         ValueError: a head count that the number of ranks does not divide."""
@@ -61,12 +77,12 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranks: 
                          f"{n}: use a number of ranks that divides the head count, or the ring.")
 
     def to_heads(x: torch.Tensor) -> torch.Tensor:  # (B, H, L, D) -> (B, H/n, S, D), S in rank order
-        pieces = _all_to_all(x.reshape(batch, n, heads // n, length, dim).transpose(0, 1))
+        pieces = AllToAll.apply(x.reshape(batch, n, heads // n, length, dim).transpose(0, 1))
         return pieces.permute(1, 2, 0, 3, 4).reshape(batch, heads // n, n * length, dim)
 
     every = torch.cat(ranks)
     out = block_attention(to_heads(q), to_heads(k), to_heads(v), causal_mask(every, every))[0]
-    back = _all_to_all(out.reshape(batch, heads // n, n, length, dim).permute(2, 0, 1, 3, 4))
+    back = AllToAll.apply(out.reshape(batch, heads // n, n, length, dim).permute(2, 0, 1, 3, 4))
     return back.transpose(0, 1).reshape(batch, heads, length, dim)
 
 
@@ -109,6 +125,32 @@ def compare_on_rank(problem: Problem) -> dict:
         kv_bytes = 2 * local[1].numel() * local[1].element_size()
         found[scheme] = {"error": float((out - reference).abs().max()), "sent": _sent(log.calls, n, kv_bytes)}
     return found
+
+
+def ulysses_gradients_on_rank(problem: Problem) -> dict:
+    """Run inside a launched rank: Ulysses forward and backward beside full attention on one process.
+
+    Returns:
+        ``{"out_error", "grad_error": {"q", "k", "v"}, "sent": {"forward", "backward"}}``: the largest differences
+        at this rank's positions, and the bytes this rank sent in each pass.
+    """
+    rank, n, device = dist.get_rank(), dist.get_world_size(), world.current().device
+    ranks = [positions.to(device) for positions in balance.layout(problem.layout, n, problem.seq_len)]
+    mine = ranks[rank]
+    q, k, v, dout = (t.to(device) for t in problem.tensors())
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = attention(*full)[0]
+    reference.backward(dout)
+    local = [t[..., mine, :].clone().requires_grad_() for t in (q, k, v)]
+    kv_bytes = 2 * local[1].numel() * local[1].element_size()
+    with CommLog() as log:
+        out = ulysses_attention(*local, ranks)
+        mark = log.mark()
+        out.backward(dout[..., mine, :])
+    return {"out_error": float((out.detach() - reference.detach()[..., mine, :]).abs().max()),
+            "grad_error": {name: float((mine_t.grad - whole.grad[..., mine, :]).abs().max())
+                           for name, mine_t, whole in zip("qkv", local, full, strict=True)},
+            "sent": {"forward": _sent(log.calls[:mark], n, kv_bytes), "backward": _sent(log.since(mark), n, kv_bytes)}}
 
 
 def _sent(calls: list, n: int, kv_bytes: int) -> float:

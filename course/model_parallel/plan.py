@@ -12,9 +12,15 @@ data-parallel ranks) and, with recomputation, every layer's 16-bit input for the
 in flight there (``1 + (p-1)/(p·v)`` times more with ``v`` interleaved chunks), one layer's working set and the
 logits (Korthikanti et al. 2022, section 4.2.3, for the ``p`` in flight). :func:`choose` keeps the splits that
 fit the GPU's memory and picks the fastest. Everything here is modelled: nothing ran on those GPUs. The pick is
-the model's answer under its assumptions (ZeRO-1 for every ``d > 1``, no sequence or context parallelism, a fixed
+the model's answer under its assumptions (ZeRO-1 for every ``d·c > 1``, no sequence parallelism, a fixed
 global batch, fitted kernel efficiencies), not what a team would run: they also weigh what it leaves out (failures
 and checkpoints, other jobs on the network, a framework's kernels, the time to tune).
+
+Two more splits are there to choose when asked (``contexts``, ``experts``; both ``(1,)`` by default, as 08's
+table): context parallelism ``c`` (the sequence split over ``c`` GPUs, activations divided by ``c``, a ring of
+keys and values per layer) and, for a mixture of experts, expert parallelism ``e`` (the experts split over ``e``
+of the ``d·c`` GPUs, their weights divided by ``e``, an all-to-all per MoE layer; over the network once ``t·c·e``
+passes a node). Notebook 08b asks for them.
 Taught in ``notebooks/08_tensor_pipeline.ipynb``.
 """
 
@@ -43,35 +49,50 @@ class Split:
 
     @property
     def name(self) -> str:
-        return f"{self.plan.tensor} x {self.plan.pipeline} x {self.plan.data}"
+        """``t x p x d``, with ``CP c`` and ``EP e`` after it where used."""
+        extra = "".join(f" {label}{n}" for label, n in (("CP", self.plan.context), ("EP", self.plan.expert)) if n > 1)
+        return f"{self.plan.tensor} x {self.plan.pipeline} x {self.plan.data}{extra}"
 
 
 def evaluate(model: parallel.Transformer, tensor: int, pipeline: int, data: int, cluster: Cluster,
-             global_batch: int = 512) -> Split:
-    """The modelled step and memory of one ``tensor x pipeline x data`` split (ZeRO-1 when ``data > 1``), with the
-    interleaved schedule where it pays (:func:`course.perf.planner.interleaved`)."""
-    plan = parallel.Plan(tensor, pipeline, data, global_batch, 1, "zero1" if data > 1 else "ddp")
+             global_batch: int = 512, context: int = 1, expert: int = 1) -> Split:
+    """The modelled step and memory of one ``tensor x context x pipeline x data`` split (ZeRO-1 when ``d·c > 1``),
+    ``expert`` of the ``d·c`` GPUs splitting the experts, with the interleaved schedule where it pays
+    (:func:`course.perf.planner.interleaved`)."""
+    sharded = data * context > 1
+    plan = parallel.Plan(tensor, pipeline, data, global_batch, 1, "zero1" if sharded else "ddp", context=context,
+                         expert=expert)
     plan = planner.interleaved(model, plan, cluster)
-    memory, _ = planner.memory_per_gpu(model, plan, 1 if data > 1 else 0)
+    memory, _ = planner.memory_per_gpu(model, plan, 1 if sharded else 0)
     return Split(plan, parallel.step_time(model, plan, cluster), memory, memory <= cluster.gpu.memory_bytes)
 
 
-def splits(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512) -> list[Split]:
-    """Every split of ``gpus`` GPUs the model can run (see the module docstring)."""
+def splits(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512,
+           contexts: tuple[int, ...] = (1,), experts: tuple[int, ...] = (1,)) -> list[Split]:
+    """Every split of ``gpus`` GPUs the model can run (see the module docstring), with each context-parallel size
+    of ``contexts`` that divides the sequence and each expert-parallel size of ``experts`` that divides the
+    experts and the ``d·c`` GPUs."""
     found = []
     for t in range(1, gpus + 1):  # across nodes too: the model prices it on the network
         if gpus % t or model.heads % t:
             continue
-        for p in range(1, gpus // t + 1):
-            d = gpus // (t * p)
-            if (gpus // t) % p == 0 and model.layers % p == 0 and global_batch % d == 0:
-                found.append(evaluate(model, t, p, d, cluster, global_batch))
+        for c in contexts:
+            if (gpus // t) % c or model.seq % c:
+                continue
+            for p in range(1, gpus // (t * c) + 1):
+                d = gpus // (t * c * p)
+                if (gpus // (t * c)) % p or model.layers % p or global_batch % d:
+                    continue
+                for e in experts:
+                    if e == 1 or (model.moe and model.experts % e == 0 and (d * c) % e == 0):
+                        found.append(evaluate(model, t, p, d, cluster, global_batch, c, e))
     return found
 
 
-def choose(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512) -> Split | None:
-    """The fastest split that fits the GPU's memory, or None when none fits."""
-    fitting = [split for split in splits(model, gpus, cluster, global_batch) if split.fits]
+def choose(model: parallel.Transformer, gpus: int, cluster: Cluster, global_batch: int = 512,
+           contexts: tuple[int, ...] = (1,), experts: tuple[int, ...] = (1,)) -> Split | None:
+    """The fastest split that fits the GPU's memory, or None when none fits (:func:`splits` for the sizes)."""
+    fitting = [split for split in splits(model, gpus, cluster, global_batch, contexts, experts) if split.fits]
     return min(fitting, key=lambda split: split.step.step_s) if fitting else None
 
 

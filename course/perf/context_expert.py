@@ -21,9 +21,14 @@ from dataclasses import dataclass, field
 
 from course.perf import catalog, microbench
 
-LLAMA3 = "Dubey et al. 2024, The Llama 3 Herd of Models, arXiv:2407.21783, Tables 3-4 and section 3.3.2"
-DEEPSEEK_V3 = "DeepSeek-AI 2024, DeepSeek-V3 Technical Report, arXiv:2412.19437, sections 2.1, 3.1-3.2, 4.2"
-MIXTRAL = "Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088, Table 1"
+LLAMA3 = "Llama Team 2024, The Llama 3 Herd of Models, arXiv:2407.21783, Tables 3-4 and section 3.3.2"
+DEEPSEEK_V3 = ("DeepSeek-AI 2024, DeepSeek-V3 Technical Report, arXiv:2412.19437, Table 1 (2,664K H800 GPU hours of "
+               "pre-training on 14.8T tokens), sections 3.1, 3.2.1 (PP 16, EP 64 over 8 nodes, ZeRO-1; cross-node EP "
+               "'approximately 1:1'), 3.2.2 (NVLink 160 GB/s, IB 50 GB/s, 3.2 experts per node, at most 4 nodes); "
+               "shapes from its config (61 layers, 3 dense, 256 routed experts of 2048, 1 shared, 8 per token); FP8 "
+               "dispatch and BF16 combine also in the DeepEP README (https://github.com/deepseek-ai/DeepEP)")
+MIXTRAL = ("Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088, Table 1 (shapes); Mistral AI 2023, 'Mixtral of "
+           "experts' (https://mistral.ai/news/mixtral-of-experts): 46.7B parameters, 12.9B per token")
 KORTHIKANTI = "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer Models, arXiv:2205.05198"
 
 
@@ -128,21 +133,27 @@ class Record:
     unpublished: str = ""            # what the source leaves open
 
 
+#: Checked against the sources on 2026-11-29 (each number in their text; the search notes are in the commit).
 RECORDS = (
     Record("Llama 3 405B, 128K-token pre-training stage", LLAMA3,
            {"gpus": 16_384, "gpu": "H100 SXM5", "tensor_parallel": 8, "context_parallel": 16, "pipeline_parallel": 16,
             "data_parallel": 8, "seq_len": 131_072, "sequences_per_dp_rank": 16, "layers": 126, "hidden": 16_384,
-            "heads": 128, "kv_heads": 8, "head_dim": 128, "cp_scheme": "all-gather of k, v; 2·CP chunks"},
+            "heads": 128, "kv_heads": 8, "head_dim": 128,
+            "cp_scheme": "all-gather of k, v; 2·CP chunks, rank i holding chunks i and 2·CP-1-i"},
            {"tokens_per_batch": 16_777_216, "tflops_per_gpu": 380, "mfu": 0.38,
-            "mfu_at_8k_on_16384_gpus_cp1": 0.41}),
+            "mfu_at_8k_on_16384_gpus_cp1": 0.41},
+           "Table 4 prints DP 4 for this row (arXiv text); its 16,384 GPUs (8 x 16 x 16 x 8) and 16M tokens per "
+           "batch (8 x 16 x 131,072) both give DP 8, used here. '16M' tokens: taken as 2^24"),
     Record("DeepSeek-V3 (671B, 37B active)", DEEPSEEK_V3,
            {"gpus": 2048, "gpu": "H800", "pipeline_parallel": 16, "expert_parallel": 64, "ep_nodes": 8,
             "tensor_parallel": 1, "data_parallel": "ZeRO-1", "layers": 61, "dense_layers": 3, "hidden": 7168,
             "routed_experts": 256, "shared_experts": 1, "k": 8, "expert_hidden": 2048, "max_nodes_per_token": 4,
             "dispatch": "FP8", "combine": "BF16", "nvlink_gb_s": 160, "infiniband_gb_s": 50},
            {"compute_to_communication_cross_node": 1.0, "experts_per_node_free": 3.2,
-            "h800_gpu_hours_per_trillion_tokens": 180_000},
-           "the micro-batch and sequences per GPU are not stated per stage"),
+            "h800_gpu_hours_per_trillion_tokens": 180_000, "pretraining_h800_gpu_hours": 2_664_000,
+            "pretraining_tokens": 14.8e12},
+           "the micro-batch and sequences per GPU are not stated per stage; attention is MLA (not modelled here); "
+           "the 1:1 ratio is stated for the whole cross-node EP step, not per token"),
     Record("Mixtral 8x7B", MIXTRAL,
            {"experts": 8, "k": 2, "layers": 32, "hidden": 4096, "expert_hidden": 14_336, "heads": 32, "kv_heads": 8,
             "context": 32_768},
@@ -162,17 +173,20 @@ def record(name: str) -> Record:
 def rows() -> list[dict]:
     """The records as rows of the validation table (``perf.published.Row`` fields), modelled with defaults only."""
     llama, deepseek = record("Llama 3").setup, record("DeepSeek-V3").setup
-    tokens = llama["data_parallel"] * llama["sequences_per_dp_rank"] * llama["seq_len"]
+    dp = llama["gpus"] // (llama["tensor_parallel"] * llama["context_parallel"] * llama["pipeline_parallel"])
+    tokens = dp * llama["sequences_per_dp_rank"] * llama["seq_len"]
     v3 = ep_layer(catalog.gpu("H100 SXM5"), deepseek["infiniband_gb_s"] * 1e9, deepseek["hidden"],
                   deepseek["expert_hidden"], deepseek["k"], deepseek["expert_parallel"], 1, 2,
                   deepseek["max_nodes_per_token"])
     return [
         {"kind": "arithmetic", "claim": "Llama 3 405B at 128K, CP=16: tokens per batch (DP x sequences x S)",
-         "source": LLAMA3, "published": 16_777_216.0, "modelled": float(tokens), "unit": "tokens", "assumed": ""},
+         "source": LLAMA3, "published": 16_777_216.0, "modelled": float(tokens), "unit": "tokens",
+         "assumed": "DP = 16,384 GPUs / (TP 8 x CP 16 x PP 16) = 8 (Table 4 prints 4); '16M' read as 2^24"},
         {"kind": "arithmetic", "claim": "DeepSeek-V3: experts per node a token can reach at no extra IB cost",
          "source": DEEPSEEK_V3, "published": 3.2,
-         "modelled": deepseek["nvlink_gb_s"] / deepseek["infiniband_gb_s"], "unit": "experts", "assumed": ""},
-        {"kind": "prediction", "claim": "DeepSeek-V3: computation to communication of cross-node EP, per token",
+         "modelled": deepseek["nvlink_gb_s"] / deepseek["infiniband_gb_s"], "unit": "experts",
+         "assumed": "the source's own per-GPU rates, 160 GB/s NVLink over 50 GB/s InfiniBand"},
+        {"kind": "prediction", "claim": "DeepSeek-V3: computation to communication of cross-node EP",
          "source": DEEPSEEK_V3, "published": 1.0, "modelled": v3.ratio, "unit": "ratio",
          "assumed": "H800 compute taken as the catalog's H100 SXM5 in BF16 (the paper runs experts in FP8); "
                     "the experts' compute only (no attention); each token to 4 other nodes over one 50 GB/s IB "

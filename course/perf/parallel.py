@@ -21,6 +21,11 @@ vocabulary V, the MLP's width) on ``t x c x p x d`` GPUs. One layer, one microba
 * **context parallel** (ring attention, Megatron-LM's ``--context-parallel-size``): the sequence is split ``c``
   ways; each GPU passes its keys and values around a ring, ``(c-1)`` messages of ``4·(s/c)·b·h_kv/t`` bytes in
   forward and twice that in backward, overlapped with the attention (only the excess is exposed).
+* **expert parallel** (a mixture of experts, :attr:`Transformer.experts`; Megatron-Core's
+  ``--expert-model-parallel-size``): the experts are split ``e`` ways among the data x context ranks; each MoE
+  layer sends every token to its ``top_k`` experts and back (dispatch and combine, :func:`expert_seconds`), in
+  forward and again in backward, not overlapped. The copies bound for another node cross the network, the others
+  NVLink: the two run side by side, so the slower sets the time. That is why EP groups stay inside a node.
 * backward costs twice forward; recomputation adds a forward (``"full"``), the attention core (``"selective"``,
   Korthikanti et al. 2022) or nothing (``"none"``).
 
@@ -42,8 +47,9 @@ The step (:func:`step_time`):
 Each newer term can be switched off (:class:`~course.perf.sharding.Terms`). Throughput is reported both ways
 (:mod:`course.perf.transformer`): hardware FLOPs, recomputation counted, as Megatron-LM's papers report TFLOP/s
 (``96·B·s·l·h²·(1 + s/6h + V/16lh)`` with full recomputation), and model FLOPs, as MFU counts them. Not modelled:
-network oversubscription, stragglers, expert parallelism. The pipeline's ends (the loss, the embedding, tied
-embeddings' all-reduce), gradient clipping and the price of TP overlap: :mod:`course.perf.beyond_layers`. Taught in
+network oversubscription, stragglers, uneven routing (EP assumes every expert gets its share). The pipeline's
+ends (the loss, the embedding, tied embeddings' all-reduce), gradient clipping and the price of TP overlap:
+:mod:`course.perf.beyond_layers`. Taught in
 ``notebooks/05c_performance_model.ipynb``.
 """
 
@@ -58,8 +64,8 @@ from course.perf.sharding import ALL_TERMS, Terms, data_parallel_seconds, expose
 from course.perf.transformer import RECOMPUTE, Transformer
 
 __all__ = ["RECOMPUTE", "SHARDING", "LayerTerms", "Plan", "Terms", "Transformer", "TransformerStep",
-           "data_parallel_seconds", "layer_passes", "layer_terms", "pipeline_seconds", "sharding_seconds",
-           "step_time"]
+           "data_parallel_seconds", "expert_seconds", "layer_passes", "layer_terms", "pipeline_seconds",
+           "sharding_seconds", "step_time"]
 
 SHARDING = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 
@@ -100,6 +106,7 @@ class Plan:
     tp_overlap: bool = False            # tensor-parallel collectives hidden behind the GEMMs
     dp_overlap: bool = True             # data-parallel collectives hidden behind backward (and forward)
     reshard_after_forward: bool = True  # zero3/fsdp: gather the parameters again for backward
+    expert: int = 1                     # expert parallelism: the experts split over this many of the d x c GPUs
 
     @property
     def gpus(self) -> int:
@@ -132,6 +139,7 @@ class TransformerStep:
     p2p_s: float = 0.0           # pipeline sends inside pipeline_s
     model_flops_per_gpu: float = 0.0  # model FLOPs (no recomputation) / step / GPUs
     peak_flops: float = 0.0           # the GPU's peak at the plan's precision
+    expert_comm_s: float = 0.0        # expert-parallel all-to-all (dispatch and combine) inside pipeline_s
 
     @property
     def mfu(self) -> float:
@@ -155,6 +163,7 @@ class LayerTerms:
     tensor_s: float      # TP collectives of one pass (two allreduces), before any overlap
     context_s: float     # CP ring traffic of one forward, before any overlap
     launch_s: float = 0.0  # CPU time to launch the layer's forward kernels: a floor under its compute
+    expert_s: float = 0.0  # EP all-to-all (dispatch and combine) of one pass, never overlapped
 
     @property
     def compute_s(self) -> float:
@@ -169,7 +178,7 @@ def check_plan(model: Transformer, plan: Plan, cluster: Cluster) -> None:
     """
     check_choice("sharding", plan.sharding, SHARDING)
     check_choice("recompute", plan.recompute, RECOMPUTE)
-    for name in ("tensor", "pipeline", "data", "microbatch", "interleave", "context"):
+    for name in ("tensor", "pipeline", "data", "microbatch", "interleave", "context", "expert"):
         check_count(name, getattr(plan, name), unit="count")
     if plan.stage_layers:
         if len(plan.stage_layers) != plan.pipeline or sum(plan.stage_layers) != model.layers:
@@ -187,6 +196,9 @@ def check_plan(model: Transformer, plan: Plan, cluster: Cluster) -> None:
     if model.seq % plan.context:
         raise ValueError(f"a sequence of {model.seq} tokens does not split into {plan.context} context-parallel "
                          "parts; pick a context size that divides it.")
+    if plan.expert > 1 and (not model.moe or model.experts % plan.expert or (plan.data * plan.context) % plan.expert):
+        raise ValueError(f"expert parallelism {plan.expert} must divide the {model.experts} experts and the "
+                         f"{plan.data * plan.context} data x context GPUs it is drawn from; pick a divisor of both.")
 
 
 def _gemm_s(flops: float, depth: float, plan: Plan, cluster: Cluster) -> float:
@@ -209,6 +221,24 @@ def _flash_s(flops: float, plan: Plan, cluster: Cluster) -> float:
 KERNELS = {"fused": 10, "unfused": 14}
 
 
+def expert_seconds(tokens: float, model: Transformer, plan: Plan, cluster: Cluster) -> float:
+    """One MoE layer's dispatch and combine for ``tokens`` tokens on one GPU (one pass; backward sends the
+    gradients the same way). Each token's ``top_k`` copies go to ``e`` GPUs evenly, so ``(e-1)/e`` of them leave
+    the GPU (:func:`course.perf.context_expert.ep_bytes_per_token`). Megatron-Core orders ranks tensor, context,
+    expert, data: an EP group of ``e`` spans ``t·c·e`` GPUs, ``g = gpus_per_node/(t·c)`` of them per node. The
+    copies to the ``g-1`` others of the node go over NVLink, those to the ``e-g`` beyond it over the network,
+    side by side: the slower link sets the time. 0 without expert parallelism."""
+    e = plan.expert
+    if e == 1 or not model.moe:
+        return 0.0
+    per_node = max(1, min(e, cluster.gpus_per_node // (plan.tensor * plan.context)))
+    copy = 2 * tokens * model.top_k * model.hidden * 2 / e  # 16-bit, out and back, to each of the e GPUs
+    inside = (per_node - 1) * copy * alpha_beta(cluster.intra).beta_s_per_byte
+    between = (e - per_node) * copy * cluster.network_per_gpu().beta_s_per_byte if e > per_node else 0.0
+    latency = 2 * (e - 1) * (alpha_beta(cluster.intra) if e == per_node else cluster.network_per_gpu()).alpha_s
+    return latency + max(inside, between)
+
+
 def layer_terms(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = ALL_TERMS) -> LayerTerms:
     """Every term of one layer's forward for one microbatch on one GPU (module docstring)."""
     s, h, a, b, t, c = model.seq, model.hidden, model.heads, plan.microbatch, plan.tensor, plan.context
@@ -221,14 +251,17 @@ def layer_terms(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms =
         attention = _gemm_s(scores, h / a, plan, cluster) + _gemm_s(scores, s, plan, cluster)
     bandwidth = cluster.gpu.memory_bandwidth * microbench.constant("memory") if terms.memory_kernels else float("inf")
     score_bytes = 0.0 if plan.fused_attention else 2 * tokens * h * 5 * a * s / (h * t) / bandwidth
-    split = 8 + (6 if model.gated else 4) * model.ffn_width / h  # Korthikanti's 24/t, for any MLP
+    split = 8 + (6 if model.gated else 4) * model.active_ffn / h  # Korthikanti's 24/t, for any MLP
     memory = 2 * tokens * h * (10 + split / t) / bandwidth + score_bytes  # bytes, Korthikanti et al. 2022
     tensor = 2 * allreduce_seconds(2.0 * tokens * h, t, cluster, "ring") if t > 1 else 0.0
     ring = alpha_beta(cluster.intra) if t * c <= cluster.gpus_per_node else cluster.network_per_gpu()
     context = (c - 1) * message_seconds(4.0 * tokens * model.kv_width / t, ring) if c > 1 else 0.0  # K and V
+    if not terms.context_ring:
+        context = 0.0
+    expert = expert_seconds(tokens / t, model, plan, cluster) if terms.expert_all_to_all else 0.0
     kernels = KERNELS["fused" if plan.fused_attention else "unfused"] + (2 if t > 1 else 0)
     launch = kernels * microbench.constant("launch") if terms.overheads else 0.0
-    return LayerTerms(gemm, attention, memory, score_bytes, tensor, context, launch)
+    return LayerTerms(gemm, attention, memory, score_bytes, tensor, context, launch, expert)
 
 
 def _exposed(comm_s: float, hidden_by_s: float, overlap: bool) -> float:
@@ -237,8 +270,9 @@ def _exposed(comm_s: float, hidden_by_s: float, overlap: bool) -> float:
 
 
 def layer_passes(terms: LayerTerms, plan: Plan, overlap_cost: dict[str, float] | None = None) -> dict[str, float]:
-    """One layer's forward, backward and recomputation for one microbatch, each with its exposed TP and CP traffic:
-    ``{"forward", "backward", "recompute", "tensor", "context"}`` (the last two: exposed traffic of all passes).
+    """One layer's forward, backward and recomputation for one microbatch, each with its exposed TP, CP and EP
+    traffic: ``{"forward", "backward", "recompute", "tensor", "context", "expert"}`` (the last three: exposed
+    traffic of all passes).
     ``overlap_cost``: what hiding the TP traffic adds to each pass (:func:`course.perf.beyond_layers.tp_overlap_cost`),
     counted as TP time."""
     cost = overlap_cost if plan.tp_overlap and overlap_cost else {"forward": 0.0, "backward": 0.0}
@@ -246,14 +280,16 @@ def layer_passes(terms: LayerTerms, plan: Plan, overlap_cost: dict[str, float] |
     tp_backward = _exposed(terms.tensor_s, 2 * terms.gemm_s, plan.tp_overlap) + cost["backward"]
     cp_forward = max(0.0, terms.context_s - terms.attention_s)  # the ring always runs beside the attention
     cp_backward = max(0.0, 2 * terms.context_s - 2 * terms.attention_s)
-    forward = terms.compute_s + tp_forward + cp_forward
-    backward = 2 * terms.compute_s + tp_backward + cp_backward
+    forward = terms.compute_s + tp_forward + cp_forward + terms.expert_s
+    backward = 2 * terms.compute_s + tp_backward + cp_backward + terms.expert_s
     recompute = {"full": forward, "none": 0.0,
                  "selective": terms.attention_s + terms.attention_memory_s}[plan.recompute]
     tp_recompute = tp_forward if plan.recompute == "full" else 0.0
     cp_recompute = cp_forward if plan.recompute == "full" else 0.0
+    ep_recompute = terms.expert_s if plan.recompute == "full" else 0.0
     return {"forward": forward, "backward": backward, "recompute": recompute,
-            "tensor": tp_forward + tp_backward + tp_recompute, "context": cp_forward + cp_backward + cp_recompute}
+            "tensor": tp_forward + tp_backward + tp_recompute, "context": cp_forward + cp_backward + cp_recompute,
+            "expert": 2 * terms.expert_s + ep_recompute}
 
 
 def pipeline_seconds(stage_s: list[float], microbatches: int, interleave: int) -> tuple[float, float]:
@@ -264,12 +300,20 @@ def pipeline_seconds(stage_s: list[float], microbatches: int, interleave: int) -
     return microbatches * slowest + bubble, bubble
 
 
+def shard_params(model: Transformer, plan: Plan) -> float:
+    """Parameters one GPU holds before ZeRO sharding: ``1/(t·p)`` of the model, and only ``1/e`` of the routed
+    experts under expert parallelism (their gradients are priced over the same ``d·c`` group: an approximation,
+    Megatron-Core reduces them among the ``d·c/e`` GPUs that hold the same experts)."""
+    experts = model.expert_params * (1 - 1 / plan.expert)
+    return (model.params - experts) / (plan.tensor * plan.pipeline)
+
+
 def update_seconds(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = ALL_TERMS) -> float:
     """The optimizer step on this GPU's shard (Adam: 28 bytes per parameter at the memory bandwidth) and the
     per-step framework overhead, each with its term."""
     shards = plan.data * plan.context if plan.sharding != "ddp" else 1
     adam = 28.0  # bytes per parameter: FP32 master, m and v read and written, 16-bit gradient in, weight out
-    moved = model.params / (plan.tensor * plan.pipeline) / shards * adam
+    moved = shard_params(model, plan) / shards * adam
     optimizer = moved / (cluster.gpu.memory_bandwidth * microbench.constant("memory")) if terms.memory_kernels else 0
     if terms.grad_clipping:
         optimizer += beyond_layers.clipping_seconds(moved / adam, cluster)
@@ -313,4 +357,5 @@ def step_time(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = A
     hardware = model.hardware_flops(plan.global_batch, plan.recompute) / step / plan.gpus
     model_flops = model.model_flops(plan.global_batch) / step / plan.gpus
     return TransformerStep(pipeline_s, bubble, n * m * per_layer["tensor"], data_comm, update, step, hardware,
-                           n * m * per_layer["context"], m * p2p, model_flops, cluster.gpu.peak_flops(plan.precision))
+                           n * m * per_layer["context"], m * p2p, model_flops, cluster.gpu.peak_flops(plan.precision),
+                           n * m * per_layer["expert"])

@@ -6,8 +6,14 @@ sharded by the ZeRO stage over the data-parallel ranks; with tensor parallelism 
 layer first) + activations with full recomputation: every layer's 16-bit input (``2·s·b·h`` bytes), one layer's
 working set while it is recomputed (``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` bytes, Korthikanti et al. 2022, without the
 ``5·a·s/(h·t)`` of the attention scores when a fused attention kernel never stores them) and the
-logits in FP32 for the loss (``4·s·b·V/t``). Step time = :func:`course.perf.parallel.step_time`. Taught in
-``notebooks/05c_performance_model.ipynb``.
+logits in FP32 for the loss (``4·s·b·V/t``). Step time = :func:`course.perf.parallel.step_time`.
+
+Context parallelism (``plan.context = c``) gives each GPU ``s/c`` of every sequence: every activation term above
+shrinks by ``c`` (each query row still meets all ``s`` keys, so the unfused scores keep their ``s``), and Adam's
+state is sharded over the ``d·c`` GPUs that hold the same weights. Expert parallelism (``plan.expert = e``) gives
+each GPU ``1/e`` of the routed experts' weights (sharded by ZeRO over the ``d·c/e`` GPUs that hold the same ones),
+and the MLP's working set grows with the ``top_k`` copies of each token. Taught in
+``notebooks/05c_performance_model.ipynb``; CP and EP in ``notebooks/08b_long_context_and_experts.ipynb``.
 """
 
 from __future__ import annotations
@@ -62,16 +68,30 @@ def memory_per_gpu(model: parallel.Transformer, plan: parallel.Plan, zero_stage:
     interleaved chunks; Korthikanti et al. 2022, section 4.2.3). The one formula: the planner here and
     :mod:`course.model_parallel.plan` both use it.
     """
-    setup = memory_budget.Setup("adam", "bf16", zero_stage, plan.data)
-    states = memory_budget.model_states(model.params / (plan.tensor * plan.pipeline), setup).model_states
+    states = _states(model, plan, zero_stage)
     s, b, h, t = model.seq, plan.microbatch, model.hidden, plan.tensor
-    layer_inputs = 2 * s * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
+    rows = s / plan.context  # this GPU's tokens of each sequence
+    layer_inputs = 2 * rows * b * h * model.layers / plan.pipeline * min(plan.pipeline, plan.microbatches)
     if plan.interleave > 1:  # the first stage runs ahead by (p-1)/(p·v) more (Korthikanti et al. 2022, 4.2.3)
         layer_inputs *= 1 + (plan.pipeline - 1) / (plan.pipeline * plan.interleave)
     scores = 0.0 if plan.fused_attention else 5 * model.heads * s / (h * t)  # a fused kernel keeps no s x s scores
-    working = s * b * h * (10 + 24 / t + scores)
-    logits = 4 * s * b * model.vocab / t
+    mlp = 24.0 if not model.moe else 8 + (6 if model.gated else 4) * model.active_ffn / h  # GPT's 4h MLP: 24
+    working = rows * b * h * (10 + mlp / t + scores)
+    logits = 4 * rows * b * model.vocab / t
     return states + layer_inputs + working + logits, states
+
+
+def _states(model: parallel.Transformer, plan: parallel.Plan, zero_stage: int) -> float:
+    """Model-state bytes on one GPU: its ``1/(t·p)`` of the dense weights sharded over the ``d·c`` GPUs holding
+    them, and its ``1/(t·p·e)`` of the routed experts over the ``d·c/e`` holding those (:mod:`course.memory.budget`)."""
+    split, group = plan.tensor * plan.pipeline, plan.data * plan.context
+    dense = (model.params - model.expert_params) / split
+    states = memory_budget.model_states(dense, memory_budget.Setup("adam", "bf16", zero_stage, group)).model_states
+    if model.expert_params:
+        per_gpu = model.expert_params / (split * plan.expert)
+        setup = memory_budget.Setup("adam", "bf16", zero_stage, max(1, group // plan.expert))
+        states += memory_budget.model_states(per_gpu, setup).model_states
+    return states
 
 
 def options(model: parallel.Transformer, cluster: Cluster, gpus: int, global_batch: int) -> list[Option]:

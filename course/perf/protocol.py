@@ -16,9 +16,9 @@ both scores.
 :func:`fingerprint`, what changed, and the scores. A test fails when the model in the tree has no line there, so
 the number of looks the test set has had is counted, not remembered.
 
-Extension point: a figure records its context- and expert-parallel sizes. :func:`plan_of` refuses expert
-parallelism until :class:`course.perf.parallel.Plan` can state it; the module that models mixtures of experts
-extends :func:`plan_of` and passes its own step function to :func:`predict`.
+A figure records its context- and expert-parallel sizes; :func:`plan_of` passes both to
+:class:`course.perf.parallel.Plan` (a mixture of experts is a :class:`~course.perf.transformer.Transformer` with
+``experts``). Extension point: a module that models more passes its own step function to :func:`predict`.
 """
 
 from __future__ import annotations
@@ -65,17 +65,10 @@ def cluster_of(figure: TrainingFigure) -> Cluster:
 
 
 def plan_of(figure: TrainingFigure) -> parallel.Plan:
-    """The figure's plan: parallel sizes, batch, precision, recomputation, sharding, schedule, stated options.
-
-    Raises:
-        NotImplementedError: expert parallelism (a mixture of experts), not in this model yet.
-    """
-    if figure.expert > 1:
-        raise NotImplementedError(f"{figure.label}: expert parallelism is not modelled here; the figure stays in the "
-                                  "table for the module that adds it.")
+    """The figure's plan: parallel sizes, batch, precision, recomputation, sharding, schedule, stated options."""
     return parallel.Plan(figure.tensor, figure.pipeline, figure.data, figure.global_batch, figure.microbatch,
                          figure.sharding, figure.interleave, figure.recompute, figure.precision, figure.context,
-                         figure.stage_layers, **dict(figure.options))
+                         figure.stage_layers, expert=figure.expert, **dict(figure.options))
 
 
 def modelled_value(figure: TrainingFigure, step: parallel.TransformerStep) -> float:

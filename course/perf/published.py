@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from course.collectives import cost_model
-from course.perf import catalog, microbench, parallel, workloads
+from course.perf import catalog, context_expert, microbench, parallel, workloads
 from course.perf import model as pm
 
 KINDS = ("calibration", "arithmetic", "prediction")
@@ -213,7 +213,14 @@ def transformer_rows() -> list[Row]:
 
 def validation_table() -> list[Row]:
     """Every row, computed now with the model's defaults."""
-    return [*calibration_rows(), *arithmetic_rows(), *cnn_rows(), *nvidia_cnn_rows(), *transformer_rows()]
+    return [*calibration_rows(), *arithmetic_rows(), *cnn_rows(), *nvidia_cnn_rows(), *transformer_rows(),
+            *context_expert_rows()]
+
+
+def context_expert_rows() -> list[Row]:
+    """Context and expert parallelism's published configurations (Llama 3 at 128K with CP 16, DeepSeek-V3's
+    cross-node EP), as :func:`course.perf.context_expert.rows` models them (issue 45)."""
+    return [Row(**row) for row in context_expert.rows()]
 
 
 def summary(rows: list[Row], tolerance: float = 0.2) -> dict[str, float]:

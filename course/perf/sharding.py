@@ -46,6 +46,9 @@ class Terms:
         grad_clipping: the gradients' norm and scaling beside the optimizer step (off: Adam only).
         tp_overlap_partial: with ``tp_overlap``, the last chunk of each forward reduce-scatter exposed and the
             SMs that Transformer Engine's collectives take from the GEMMs (off: all hidden, for free).
+        context_ring: context parallelism's ring of key/value blocks, beside the attention (off: free).
+        expert_all_to_all: expert parallelism's dispatch and combine, NVLink inside a node and the network
+            beyond it (off: free).
     """
 
     per_microbatch_reduce: bool = True
@@ -56,6 +59,8 @@ class Terms:
     pipeline_ends: bool = True
     grad_clipping: bool = True
     tp_overlap_partial: bool = True
+    context_ring: bool = True
+    expert_all_to_all: bool = True
 
 
 #: Every term on: the default of every function that takes ``terms``.
@@ -96,7 +101,8 @@ def sharding_seconds(model: Transformer, plan: object, cluster: Cluster, terms: 
     """``(gradient reductions, parameter gathers)`` of one step, before any overlap, for ``plan.sharding`` (module
     docstring). Each reduce-scatter or all-gather is half of :func:`data_parallel_seconds`; FSDP's per-layer
     collectives (with ``terms.nccl_algorithms``) add ``layers - 1`` more latencies each."""
-    shard = 2.0 * model.params / (plan.tensor * plan.pipeline)  # 16-bit values of one replica's shard
+    experts = model.expert_params * (1 - 1 / getattr(plan, "expert", 1))  # held by other EP ranks
+    shard = 2.0 * (model.params - experts) / (plan.tensor * plan.pipeline)  # 16-bit values of one replica's shard
     half = data_parallel_seconds(shard, plan, cluster, terms) / 2  # one reduce-scatter, or one all-gather
     m = plan.microbatches
     if plan.sharding == "ddp":

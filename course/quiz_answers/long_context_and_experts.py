@@ -44,7 +44,8 @@ def ulysses_bytes(ranks: int = 4, local_bytes: float = 1.0) -> dict[str, Any]:
                 "per rank?"),
         answer=variants.sent_bytes("ulysses", ranks, local_bytes) / variants.sent_bytes("ring", ranks, local_bytes),
         rel_tol=0.02, unit="x",
-        explanation="Ulysses: (n-1)/n x 4 tensors = 3 X; ring: (n-1) x 2 tensors = 6 X. Half.")
+        explanation=(f"Ulysses sends (n-1)/n of 4 tensors (q, k, v, out): {(ranks - 1) / ranks * 4:g} X. The ring "
+                     f"sends n-1 blocks of 2 (k, v): {2 * (ranks - 1)} X. With X one local tensor's bytes."))
 
 
 def capacity(tokens: int = 16, num_experts: int = 4, k: int = 2, capacity_factor: float = 1.0) -> dict[str, Any]:

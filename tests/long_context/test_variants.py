@@ -1,5 +1,6 @@
 """course.long_context.variants on 2 and 4 ranks: ring, all-gather and Ulysses equal full attention, each sends the
-bytes of its closed form, and Ulysses refuses a head count the ranks do not divide."""
+bytes of its closed form, Ulysses' gradients equal full attention's, and Ulysses refuses a head count the ranks do
+not divide."""
 
 import pytest
 
@@ -18,6 +19,16 @@ def test_every_scheme_equals_full_attention_and_sends_its_closed_form(world_size
         for scheme in variants.SCHEMES:
             assert found[scheme]["error"] < 1e-5, scheme
             assert found[scheme]["sent"] == variants.sent_bytes(scheme, world_size, local_bytes), scheme
+
+
+def test_ulysses_gradients_equal_full_attention_and_backward_sends_what_forward_did():
+    problem = Problem(seq_len=32, heads=8, seed=3)  # zigzag positions: the exchange must keep their order
+    local_bytes = problem.batch * problem.heads * (problem.seq_len // 4) * problem.head_dim * 4
+    for found in launch(variants.ulysses_gradients_on_rank, 4, problem, timeout_s=180):
+        assert found["out_error"] < 1e-5
+        for name, error in found["grad_error"].items():
+            assert error < 1e-5, name
+        assert found["sent"]["forward"] == found["sent"]["backward"] == variants.sent_bytes("ulysses", 4, local_bytes)
 
 
 def test_ulysses_sends_less_than_the_ring_beyond_two_ranks():

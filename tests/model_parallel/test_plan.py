@@ -91,3 +91,19 @@ def test_the_plan_interleaves_the_pipeline_where_that_pays():
     plain = parallel.step_time(LARGE, parallel.Plan(best.plan.tensor, best.plan.pipeline, best.plan.data, 512, 1,
                                                     best.plan.sharding), CLUSTER)
     assert best.plan.interleave > 1 and best.step.step_s < plain.step_s
+
+
+def test_offered_context_and_expert_parallelism_the_planner_takes_them_where_they_pay():
+    long = parallel.Transformer("Llama 3 8B at 128K", 32, 4096, 32, 131072, 128256, 14336, True, 8, False, False)
+    without = plan.choose(long, 64, CLUSTER, 64)
+    offered = plan.choose(long, 64, CLUSTER, 64, contexts=(1, 2, 4, 8, 16))
+    assert offered.plan.context > 1 and "CP" in offered.name
+    assert offered.step.step_s < without.step.step_s and offered.fits
+    mixtral = parallel.Transformer("Mixtral 8x7B", 32, 4096, 32, 4096, 32000, 0, True, 8, False, False, experts=8,
+                                   top_k=2, expert_ffn=14336)
+    found = plan.splits(mixtral, 64, CLUSTER, 256, experts=(1, 2, 4, 8))
+    assert {s.plan.expert for s in found} == {1, 2, 4, 8}
+    assert all(s.plan.tensor * s.plan.context * s.plan.expert <= 64 for s in found)
+    best = plan.choose(mixtral, 64, CLUSTER, 256, experts=(1, 2, 4, 8))
+    assert best.plan.expert > 1 and best.plan.tensor * best.plan.expert <= CLUSTER.gpus_per_node  # inside a node
+    assert plan.choose(mixtral, 64, CLUSTER, 256).plan.expert == 1  # not offered, not taken

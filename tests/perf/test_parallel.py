@@ -4,8 +4,10 @@ against its closed form."""
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from course.perf import catalog, microbench, parallel
+from course.perf import catalog, context_expert, microbench, parallel
 from course.perf.comm import Cluster, allreduce_seconds, alpha_beta, message_seconds
 
 pytestmark = pytest.mark.unit5
@@ -241,3 +243,68 @@ def test_plans_the_model_cannot_run_are_refused_with_the_fix():
         parallel.step_time(GPT, parallel.Plan(8, 1, 1, 64, sharding="zero4"), SELENE)
     with pytest.raises(ValueError, match="recompute"):
         parallel.step_time(GPT, parallel.Plan(8, 1, 1, 64, recompute="some"), SELENE)
+
+
+# ---- context and expert parallelism (issue 45): closed forms, over varying inputs ---------------------------------
+
+H100 = Cluster(catalog.gpu("H100 SXM5"), catalog.link("NVSwitch (H100, NVLink 4)"), 8,
+               catalog.link("InfiniBand NDR"), 8)
+#: Mixtral 8x7B (Jiang et al. 2024, Table 1): 8 experts of width 14336, 2 per token, GQA with 8 key/value heads.
+MIXTRAL = parallel.Transformer("Mixtral 8x7B", 32, 4096, 32, 4096, 32000, 0, True, 8, False, False, experts=8,
+                               top_k=2, expert_ffn=14336)
+
+
+def test_a_mixture_of_experts_counts_every_expert_as_parameters_and_the_active_ones_as_flops():
+    # Mixtral's paper: 46.7B parameters, 12.9B of them used per token
+    assert MIXTRAL.params == pytest.approx(46.7e9, rel=0.005)
+    active = MIXTRAL.layers * MIXTRAL.active_layer_params + 2 * MIXTRAL.vocab * MIXTRAL.hidden
+    assert active == pytest.approx(12.9e9, rel=0.005)
+    assert MIXTRAL.forward_flops(1)["layers"] == pytest.approx(2 * 4096 * MIXTRAL.layers * MIXTRAL.active_layer_params)
+    assert MIXTRAL.expert_params == pytest.approx(32 * 8 * 3 * 4096 * 14336)
+
+
+@settings(max_examples=30, deadline=None)
+@given(c=st.sampled_from([2, 4, 8, 16]), t=st.sampled_from([1, 2, 4]), b=st.integers(1, 4),
+       kv_heads=st.sampled_from([8, 16, 64]))
+def test_the_context_ring_sends_c_minus_1_key_value_blocks_per_layer(c, t, b, kv_heads):
+    model = replace(GPT, kv_heads=kv_heads, seq=8192)
+    plan = parallel.Plan(t, 1, 1, b, b, context=c)
+    # one block: k and v of this rank's s/c tokens, 16-bit (context_expert.ring_bytes_per_layer's forward)
+    block = context_expert.ring_bytes_per_layer(8192, b, kv_heads // t, model.hidden // model.heads, c)["forward"]
+    link = alpha_beta(SELENE.intra) if t * c <= 8 else SELENE.network_per_gpu()
+    expected = (c - 1) * link.alpha_s + block * link.beta_s_per_byte
+    assert parallel.layer_terms(model, plan, SELENE).context_s == pytest.approx(expected)
+    assert parallel.layer_terms(model, plan, SELENE, replace(parallel.Terms(), context_ring=False)).context_s == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(e=st.sampled_from([2, 4, 8]), k=st.integers(1, 4), tokens=st.integers(1, 8192))
+def test_inside_a_node_the_all_to_all_moves_top_k_copies_out_and_back_per_token(e, k, tokens):
+    model = replace(MIXTRAL, top_k=k)
+    plan = parallel.Plan(1, 1, 8, 8, expert=e)
+    nvlink = alpha_beta(H100.intra)
+    per_token = context_expert.ep_bytes_per_token(model.hidden, k, e) / 2  # dispatch + combine, one pass
+    expected = 2 * (e - 1) * nvlink.alpha_s + tokens * per_token * nvlink.beta_s_per_byte
+    assert parallel.expert_seconds(tokens, model, plan, H100) == pytest.approx(expected)
+
+
+def test_an_ep_group_past_the_node_pays_the_network_for_the_copies_that_leave_it():
+    inside = parallel.expert_seconds(4096, MIXTRAL, parallel.Plan(1, 1, 64, 64, expert=8), H100)
+    across = parallel.expert_seconds(4096, MIXTRAL, parallel.Plan(2, 1, 32, 64, expert=8), H100)  # 16 GPUs: 2 nodes
+    network = H100.network_per_gpu()
+    copy = 2 * 4096 * 2 * MIXTRAL.hidden * 2 / 8  # to each of the 8 EP ranks, out and back
+    assert across == pytest.approx(2 * 7 * network.alpha_s + 4 * copy * network.beta_s_per_byte)
+    assert across > 3 * inside  # NDR's 50 GB/s per GPU against NVLink's 450: the node boundary
+    assert parallel.expert_seconds(4096, GPT, parallel.Plan(1, 1, 64, 64, expert=8), H100) == 0  # dense: no EP
+
+
+def test_ep_adds_its_all_to_all_to_every_pass_and_switches_off():
+    plan = parallel.Plan(1, 4, 16, 256, expert=8, sharding="zero1")
+    step = parallel.step_time(MIXTRAL, plan, H100)
+    one = parallel.layer_terms(MIXTRAL, plan, H100)
+    per_layer = 3 * one.expert_s  # forward, backward, full recomputation's forward
+    assert step.expert_comm_s == pytest.approx(MIXTRAL.layers / 4 * plan.microbatches * per_layer)
+    free = parallel.step_time(MIXTRAL, plan, H100, replace(parallel.Terms(), expert_all_to_all=False))
+    assert free.expert_comm_s == 0 and free.step_s < step.step_s
+    with pytest.raises(ValueError, match="expert parallelism 3"):
+        parallel.step_time(MIXTRAL, replace(plan, expert=3), H100)

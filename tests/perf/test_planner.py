@@ -3,6 +3,8 @@
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from course.memory import budget as memory_budget
 from course.perf import catalog, parallel, planner
@@ -52,3 +54,29 @@ def test_a_fused_attention_kernel_holds_no_attention_scores():
     fused, _ = planner.memory_per_gpu(GPT30, replace(plan, fused_attention=True), 3)
     s, h, a = GPT30.seq, GPT30.hidden, GPT30.heads
     assert unfused - fused == pytest.approx(s * h * 5 * a * s / h)  # Korthikanti et al.'s 5·a·s² bytes, b = t = 1
+
+
+MIXTRAL = parallel.Transformer("Mixtral 8x7B", 32, 4096, 32, 4096, 32000, 0, True, 8, False, False, experts=8,
+                               top_k=2, expert_ffn=14336)
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=st.sampled_from([1, 2, 4, 8, 16]), t=st.sampled_from([1, 2, 8]), fused=st.booleans())
+def test_context_parallelism_divides_every_activation_by_its_degree(c, t, fused):
+    long = replace(GPT30, seq=32768)
+    plan = parallel.Plan(t, 1, 16, 64, sharding="zero1", fused_attention=fused)
+    whole, states = planner.memory_per_gpu(long, plan, 1)
+    split, split_states = planner.memory_per_gpu(long, replace(plan, context=c), 1)
+    assert split - split_states == pytest.approx((whole - states) / c)
+    # Adam's state is sharded over the d·c GPUs that hold the same weights
+    expected = memory_budget.model_states(long.params / t, memory_budget.Setup("adam", "bf16", 1, 16 * c))
+    assert split_states == pytest.approx(expected.model_states)
+
+
+@settings(max_examples=20, deadline=None)
+@given(e=st.sampled_from([1, 2, 4, 8]), t=st.sampled_from([1, 2]))
+def test_expert_parallelism_divides_the_experts_weights_by_its_degree(e, t):
+    plan = parallel.Plan(t, 1, 8, 64, expert=e)
+    _, states = planner.memory_per_gpu(MIXTRAL, plan, 0)  # no ZeRO: 16 bytes per parameter held
+    dense = MIXTRAL.params - MIXTRAL.expert_params
+    assert states == pytest.approx(16 * (dense + MIXTRAL.expert_params / e) / t)

@@ -55,9 +55,11 @@ def test_score_against_hand_counted_errors():
         protocol.score([])
 
 
-def test_expert_parallel_figures_are_refused_until_a_module_models_them():
-    with pytest.raises(NotImplementedError, match="expert"):
-        protocol.predict(replace(FIT[0], expert=8))
+def test_a_figures_expert_parallel_size_reaches_the_plan():
+    dense = next(f for f in FIT if f.data % 8 == 0)
+    assert protocol.plan_of(replace(dense, expert=8)).expert == 8
+    with pytest.raises(ValueError, match="expert parallelism 8"):  # a dense model has no experts to split
+        protocol.predict(replace(dense, expert=8))
 
 
 def test_switching_a_term_off_refits_on_the_fitting_set_and_moves_the_score():
