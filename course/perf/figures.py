@@ -14,7 +14,11 @@ Each record carries its ``split``; ``tests/perf/test_figures.py`` checks that ev
 was written into this file, and committed, before any constant of :mod:`course.perf.protocol` was fitted.
 Edits since, each before the test set was first scored: two assumptions of fitting-set figures (LLaMA 65B's
 sharding, torchtitan's 'selective op' checkpointing) and one setup error of a test figure (BLOOM's 70 layers on
-12 stages).
+12 stages). Later, a setup fact its source code or paper states, tagged on every fitting-set source it applies
+to (FP32 gradient reduction: Megatron-LM with bf16, torchtitan, Llama 3; Llama 3's gradients accumulated over
+the micro-batches and reduced once per step, its 8K-token runs without recomputation, and its V = 8 chunks per
+GPU, derived from its pipeline's layout, section 3.3.2); the test set's sources (BLOOM's
+Megatron-DeepSpeed, LLM Foundry, OPT's metaseq) were not re-read for it and keep 16-bit reductions.
 
 Everything here is published, not measured or modelled. :mod:`course.perf.protocol` models each figure and scores
 the two sets. Taught in ``notebooks/05c_performance_model.ipynb``.
@@ -148,6 +152,9 @@ _MPT = {name: _gpt(f"MPT {name}", layers, hidden, heads, 2048, 50368) for name, 
 #: Megatron-LM in 2019-2022, as its papers describe it: no fused (flash) attention kernel, no overlap of the
 #: data- or tensor-parallel collectives with compute.
 _MEGATRON_2021 = (("fused_attention", False), ("dp_overlap", False), ("tp_overlap", False))
+#: Megatron-LM with bf16 accumulates and reduces the gradients in FP32 (megatron/training/arguments.py); so do
+#: torchtitan (``mixed_precision_reduce = "float32"``, its default) and Llama 3 (section 3.3.2).
+_FP32_GRADS = ("fp32_grad_reduce", True)
 _SELENE = "DGX A100 80GB on Selene: 8 HDR InfiniBand adapters per node (Narayanan et al. 2021, section 5)"
 
 
@@ -169,7 +176,7 @@ def _korthikanti() -> list[TrainingFigure]:
     return [TrainingFigure("korthikanti2022", "Table 5 (MFU), Table 3 (setup)", _gpt(f"GPT {name}", layers, hidden,
                                                                                      heads),
                            "A100 SXM4 80GB", gpus, "mfu", mfu, tensor=8, pipeline=p, microbatch=mb, global_batch=batch,
-                           recompute="selective", options=_MEGATRON_2021,
+                           recompute="selective", options=(*_MEGATRON_2021, _FP32_GRADS),
                            assumed=f"sequence parallelism priced as tensor parallelism; {_SELENE}",
                            note="global and micro-batch sizes of Table 3 as remembered, not re-checked")
             for name, layers, hidden, heads, p, gpus, batch, mb, mfu in rows]
@@ -244,13 +251,19 @@ def _llmfoundry() -> list[TrainingFigure]:
 def _recent() -> list[TrainingFigure]:
     """Llama 3 (4D parallelism on H100), torchtitan (FSDP2 on A100) and Megatron-LM on H100."""
     l405 = _llama("Llama 3 405B", 126, 16384, 128, 53248, 8, 8192, 128256)
-    roce = {"network": "400GbE", "transport": "roce", "sharding": "fsdp", "recompute": "selective",
-            "options": (("reshard_after_forward", False),)}
-    llama3 = "uneven stages of 7 and 8 layers, interleaved schedule with 2 chunks, selective recomputation"
+    roce = {"network": "400GbE", "transport": "roce", "sharding": "fsdp",
+            "options": (("reshard_after_forward", False), _FP32_GRADS, ("accumulate_grads", True))}
+    # section 3.3.2: "we could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing"; the
+    # 131k-token run's checkpointing is not stated (selective assumed)
+    # V is derived, not stated: "the first model chunk on the first stage has only the embedding, and the last
+    # model chunk on the last stage has only output projection and loss", with one layer fewer on those two
+    # stages: 16·V chunks of L layers, two of them empty, hold 126 layers only for V = 8, L = 1 (V > 1)
+    llama3 = "stages of 7 and 8 layers, interleaved with V = 8 one-layer chunks (derived from section 3.3.2)"
     figures = [TrainingFigure("llama3-2024", "Table 4", model, "H100 SXM5", gpus, "tflops_model", tflops, tensor=8,
-                              pipeline=16, context=cp, global_batch=gpus // (128 * cp) * per_dp, interleave=2,
-                              stage_layers=(7, *(8,) * 14, 7),
-                              assumed=f"{llama3}; 400 Gb/s RoCE per GPU", **roce)
+                              pipeline=16, context=cp, global_batch=gpus // (128 * cp) * per_dp, interleave=8,
+                              stage_layers=(7, *(8,) * 14, 7), recompute="none" if cp == 1 else "selective",
+                              assumed=f"{llama3}; 400 Gb/s RoCE per GPU" + ("" if cp == 1 else
+                                                                           "; selective recomputation"), **roce)
                for model, gpus, cp, per_dp, tflops in (
                    (l405, 8192, 1, 32, 430.0), (l405, 16384, 1, 16, 400.0),
                    (_llama("Llama 3 405B, 131k context", 126, 16384, 128, 53248, 8, 131072, 128256), 16384, 16, 16,
@@ -267,6 +280,7 @@ def _recent() -> list[TrainingFigure]:
         figures.append(TrainingFigure(
             "torchtitan2024", "performance tables", model, "A100 SXM4 80GB", 64, "tokens_per_gpu_s", float(tokens),
             microbatch=local, global_batch=64 * local, recompute=recompute, sharding="fsdp",
+            options=(_FP32_GRADS,),
             assumed="8 HDR adapters per node; 'selective op' checkpointing (about half the matmuls recomputed) "
                     "priced as full recomputation"))
     gpt3 = _gpt("GPT-3 175B (vocabulary 131072)", 96, 12288, 96, 4096, 131072)
@@ -274,7 +288,7 @@ def _recent() -> list[TrainingFigure]:
         figures.append(TrainingFigure(
             "megatron-h100-2025", "Strong scaling results", gpt3, "H100 SXM5", gpus, "mfu", mfu, tensor=4,
             pipeline=8, global_batch=1152, interleave=3, recompute="selective", sharding="zero1",
-            network="InfiniBand NDR", options=(("tp_overlap", True),),
+            network="InfiniBand NDR", options=(("tp_overlap", True), _FP32_GRADS),
             assumed="TP 4 x PP 8 with 3 chunks, selective recomputation (the README's model table is an image); "
                     "DGX H100 with 8 NDR adapters; the overlaps the README names (DP, TP, PP) on"))
     return figures

@@ -90,6 +90,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("matmul.half.Volta", "cuBLAS FP16 GEMM, V100 (TFLOP/s)", 97.5, 125, V100_HGEMM),
     Figure("matmul.half.Ampere", "BF16 matmul, best shape, A100 SXM (TFLOP/s)", 271.2, 312, MAMF),
     Figure("matmul.half.Hopper", "BF16 matmul, best shape, H100 SXM (TFLOP/s)", 794.5, 989, MAMF),
+    # a part with its own measurement: the PCIe A100 (250-300 W) keeps less of the same peak than the SXM one
+    Figure("matmul.half.A100 PCIe", "BF16 matmul, best shape, A100 PCIe (TFLOP/s)", 252.9, 312, MAMF),
     # shape: a GEMM whose reduction depth k is short reaches less of the best-shape rate (module docstring)
     Figure("matmul.depth128", "FP16 bmm with k = 128, A100, over the best-shape BF16 rate (TFLOP/s)", 132.46, 271.2,
            SHALLOW_GEMM),
@@ -123,14 +125,32 @@ def constant(name: str) -> float:
     raise KeyError(f"no calibration figure fits {name!r}; known: {sorted(f.fits for f in FIGURES)}.")
 
 
-def matmul_efficiency(precision: str, generation: str) -> float:
+def matmul_efficiency(precision: str, generation: str, part: str = "") -> float:
     """A large GEMM's fraction of peak: FP32/TF32 from the SGEMM figure; 16-bit tensor cores by GPU generation
     (Volta, Ampere, Hopper; any other generation, e.g. Pascal's FP16 units, falls back to Volta's figure).
-    BF16 on a GPU without BF16 units (before Ampere) takes the FP32 figure, as its peak takes the FP32 rate."""
+    BF16 on a GPU without BF16 units (before Ampere) takes the FP32 figure, as its peak takes the FP32 rate.
+
+    ``part`` is the catalog name (``"A100 PCIe 80GB"``): a part measured on its own (``matmul.half.A100 PCIe``)
+    takes its own figure, since a PCIe card's lower power limit holds its clocks lower under a long GEMM; a part
+    with no measurement of its own (H100 PCIe, H100 NVL) takes its generation's, said so by :func:`measured_part`.
+    """
     if precision in ("fp32", "tf32") or (precision == "bf16" and generation not in BF16_GENERATIONS):
         return constant("matmul.fp32")  # BF16 before Ampere runs on the FP32 units (catalog.Gpu.has_bf16)
+    own = measured_part(part)
+    if own:
+        return constant(f"matmul.half.{own}")
     names = {f.fits for f in FIGURES}
     return constant(f"matmul.half.{generation}" if f"matmul.half.{generation}" in names else "matmul.half.Volta")
+
+
+def measured_part(part: str) -> str:
+    """The part of :data:`FIGURES` whose own best-shape GEMM was measured that ``part`` (a catalog name) is, or
+    ``""`` when none was: ``measured_part("A100 PCIe 80GB") == "A100 PCIe"``."""
+    for figure in FIGURES:
+        name = figure.fits.removeprefix("matmul.half.")
+        if figure.fits.startswith("matmul.half.") and " " in name and part.startswith(name):
+            return name
+    return ""
 
 
 def attention_efficiency(generation: str) -> float:
@@ -144,7 +164,7 @@ def attention_efficiency(generation: str) -> float:
 #: generation: **fitted** on the fitting set of :mod:`course.perf.figures` only, by
 #: :func:`course.perf.protocol.fit_training_efficiency` (``tests/perf/test_validation_protocol.py`` checks the two
 #: agree). A generation with no figure in the fitting set keeps 1.0 (unfitted, said so).
-TRAINING_EFFICIENCY: dict[str, float] = {"Ampere": 0.84, "Hopper": 0.88}
+TRAINING_EFFICIENCY: dict[str, float] = {"Ampere": 0.84, "Hopper": 0.80}
 
 
 def training_efficiency(generation: str) -> float:
@@ -162,16 +182,16 @@ def depth_half() -> float:
     return DEPTH_FIGURE_K * (1 / constant("matmul.depth128") - 1)
 
 
-def gemm_efficiency(precision: str, generation: str, k: float) -> float:
+def gemm_efficiency(precision: str, generation: str, k: float, part: str = "") -> float:
     """The fraction of peak a GEMM of reduction depth ``k`` reaches: the best-shape figure of
-    :func:`matmul_efficiency` times ``k / (k + k_half)`` (:func:`depth_half`).
+    :func:`matmul_efficiency` (of ``part``, where it has its own) times ``k / (k + k_half)`` (:func:`depth_half`).
 
     Why the depth: each tile of the output loads its operands once and then runs ``k`` multiply-adds per element;
     a short ``k`` leaves the tensor cores waiting for loads and for the tile's prologue and epilogue. The
     attention scores of a transformer (``k`` = the head dimension, 64 to 160) are the shallow GEMMs that matter.
     Taught in ``notebooks/05c_performance_model.ipynb``.
     """
-    best = matmul_efficiency(precision, generation)
+    best = matmul_efficiency(precision, generation, part)
     return best if math.isinf(k) else best * k / (k + depth_half())
 
 

@@ -126,7 +126,7 @@ def kernel_efficiency(layer: Layer, gpu: Gpu, precision: str) -> float:
     """The fitted fraction of peak a layer's main kernel reaches: a GEMM's by precision and GPU generation, a
     convolution's from the calibration (:mod:`course.perf.microbench`)."""
     if layer.kind == "matmul":
-        return microbench.matmul_efficiency(precision, gpu.generation)
+        return microbench.matmul_efficiency(precision, gpu.generation, gpu.name)
     return microbench.CONV_EFFICIENCY
 
 

@@ -89,6 +89,12 @@ class Plan:
       (https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html).
     * ``reshard_after_forward=True``: FSDP's ``FULL_SHARD`` / FSDP2's default frees the gathered parameters after
       forward and gathers them again for backward (https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
+    * ``fp32_grad_reduce=False``: gradients reduced in the parameters' 16 bits (FSDP's ``MixedPrecision`` with
+      ``reduce_dtype`` bf16); Megatron-LM with bf16, torchtitan and Llama 3 reduce them in FP32
+      (:class:`~course.perf.sharding.Terms`' ``fp32_grad_reduce`` gives the sources).
+    * ``accumulate_grads=False``: ZeRO-2/3 and FSDP reduce-scatter after every micro-batch. Llama 3 instead uses
+      "FP32 gradient accumulation during backward computation over multiple micro-batches" and then
+      "reduce-scatter[s] gradients in FP32" (Llama Team 2024, section 3.3.2): one reduction per step.
     """
 
     tensor: int = 1
@@ -107,6 +113,8 @@ class Plan:
     dp_overlap: bool = True             # data-parallel collectives hidden behind backward (and forward)
     reshard_after_forward: bool = True  # zero3/fsdp: gather the parameters again for backward
     expert: int = 1                     # expert parallelism: the experts split over this many of the d x c GPUs
+    fp32_grad_reduce: bool = False      # gradients reduced (and accumulated) in FP32: 4 bytes each
+    accumulate_grads: bool = False      # zero2/3, fsdp: gradients kept whole over the micro-batches, reduced once
 
     @property
     def gpus(self) -> int:
@@ -206,7 +214,7 @@ def _gemm_s(flops: float, depth: float, plan: Plan, cluster: Cluster) -> float:
     microbenchmark's rate that a training step sustains (:func:`course.perf.microbench.training_efficiency`)."""
     gpu = cluster.gpu
     return flops / (gpu.peak_flops(plan.precision) * microbench.training_efficiency(gpu.generation)
-                    * microbench.gemm_efficiency(plan.precision, gpu.generation, depth))
+                    * microbench.gemm_efficiency(plan.precision, gpu.generation, depth, gpu.name))
 
 
 def _flash_s(flops: float, plan: Plan, cluster: Cluster) -> float:

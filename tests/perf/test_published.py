@@ -69,11 +69,11 @@ EXISTING_PREDICTIONS = {
     "ResNet-50 on 1 V100 (DGX-1V), amp (images/s)": 1200.0,
     "ResNet-50 on 8 V100 (DGX-1V), fp32 (images/s)": 2855.0,
     "ResNet-50 on 8 V100 (DGX-1V), amp (images/s)": 8322.0,
-    "GPT 1.7B: TP 1 x PP 1 x DP 32 on 32 A100 (TFLOP/s per GPU)": 137.0,
-    "GPT 18.4B: TP 8 x PP 1 x DP 32 on 256 A100 (TFLOP/s per GPU)": 135.0,
-    "GPT 39.1B: TP 8 x PP 2 x DP 32 on 512 A100 (TFLOP/s per GPU)": 138.0,
-    "GPT 145.6B: TP 8 x PP 8 x DP 24 on 1536 A100 (TFLOP/s per GPU)": 148.0,
-    "GPT 1T: TP 8 x PP 64 x DP 6 on 3072 A100 (TFLOP/s per GPU)": 163.0,
+    "GPT 1.7B: TP 1 x PP 1 x DP 32 on 32 A100 (TFLOP/s per GPU, recomputation counted)": 137.0,
+    "GPT 18.4B: TP 8 x PP 1 x DP 32 on 256 A100 (TFLOP/s per GPU, recomputation counted)": 135.0,
+    "GPT 39.1B: TP 8 x PP 2 x DP 32 on 512 A100 (TFLOP/s per GPU, recomputation counted)": 138.0,
+    "GPT 145.6B: TP 8 x PP 8 x DP 24 on 1536 A100 (TFLOP/s per GPU, recomputation counted)": 148.0,
+    "GPT 1T: TP 8 x PP 64 x DP 6 on 3072 A100 (TFLOP/s per GPU, recomputation counted)": 163.0,
     "GPT-2 1.2B on one V100 (DGX-2H), batch 8: one iteration": 1.288,
 }
 
