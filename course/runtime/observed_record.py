@@ -51,6 +51,8 @@ class Record:
         caller: the file that called into ``torch.distributed``; by_torch: that file is torch's (DDP, autograd).
         thread: the issuing thread's ident. start, end: when issued and when it returned; waited: when its work
             handle's ``wait()`` was first called (set by listeners that time it).
+        sent: a copy of what a send sent, kept only inside :func:`course.runtime.observed.keeping_sent` (the ring
+            lab's drawing of the messages).
     """
 
     op: str
@@ -72,6 +74,7 @@ class Record:
     start: float
     end: float = float("nan")
     waited: float | None = None
+    sent: torch.Tensor | None = None  # a send's tensor as it was sent, on the CPU: only inside observed.keeping_sent()
 
     def signature(self) -> str:
         """What every rank must agree on for a collective: ``"all_reduce float32[4, 3]"``."""
