@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from course.model_parallel import loss_bound, parity, transformer
+from course.numerics import bounds
 
 pytestmark = pytest.mark.unit8
 
@@ -63,10 +64,13 @@ def test_carried_takes_the_smaller_of_the_worst_case_and_the_random_walk():
     assert loss_bound.carried(torch.tensor([2.0]), torch.tensor([1e-3])) == pytest.approx(2e-3)
 
 
-def test_gradient_bound_grows_with_a_reduction_over_more_pieces():
-    sums = {"w": torch.tensor([1.0, 2.0])}
+def test_gradient_bound_scales_the_token_sums_by_the_pieces_rounding():
+    sums = {"w": torch.tensor([1.0, 2.0], dtype=torch.float64)}
     one, four = loss_bound.gradient_bound(sums, 256, 1)["w"], loss_bound.gradient_bound(sums, 256, 4)["w"]
-    assert torch.all(four > 0) and torch.all(one > 0) and torch.allclose(one / one[0], sums["w"].double())
+    f32 = torch.float32
+    assert torch.allclose(one, bounds.gamma_probable(256, f32) * sums["w"])  # one sum of 256 terms
+    inner_and_outer = bounds.gamma_probable(64, f32) + bounds.unit_roundoff(f32) + bounds.gamma(3, f32)
+    assert torch.allclose(four, inner_and_outer * sums["w"])  # 4 sums of 64, then 4 partial sums added
 
 
 def test_an_unknown_strategy_is_named_with_the_known_ones(capsys):

@@ -8,7 +8,7 @@ seed, computes the exact answer and explains the first wrong chunk (:mod:`grader
 the first wrong message: each rank keeps a copy of what it sent (:func:`course.runtime.observed.keeping_sent`),
 read step by step by :mod:`course.collectives.ring_record` (which also draws them, in notebook 04).
 
-Checks: equal to ``dist.all_reduce`` on every rank (tolerance per dtype in ``ring_diagnosis.TOLERANCE``); only
+Checks: equal to ``dist.all_reduce`` on every rank (within the rounding ``ring_diagnosis.allowed`` derives); only
 point-to-point calls; each rank sends 2(n-1)/n of the tensor (within one element per chunk, for uneven chunks);
 2(n-1) messages per rank (one per step; checked where every chunk is non-empty).
 """
@@ -28,7 +28,7 @@ from course.runtime import observed
 from course.runtime.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 from grader.labs.message_sizes import SizeMismatch, matched_sizes
-from grader.labs.ring.diagnosis import close, expected, first_wrong
+from grader.labs.ring.diagnosis import allowed, close, expected, first_wrong
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 CHECKS = (
@@ -62,7 +62,8 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
         outputs, sent = [], []
         for case in config["cases"]:
             numel, dtype, op = case
-            tensor = inputs(config["seed"], world_size, numel, dtype)[rank].to(device, DTYPES[dtype])
+            every = inputs(config["seed"], world_size, numel, dtype)
+            tensor = every[rank].to(device, DTYPES[dtype])
             reference = tensor.clone()
             log.original("all_reduce")(reference)
             if op == "avg":
@@ -75,7 +76,8 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
             except SizeMismatch as mismatch:
                 raise StudentError(f"{describe(case)}: {_mismatch(mismatch, world_size)}") from None
             calls = log.since(mark)
-            found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
+            limit = 2 * allowed(every, op, DTYPES[dtype])  # both this ring and torch's round
+            found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel, limit)
             outputs.append(mine.cpu())  # cross-checked outside the ranks, on the CPU
             sent.append([Sent(rank, k, r.peer, r.sent) for k, r in enumerate(kept) if r.sent is not None])
     return RankFindings(found, {"outputs": outputs, "sends": sent})
@@ -97,10 +99,11 @@ def _kept_sends(numel: int) -> Iterator[list]:
 
 
 def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returned: object,
-              reference: torch.Tensor, calls: list, numel: int) -> list[Finding]:
-    """This rank's findings for one case (messages start with the case)."""
+              reference: torch.Tensor, calls: list, numel: int, limit: torch.Tensor) -> list[Finding]:
+    """This rank's findings for one case (messages start with the case); ``limit``: the difference from
+    ``dist.all_reduce``'s result that rounding allows, element by element (:func:`diagnosis.allowed`, twice)."""
     found = []
-    same = bool(close(mine.double(), reference.double(), mine.dtype).all())
+    same = mine.shape == limit.shape and bool(close(mine.double().cpu(), reference.double().cpu(), limit).all())
     if returned is not mine and isinstance(returned, torch.Tensor) and not same:
         message = f"rank {rank}'s tensor was not changed in place (your function returned a new one): write into it"
     else:
