@@ -17,13 +17,18 @@ from course.numerics import bounds
 def allowed(inputs: torch.Tensor, op: str, dtype: torch.dtype) -> torch.Tensor:
     """How far a correct ring's result may be from the exact answer, element by element: derived, not set by hand.
 
-    The ``world_size`` inputs (``(world_size, numel)``) are summed in ``dtype`` in some order
-    (:func:`course.numerics.bounds.reduction_bound` on the sum of their magnitudes), divided once for an average,
-    and the result is rounded to ``dtype``. The lab's inputs are small integers, so a sum is exact: only the
-    average rounds.
+    A sum of the ``world_size`` inputs (``(world_size, numel)``) in ``dtype``, in any order, errs by at most
+    :func:`course.numerics.bounds.reduction_bound` on the sum of their magnitudes, and by nothing when they are
+    integers whose magnitudes sum below ``1/u`` (every partial sum is then exact: the lab's inputs). An average
+    may divide before or after summing: the general bound, divided by ``world_size``, plus the division's rounding.
     """
     world_size = inputs.shape[0]
-    err = bounds.reduction_bound(inputs.abs().sum(dim=0), world_size, dtype)
+    magnitude = inputs.abs().sum(dim=0)
+    integers = bool((inputs == inputs.round()).all())
+    exact = integers and bool((magnitude < 1 / bounds.unit_roundoff(dtype)).all())
+    if op == "sum" and exact:
+        return torch.zeros_like(magnitude)
+    err = bounds.reduction_bound(magnitude, world_size, dtype)
     if op == "avg":
         err = err / world_size
     return err + bounds.cast_bound(expected(inputs, op).abs() + err, dtype)
@@ -54,12 +59,12 @@ def first_wrong(outputs: list[torch.Tensor], inputs: torch.Tensor, op: str, dtyp
     for chunk, index in enumerate(spans):
         bad = [rank for rank in range(world_size) if not bool(close(got[rank, index], want[index], limit[index]).all())]
         if bad:
-            return _explain(got, inputs, want, op, limit, bad, chunk, index)
+            return _explain(got, inputs, want, op, dtype, limit, bad, chunk, index)
     return None
 
 
-def _explain(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: str, limit: torch.Tensor,
-             bad: list[int], chunk: int, index: torch.Tensor) -> str:
+def _explain(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: str, dtype: torch.dtype,
+             limit: torch.Tensor, bad: list[int], chunk: int, index: torch.Tensor) -> str:
     world_size = inputs.shape[0]
     rank = bad[0]
     ok = ~close(got[rank, index], want[index], limit[index])
@@ -71,7 +76,7 @@ def _explain(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: st
             if len(bad) == world_size else
             f"in the all-gather: rank(s) {', '.join(map(str, sorted(set(range(world_size)) - set(bad))))} have it "
             "right, so the reduced chunk was right but did not reach every rank intact")
-    cause = _cause(got[rank, index], inputs[:, index], want[index], op, limit[index], rank)
+    cause = _cause(got[rank, index], inputs[:, index], want[index], op, dtype, limit[index], rank)
     if cause.startswith(_DIVISION):  # a division is neither phase's mistake
         return f"{where} on every rank; {cause}" if len(bad) == world_size else f"{where}; {cause}"
     return f"{where} {when}; {cause}"
@@ -80,15 +85,16 @@ def _explain(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: st
 _DIVISION = ("it holds the sum", "it was divided")
 
 
-def _cause(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: str, limit: torch.Tensor,
-           rank: int) -> str:
+def _cause(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: str, dtype: torch.dtype,
+           limit: torch.Tensor, rank: int) -> str:
     """The likeliest mistake behind one wrong chunk (got, want: (k,); inputs: (world_size, k))."""
     world_size = inputs.shape[0]
     scale = world_size if op == "avg" else 1
     total = inputs.sum(dim=0)
 
     def matches(candidate: torch.Tensor) -> bool:
-        return bool(close(got, candidate, limit).all())
+        # a mistake rounds too: up to two divisions of the candidate in the run's dtype
+        return bool(close(got, candidate, limit + 2 * bounds.cast_bound(candidate.abs(), dtype)).all())
 
     if matches(torch.zeros_like(want)):
         return "it is all zeros: nothing was written into it (receive into the chunk itself, or copy into it)"
