@@ -5,8 +5,9 @@ Every strategy trains the course's transformer for a few SGD steps on the same g
 loss may be at each step for rounding alone (:mod:`course.model_parallel.loss_bound`). The table prints each loss
 beside the one-process loss, the largest difference seen, the bound, and whether the difference is inside it::
 
-    strategy                 ranks                loss after 4   one process   largest diff   bound     verdict
-    data parallel            4 data               3.085108       3.085108      2.4e-07        1.3e-05   inside
+    strategy                  ranks                   loss, step 4  one process  largest diff     bound  verdict
+    data parallel             4 data                      3.085108     3.085108       2.4e-07   1.3e-05  inside
+    summed gradients (a bug)  4 data                      2.643804     3.085108       5.7e-01   1.3e-05  OUTSIDE ...
 
 Run from a terminal in the repository: ``python -m course.model_parallel.parity`` (all strategies, under two
 minutes on 2 cores), ``--steps 2`` for fewer steps, ``--strategies "data parallel" FSDP`` for some.
@@ -24,7 +25,7 @@ import torch
 from course.model_parallel import transformer
 from course.model_parallel.loss_bound import Layout, Training, reference
 from course.model_parallel.parity_ranks import train_on_rank
-from course.numerics.bounds import verdict
+from course.numerics.bounds import Verdict, verdict
 from course.runtime.launch import launch
 
 WORLD_SIZE = 4  # ranks every strategy runs on (the pipeline: one block per rank)
@@ -55,7 +56,7 @@ class Row:
     bound: list[float]
 
     @property
-    def judged(self):  # noqa: ANN201 - a course.numerics.bounds.Verdict
+    def judged(self) -> Verdict:
         """The verdict on the step furthest beyond its bound (or, when none is, nearest to it)."""
         return verdict(torch.tensor(self.losses, dtype=torch.float64),
                        torch.tensor(self.reference, dtype=torch.float64), torch.tensor(self.bound))
