@@ -152,7 +152,7 @@ def plot(judged: Sequence[Judged], world_size: int, title: str = "", ax: Axes | 
     ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)], fontsize=7)
     ax.set_xlabel("step (RS: reduce-scatter, AG: all-gather)", fontsize=7)
     said = "every message right" if wrong is None else f"first wrong: {wrong.where()}"
-    ax.set_title(f"{title}{': ' if title else ''}{said}", fontsize=8)
+    ax.set_title(f"{title}\n{said}" if title else said, fontsize=8)
     ax.figure.tight_layout()
     return ax.figure
 
@@ -195,7 +195,7 @@ def draw_yours(path: str, world_size: int = 4, numel: int = 10, op: str = "sum")
     except (RankFailed, RankTimeout) as error:
         print(f"your ring_allreduce did not finish on {world_size} ranks, so there is nothing to draw:\n{error}")
         return None
-    whose = path if ranks[0][0] else "the lab's solution (yours is not written yet)"
+    whose = Path(path).name if ranks[0][0] else "the lab's solution (yours is not written yet)"
     sends = [sent for _, kept in ranks for sent in kept]
     if not sends:
         print(f"{whose} sent no message that the ranks' process group recorded, so there is nothing to draw.")

@@ -65,7 +65,7 @@ def test_a_bfloat16_ring_within_rounding_is_right_and_one_off_by_a_unit_is_not()
 def test_the_drawing_outlines_the_first_wrong_message_and_names_it():
     figure = rr.plot(rr.judge(ring(INPUTS, wrong=(1, 2)), INPUTS), 4, title="yours")
     ax = figure.axes[0]
-    assert ax.get_title() == "yours: first wrong: step 2 (reduce-scatter): rank 2 sent chunk 1 to rank 3"
+    assert ax.get_title() == "yours\nfirst wrong: step 2 (reduce-scatter): rank 2 sent chunk 1 to rank 3"
     outlined = [p for p in ax.patches if not p.get_fill()]
     assert len(outlined) == 1 and outlined[0].get_xy() == pytest.approx((2 - 1.45, 2 - 0.4))
     texts = {t.get_text() for t in ax.texts}
