@@ -85,6 +85,8 @@ class ObservedGroup(ProcessGroup):
         what = METHODS[method]
         tensors = flatten(args[what.input]) if what.input is not None and len(args) > what.input else []
         record = self._record(method, what, args, tensors)
+        if _KEEP_SENT and what.op == "send" and tensors:
+            record.sent = tensors[0].detach().to("cpu", copy=True)
         self.rules.before(record, tensors, args)
         afters = []
         if not getattr(_UNHEARD, "on", False):
@@ -162,6 +164,20 @@ def _real_backend(store: Any, rank: int, size: int, timeout: datetime.timedelta,
 
 
 # ----------------------------------------------------------------------------------------------- listeners
+_KEEP_SENT: list[bool] = []  # not empty: inside keeping_sent()
+
+
+@contextmanager
+def keeping_sent() -> Iterator[None]:
+    """Inside the ``with`` block, each send's :class:`Record` keeps a CPU copy of the tensor it sends (``sent``):
+    what the ring lab draws, message by message. It copies every message, so keep it to small tensors."""
+    _KEEP_SENT.append(True)
+    try:
+        yield
+    finally:
+        _KEEP_SENT.pop()
+
+
 @contextmanager
 def listening(listener: Listener) -> Iterator[None]:
     """Tell ``listener`` of every call an observed group makes inside the ``with`` block, before it runs; what it

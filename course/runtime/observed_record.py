@@ -53,6 +53,8 @@ class Record:
             handle's ``wait()`` was first called (set by listeners that time it).
         async_op: the call returned a work handle to the code (``async_op=True``, a functional collective, a group
             method called directly); False when ``torch.distributed`` waited for it before returning.
+        sent: a copy of what a send sent, kept only inside :func:`course.runtime.observed.keeping_sent` (the ring
+            lab's drawing of the messages).
     """
 
     op: str
@@ -75,6 +77,7 @@ class Record:
     end: float = float("nan")
     waited: float | None = None
     async_op: bool = True
+    sent: torch.Tensor | None = None  # a send's tensor as it was sent, on the CPU: only inside observed.keeping_sent()
 
     def signature(self) -> str:
         """What every rank must agree on for a collective: ``"all_reduce float32[4, 3]"``."""

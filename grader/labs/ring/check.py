@@ -4,23 +4,31 @@ On every rank :func:`check_on_rank` loads the student's file under a :class:`~co
 calls ``ring_allreduce`` on each case of the run (a length, a dtype, an op) and records, per case: the result
 (returned to the driver), ``dist.all_reduce``'s result (torch's own function), the collectives called, the
 bytes and messages sent. Outside the ranks :func:`cross_check` regenerates every rank's input from the run's
-seed, computes the exact answer and explains the first wrong chunk (:mod:`grader.labs.ring_diagnosis`).
+seed, computes the exact answer and explains the first wrong chunk (:mod:`grader.labs.ring_diagnosis`), led by
+the first wrong message: each rank keeps a copy of what it sent (:func:`course.runtime.observed.keeping_sent`),
+read step by step by :mod:`course.collectives.ring_record` (which also draws them, in notebook 04).
 
-Checks: equal to ``dist.all_reduce`` on every rank (tolerance per dtype in ``ring_diagnosis.TOLERANCE``); only
+Checks: equal to ``dist.all_reduce`` on every rank (within the rounding ``ring_diagnosis.allowed`` derives); only
 point-to-point calls; each rank sends 2(n-1)/n of the tensor (within one element per chunk, for uneven chunks);
 2(n-1) messages per rank (one per step; checked where every chunk is non-empty).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
 from course import world
+from course.collectives import ring_record
+from course.collectives.ring_record import Sent
+from course.runtime import observed
 from course.runtime.comm_log import POINT_TO_POINT, SENDS, Call, CommLog, collectives, sends
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
 from grader.labs.message_sizes import SizeMismatch, matched_sizes
-from grader.labs.ring.diagnosis import close, expected, first_wrong
+from grader.labs.ring.diagnosis import allowed, close, expected, first_wrong
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 CHECKS = (
@@ -51,10 +59,11 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
     with CommLog() as log:
         ring_allreduce = load_entry(path, "ring_allreduce")
         found: list[Finding] = []
-        outputs = []
+        outputs, sent = [], []
         for case in config["cases"]:
             numel, dtype, op = case
-            tensor = inputs(config["seed"], world_size, numel, dtype)[rank].to(device, DTYPES[dtype])
+            every = inputs(config["seed"], world_size, numel, dtype)
+            tensor = every[rank].to(device, DTYPES[dtype])
             reference = tensor.clone()
             log.original("all_reduce")(reference)
             if op == "avg":
@@ -62,21 +71,39 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
             mark = log.mark()
             mine = tensor.clone()
             try:
-                with matched_sizes(f"{config['seed']}/{len(outputs)}"):
+                with matched_sizes(f"{config['seed']}/{len(outputs)}"), _kept_sends(numel) as kept:
                     returned = ring_allreduce(mine, op=op)
             except SizeMismatch as mismatch:
                 raise StudentError(f"{describe(case)}: {_mismatch(mismatch, world_size)}") from None
             calls = log.since(mark)
-            found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel)
+            limit = 2 * allowed(every, op, DTYPES[dtype])  # both this ring and torch's round
+            found += _findings(describe(case), rank, world_size, mine, returned, reference, calls, numel, limit)
             outputs.append(mine.cpu())  # cross-checked outside the ranks, on the CPU
-    return RankFindings(found, {"outputs": outputs})
+            sent.append([Sent(rank, k, r.peer, r.sent) for k, r in enumerate(kept) if r.sent is not None])
+    return RankFindings(found, {"outputs": outputs, "sends": sent})
+
+
+#: the longest case whose messages are kept for the first wrong chunk (each is copied: a few MB at most)
+KEPT_ELEMENTS = 20_000
+
+
+@contextlib.contextmanager
+def _kept_sends(numel: int) -> Iterator[list]:
+    """The send records of the ``with`` block, each with a copy of what it sent (none for a long case)."""
+    kept: list = []
+    if numel > KEPT_ELEMENTS:
+        yield kept
+        return
+    with observed.keeping_sent(), observed.listening(lambda r: kept.append(r) if r.op == "send" else None):
+        yield kept
 
 
 def _findings(case: str, rank: int, world_size: int, mine: torch.Tensor, returned: object,
-              reference: torch.Tensor, calls: list, numel: int) -> list[Finding]:
-    """This rank's findings for one case (messages start with the case)."""
+              reference: torch.Tensor, calls: list, numel: int, limit: torch.Tensor) -> list[Finding]:
+    """This rank's findings for one case (messages start with the case); ``limit``: the difference from
+    ``dist.all_reduce``'s result that rounding allows, element by element (:func:`diagnosis.allowed`, twice)."""
     found = []
-    same = bool(close(mine.double(), reference.double(), mine.dtype).all())
+    same = mine.shape == limit.shape and bool(close(mine.double().cpu(), reference.double().cpu(), limit).all())
     if returned is not mine and isinstance(returned, torch.Tensor) and not same:
         message = f"rank {rank}'s tensor was not changed in place (your function returned a new one): write into it"
     else:
@@ -158,8 +185,17 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
         truth = inputs(config["seed"], config["world_size"], numel, dtype)
         wrong = first_wrong([e["outputs"][position] for e in evidence], truth, op, DTYPES[dtype])
         if wrong:
-            return [Finding("matches", False, f"{describe(case)}: {wrong}")]
+            return [Finding("matches", False, f"{describe(case)}: {_first_message(evidence, position, truth, op)}"
+                                              f"{wrong}")]
     return [Finding("matches", True)]
+
+
+def _first_message(evidence: list[dict], position: int, truth: torch.Tensor, op: str) -> str:
+    """``"the first wrong message is step 4 (all-gather): rank 3 sent chunk 0 to rank 0. "``, or "" when every
+    message held a right chunk (or none were kept)."""
+    sends = [sent for e in evidence for sent in e.get("sends", [[]] * (position + 1))[position]]
+    wrong = ring_record.first_wrong(ring_record.judge(sends, truth, op)) if sends else None
+    return f"the first wrong message is {wrong.where()}. " if wrong else ""
 
 
 def cases_4(long: int, longer: int) -> list[list]:

@@ -11,18 +11,32 @@ from __future__ import annotations
 
 import torch
 
-#: (absolute, relative) tolerance per dtype when comparing with the exact answer (computed in float64)
-TOLERANCE = {
-    torch.float64: (1e-9, 1e-12),
-    torch.float32: (1e-5, 1e-5),
-    torch.bfloat16: (2**-5, 2**-6),  # 8 bits of mantissa: averaging rounds at ~0.4% per operation
-}
+from course.numerics import bounds
 
 
-def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Elementwise: ``got`` is within ``dtype``'s tolerance of ``want`` (both float64)."""
-    atol, rtol = TOLERANCE[dtype]
-    return (got - want).abs() <= atol + rtol * want.abs()
+def allowed(inputs: torch.Tensor, op: str, dtype: torch.dtype) -> torch.Tensor:
+    """How far a correct ring's result may be from the exact answer, element by element: derived, not set by hand.
+
+    A sum of the ``world_size`` inputs (``(world_size, numel)``) in ``dtype``, in any order, errs by at most
+    :func:`course.numerics.bounds.reduction_bound` on the sum of their magnitudes, and by nothing when they are
+    integers whose magnitudes sum below ``1/u`` (every partial sum is then exact: the lab's inputs). An average
+    may divide before or after summing: the general bound, divided by ``world_size``, plus the division's rounding.
+    """
+    world_size = inputs.shape[0]
+    magnitude = inputs.abs().sum(dim=0)
+    integers = bool((inputs == inputs.round()).all())
+    exact = integers and bool((magnitude < 1 / bounds.unit_roundoff(dtype)).all())
+    if op == "sum" and exact:
+        return torch.zeros_like(magnitude)
+    err = bounds.reduction_bound(magnitude, world_size, dtype)
+    if op == "avg":
+        err = err / world_size
+    return err + bounds.cast_bound(expected(inputs, op).abs() + err, dtype)
+
+
+def close(got: torch.Tensor, want: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """Elementwise: ``got`` is within ``limit`` of ``want`` (all float64)."""
+    return (got - want).abs() <= limit
 
 
 def expected(inputs: torch.Tensor, op: str) -> torch.Tensor:
@@ -35,24 +49,25 @@ def first_wrong(outputs: list[torch.Tensor], inputs: torch.Tensor, op: str, dtyp
     """The first wrong chunk of any rank's output, explained; None if every rank holds the right answer."""
     world_size, numel = inputs.shape
     want = expected(inputs, op)
-    bounds = torch.tensor_split(torch.arange(numel), world_size)
+    spans = torch.tensor_split(torch.arange(numel), world_size)
     for rank, output in enumerate(outputs):
         if output is None or tuple(output.shape) != (numel,) or output.dtype != dtype:
             got = "nothing" if output is None else f"a {output.dtype} tensor of shape {tuple(output.shape)}"
             return f"rank {rank}'s tensor after the call is {got}, expected {numel} {dtype} elements (in place)"
     got = torch.stack([output.double() for output in outputs])  # (world_size, numel)
-    for chunk, index in enumerate(bounds):
-        bad = [rank for rank in range(world_size) if not bool(close(got[rank, index], want[index], dtype).all())]
+    limit = allowed(inputs, op, dtype)
+    for chunk, index in enumerate(spans):
+        bad = [rank for rank in range(world_size) if not bool(close(got[rank, index], want[index], limit[index]).all())]
         if bad:
-            return _explain(got, inputs, want, op, dtype, bad, chunk, index)
+            return _explain(got, inputs, want, op, dtype, limit, bad, chunk, index)
     return None
 
 
 def _explain(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: str, dtype: torch.dtype,
-             bad: list[int], chunk: int, index: torch.Tensor) -> str:
+             limit: torch.Tensor, bad: list[int], chunk: int, index: torch.Tensor) -> str:
     world_size = inputs.shape[0]
     rank = bad[0]
-    ok = ~close(got[rank, index], want[index], dtype)
+    ok = ~close(got[rank, index], want[index], limit[index])
     element = int(index[ok.nonzero()[0, 0]])
     value, right = float(got[rank, element]), float(want[element])
     where = (f"rank {rank}'s chunk {chunk} (elements {int(index[0])}-{int(index[-1])}) is off by {value - right:g} "
@@ -61,7 +76,7 @@ def _explain(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: st
             if len(bad) == world_size else
             f"in the all-gather: rank(s) {', '.join(map(str, sorted(set(range(world_size)) - set(bad))))} have it "
             "right, so the reduced chunk was right but did not reach every rank intact")
-    cause = _cause(got[rank, index], inputs[:, index], want[index], op, dtype, rank)
+    cause = _cause(got[rank, index], inputs[:, index], want[index], op, dtype, limit[index], rank)
     if cause.startswith(_DIVISION):  # a division is neither phase's mistake
         return f"{where} on every rank; {cause}" if len(bad) == world_size else f"{where}; {cause}"
     return f"{where} {when}; {cause}"
@@ -71,14 +86,15 @@ _DIVISION = ("it holds the sum", "it was divided")
 
 
 def _cause(got: torch.Tensor, inputs: torch.Tensor, want: torch.Tensor, op: str, dtype: torch.dtype,
-           rank: int) -> str:
+           limit: torch.Tensor, rank: int) -> str:
     """The likeliest mistake behind one wrong chunk (got, want: (k,); inputs: (world_size, k))."""
     world_size = inputs.shape[0]
     scale = world_size if op == "avg" else 1
     total = inputs.sum(dim=0)
 
     def matches(candidate: torch.Tensor) -> bool:
-        return bool(close(got, candidate, dtype).all())
+        # a mistake rounds too: up to two divisions of the candidate in the run's dtype
+        return bool(close(got, candidate, limit + 2 * bounds.cast_bound(candidate.abs(), dtype)).all())
 
     if matches(torch.zeros_like(want)):
         return "it is all zeros: nothing was written into it (receive into the chunk itself, or copy into it)"

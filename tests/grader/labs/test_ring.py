@@ -47,6 +47,7 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("counter_clockwise", [], ""),  # right: the ring runs the other way round (to the left, from the right)
     ("adds_own_chunk_twice", ["matches"],
      # chunk 0 is completed on rank 3, which adds its own input once more
+     "the first wrong message is step 4 (all-gather): rank 0 sent chunk 1 to rank 1. "
      "rank 0's chunk 0 (elements 0-250) is off by -4 at element 0 (got 2, expected 6) after the reduce-scatter: every "
      "rank has this chunk wrong, so the all-gather only passed the mistake on; it is off by exactly rank 3's input: "
      "rank 3's chunk was added twice (it looks like a rank added its own chunk twice"),

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grader.labs.ring import check as ring
-from grader.labs.ring.diagnosis import expected, first_wrong
+from grader.labs.ring.diagnosis import allowed, expected, first_wrong
 
 SHAPES = st.tuples(st.integers(2, 8), st.integers(1, 200), st.sampled_from(sorted(ring.DTYPES)), st.integers(0, 99))
 
@@ -50,3 +50,22 @@ def test_a_missing_rank_the_forgotten_average_and_an_all_gather_slip_are_named()
     message = first_wrong(slipped, inputs, "sum", torch.float64)
     assert message.startswith("rank 3's chunk 0 (elements 0-2) is off by ")
     assert "in the all-gather: rank(s) 0, 1, 2 have it right" in message and "all zeros" in message
+
+
+@settings(max_examples=30, deadline=None)
+@given(SHAPES, st.sampled_from(["sum", "avg"]))
+def test_the_derived_tolerance_holds_a_ring_in_any_order_and_hides_no_missing_input(shape, op):
+    world_size, numel, name, seed = shape
+    dtype, inputs = ring.DTYPES[name], ring.inputs(seed, world_size, numel, name)
+    limit = allowed(inputs, op, dtype)
+    # a ring adds the ranks' chunks starting anywhere: every rotation of the order, in the run's dtype
+    for start in range(world_size):
+        total = inputs[start].to(dtype)
+        for k in range(1, world_size):
+            total = total + inputs[(start + k) % world_size].to(dtype)
+        result = total / world_size if op == "avg" else total
+        assert bool(((result.double() - expected(inputs, op)).abs() <= limit).all())
+    # the smallest mistake the lab plants (one input of size 1 too many or too few) lies beyond it: in every sum
+    # (exact), and in an average but for bfloat16's (8 bits cannot tell 1/world_size from a ring dividing first)
+    if op == "sum" or dtype != torch.bfloat16:
+        assert float(limit.max()) < 1 / world_size / (2 if op == "avg" else 1)
