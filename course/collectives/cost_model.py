@@ -286,8 +286,8 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
             _measured_points(ax, measured[name], "o", color, f"{name} (measured)")
     if measured and REFERENCE in measured:
         _measured_points(ax, measured[REFERENCE], "^", "k", f"{REFERENCE} (measured)")
-    ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes)", ylabel="seconds per allreduce",
-           title=title or f"allreduce on {world_size} ranks; model: {link}")
+    ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes)", ylabel="seconds per allreduce")
+    fig.suptitle(title or f"allreduce on {world_size} ranks; model: {link}", fontsize=10)  # over axes and legend
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: over no point
     fig.tight_layout()
     return fig
