@@ -17,7 +17,7 @@ PARTS = {
     "core": "core path: do these in order",
     "optional": "optional: take any, any time after the notebooks they need",
     "capstone": "the core path's capstone: your own 4-GPU training script, self-checked",
-    "beyond": "beyond data parallelism: optional, each after the core path",
+    "beyond": "beyond data parallelism: optional, each after the notebooks it needs",
     "closing": "closing: what you learned and where to go next",
 }
 

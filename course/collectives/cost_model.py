@@ -277,7 +277,7 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
     if nbytes is None:
         nbytes = sorted(next(iter(measured.values()))) if measured else np.logspace(3, 9, 50)
     sizes = np.logspace(np.log10(min(nbytes)), np.log10(max(nbytes)), 50)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, name in enumerate(ALGORITHMS):
         color = colors[index % len(colors)]
@@ -286,9 +286,9 @@ def plot(world_size: int, link: AlphaBeta, measured: dict[str, dict[int, float]]
             _measured_points(ax, measured[name], "o", color, f"{name} (measured)")
     if measured and REFERENCE in measured:
         _measured_points(ax, measured[REFERENCE], "^", "k", f"{REFERENCE} (measured)")
-    ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes)", ylabel="seconds per allreduce",
-           title=title or f"allreduce on {world_size} ranks; model: {link}")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set(xscale="log", yscale="log", xlabel="tensor size (bytes)", ylabel="seconds per allreduce")
+    fig.suptitle(title or f"allreduce on {world_size} ranks; model: {link}", fontsize=10)  # over axes and legend
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: over no point
     fig.tight_layout()
     return fig
 

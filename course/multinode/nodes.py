@@ -92,7 +92,8 @@ def run_two_nodes(link: SlowLink | None = DEFAULT_LINK, nbytes: tuple[int, ...] 
                 commands = node_commands(endpoint, rdzv_id, args, network.namespaces)
                 result = {"mode": "namespaces", "why": None, "shaping": shaping(network), "notes": network.notes}
                 shown = _start_and_wait(commands, network.interfaces, timeout_s)
-        result["commands"] = [paths.shorten(command) for command in shown]  # as typed in the project's folder
+        # as typed in the project's folder, writing result.json there: not the scratch folder's /tmp path
+        result["commands"] = [paths.shorten(command.replace(scratch + os.sep, "")) for command in shown]
         result.update(json.loads(Path(out).read_text()))
     result["inside"] = cost_model.AlphaBeta(**result["inside"])
     result["between"] = cost_model.AlphaBeta(**result["between"])

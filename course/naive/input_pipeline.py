@@ -30,6 +30,8 @@ from course.arguments import check_count
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+    from course.timing import Estimate
+
 
 class SlowTransform:
     """A random one-pixel shift (a real augmentation) that also costs ``cost_s`` seconds per sample.
@@ -178,21 +180,38 @@ def workers_needed(transform_s: float, compute_s: float) -> int:
 
 
 def plot_sweep(measured: Sequence[Measurement], modelled: Sequence[float] | None = None,
-               axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
-    """Samples/s (measured, and modelled if given) and the fraction of time waiting for data, against workers."""
+               axes: Sequence[Axes] | None = None, rates: Sequence[Estimate] | None = None) -> Sequence[Axes]:
+    """Samples/s (measured, and modelled if given) and the fraction of time waiting for data, against workers.
+
+    Args:
+        measured: one sweep (:func:`sweep`); its waiting fractions are the bars.
+        modelled: :func:`modelled_samples_per_s` per worker count, drawn dashed.
+        rates: the samples/s of several sweeps summarized (:func:`course.timing.summarize`), one per worker count:
+            drawn as medians with their intervals instead of ``measured``'s own rates, so the plot shows the
+            numbers a notebook prints beside it (notebook 03).
+    """
     import matplotlib.pyplot as plt
 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11, 3.4))
     workers = [m.num_workers for m in measured]
-    axes[0].plot(workers, [m.samples_per_s for m in measured], "o-", label="measured")
+    if rates is None:
+        axes[0].plot(workers, [m.samples_per_s for m in measured], "o-", label="measured")
+    else:
+        if len(rates) != len(measured):
+            raise ValueError(f"expected one rate per worker count ({len(measured)}), got {len(rates)}: summarize "
+                             "each worker count's samples/s over the runs")
+        low = [r.median - r.low for r in rates]
+        high = [r.high - r.median for r in rates]
+        axes[0].errorbar(workers, [r.median for r in rates], yerr=[low, high], fmt="o-", capsize=3,
+                         label=f"measured: median of {min(r.repeats for r in rates)} runs, 95% interval")
     if modelled is not None:
         axes[0].plot(workers, modelled, "k--", label="model: min(data rate, device rate); serial at 0 workers")
     axes[0].set_ylabel("samples / s")
     axes[0].set_ylim(bottom=0)
     axes[0].legend(fontsize=9, loc="upper left", bbox_to_anchor=(0, -0.2), frameon=False)  # below: clear of the data
     axes[1].bar([str(w) for w in workers], [100 * m.wait_fraction for m in measured])
-    axes[1].set_ylabel("% of time waiting for data")
+    axes[1].set_ylabel("% of time waiting for data" + ("" if rates is None else " (one run)"))
     for ax in axes:
         ax.set_xlabel("DataLoader num_workers")
     axes[0].set_xticks(workers)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 from matplotlib.figure import Figure
 
 from course.optimization.batch_sweep import RunResult
@@ -62,6 +63,8 @@ def steps_and_epochs_to_target(results: Sequence[RunResult], target_accuracy: fl
         ax.set(xscale="log", yscale="log", xlabel="global batch size",
                ylabel=f"{label} to {target_text(target_accuracy)} val. accuracy")
         ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.yaxis.set_major_formatter(ticker.LogFormatter())  # plain 10, 20, 30: not 2 x 10^1 beside 10
+        ax.yaxis.set_minor_formatter(ticker.LogFormatter(minor_thresholds=(2, 0.4)))
     handles, labels = steps_ax.get_legend_handles_labels()  # one legend for both panels, below them, legible
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.06 * ((len(labels) - 1) // 4), 1, 1))

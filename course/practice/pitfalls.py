@@ -31,6 +31,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course import world
+from course.runtime import paths
 
 
 def _crops(generator: torch.Generator, steps: int, size: int = 32, crop: int = 24) -> list[tuple[int, int]]:
@@ -111,7 +112,7 @@ def uneven_inputs(join: bool, timeout_s: float = 3.0) -> dict[str, object]:
         else:
             _uneven_steps(model, 3 + rank.rank)
     except RuntimeError as exc:
-        error = str(exc).splitlines()[0][:160]
+        error = paths.shorten(str(exc).splitlines()[0])[:160]  # gloo names its C++ file where torch was built
     return {"error": error, "params": torch.cat([p.detach().flatten() for p in model.parameters()])}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,13 @@ _OPS = os.path.join(TORCH, "_ops.py")  # torch's operator dispatch, between a fu
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: the course's and the grader's own code: never "the learner's line"
 OURS = tuple(os.path.join(_ROOT, name) + os.sep for name in ("course", "grader"))
-LEARNER_FILES = ("reference.py", "stub.py")
+#: files of ours written as a learner's: a lab's reference solution and stub, and the drills' planted bugs
+#: (``course/practice/drills.py``, notebook 09)
+LEARNER_FILES = ("reference.py", "stub.py", "drills.py")
+#: the standard library's and the installed packages' code: never the learner's line either (a rank's outermost
+#: frames are ``multiprocessing/process.py``'s)
+_LIBRARIES = tuple({os.path.realpath(sysconfig.get_paths()[name]) + os.sep for name in ("stdlib", "purelib")}
+                   | {sysconfig.get_paths()[name] + os.sep for name in ("stdlib", "purelib")})
 _LAYER = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: frames between the learner's call and the group that are neither (the interceptor's wrappers, torch's dispatch)
 _TRANSPARENT = {os.path.join(_LAYER, "intercept.py"), _OPS}
@@ -95,11 +102,11 @@ def flatten(value: object) -> list[torch.Tensor]:
 
 
 def _learners(path: str) -> bool:
-    """``path`` is the learner's code: not torch's, the course's or the grader's (a lab's reference solution and stub,
-    ``grader/labs/<lab>/reference.py``, are written as a learner's)."""
+    """``path`` is the learner's code: not torch's, the standard library's, the course's or the grader's (a lab's
+    reference solution and stub, ``grader/labs/<lab>/reference.py``, and the drills are written as a learner's)."""
     if path.startswith(OURS):
         return os.path.basename(path) in LEARNER_FILES
-    return not path.startswith((TORCH, "<frozen"))
+    return not path.startswith((TORCH, "<frozen", *_LIBRARIES))
 
 
 def locate(method: str) -> tuple[str, str, bool, str]:

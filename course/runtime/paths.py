@@ -4,7 +4,8 @@ machine's ``/home/me/multigpu-course/course/practice/drills.py``.
 :func:`shorten` rewrites every absolute path under the project to one relative to it, and every path into the
 installed packages or Python's standard library to the module's own path (``torch/distributed/...``,
 ``multiprocessing/process.py``). The ranks' relayed stderr (:mod:`course.runtime.rank_output`) goes through it,
-so tracebacks and faulthandler stacks in a notebook (notebooks 00, 09, 09b) show no machine's paths.
+so tracebacks and faulthandler stacks in a notebook (notebooks 00, 09, 09b) show no machine's paths; nor do the
+C++ source locations in torch's and gloo's messages, which name the folder torch was built in.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def _prefixes() -> tuple[tuple[str, str], ...]:
 
 
 _SITE = re.compile(r"/[^\s\"':]*?/(?:site|dist)-packages/")  # another environment's packages (a rank's venv)
+#: The folder torch was built in, in a C++ source location its messages quote: gloo's timeout says
+#: ``[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78]``, a path of PyTorch's build
+#: machine that exists on no learner's. What stays names the source file inside torch's repository.
+_BUILD = re.compile(r"/[^\s\"'\[\]:]*?/(?=(?:third_party|torch/csrc|c10|aten)/[^\s\"'\]:]*\.(?:cc|cpp|cu|h|hpp):)")
 
 
 def shorten(text: str) -> str:
@@ -42,4 +47,4 @@ def shorten(text: str) -> str:
     text = text.replace(sys.executable, os.path.basename(sys.executable))  # first: it may lie under the project
     for prefix, short in _prefixes():
         text = text.replace(prefix, short)
-    return _SITE.sub("", text)
+    return _BUILD.sub("", _SITE.sub("", text))

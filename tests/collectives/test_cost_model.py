@@ -121,6 +121,9 @@ def test_plot_draws_the_model_and_the_measurements():
     measured = {name: {1000: 1e-3, 10000: 2e-3} for name in ("naive", "ring", "tree", REFERENCE)}
     fig = cm.plot(4, cm.AlphaBeta(1e-4, 1e-9), measured)
     assert len(fig.axes[0].lines) == 7
+    fig.canvas.draw()  # the legend sits beside the axes, so it hides no measured point (notebook 04)
+    legend, axes = fig.axes[0].get_legend().get_window_extent(), fig.axes[0].get_window_extent()
+    assert legend.x0 >= axes.x1
 
 
 def test_shm_costs_two_barriers_and_three_copies():

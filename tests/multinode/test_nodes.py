@@ -19,6 +19,7 @@ def test_two_nodes_meet_without_node_rank_and_the_hierarchical_allreduce_matches
     assert result["max_diff"] < 1e-12
     first, second = result["commands"]
     assert first == second and "--node_rank" not in first and "--rdzv_backend=c10d" in first
+    assert "--out result.json" in first  # as a learner types it, not the scratch folder's /tmp path
     assert set(result["times"]) == {"flat ring", "hierarchical", "dist.all_reduce"}
 
 

@@ -68,3 +68,21 @@ def test_plot_sweep_draws_measured_and_modelled_throughput_and_wait_bars():
     assert [list(line.get_ydata()) for line in throughput_ax.lines] == [[100.0, 180.0], [110.0, 200.0]]
     assert [bar.get_height() for bar in wait_ax.patches] == pytest.approx([90.0, 50.0])
     plt.close(throughput_ax.figure)
+
+
+def test_plot_sweep_draws_the_printed_medians_and_intervals_when_given_rates():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course import timing
+
+    runs = [[ip.Measurement(0, rate, 0.9, 4), ip.Measurement(2, 2 * rate, 0.5, 4)] for rate in (90.0, 100.0, 130.0)]
+    rates = [timing.summarize([run[i].samples_per_s for run in runs]) for i in range(2)]
+    throughput_ax, _ = ip.plot_sweep(runs[2], [110.0, 200.0], rates=rates)
+    assert list(throughput_ax.lines[0].get_ydata()) == [100.0, 200.0]  # the medians, not run 2's 130 and 260
+    assert any("median of 3 runs" in text.get_text() for text in throughput_ax.get_legend().get_texts())
+    plt.close(throughput_ax.figure)
+    with pytest.raises(ValueError, match="one rate per worker count"):
+        ip.plot_sweep(runs[0], rates=rates[:1])

@@ -36,6 +36,16 @@ def test_the_axes_state_the_target_the_notebook_prints():
     plt.close(fig)
 
 
+def test_log_axes_label_their_ticks_as_plain_numbers():
+    results = [run(b, "linear", 0, s) for b, s in ((8, 800), (64, 104), (1024, 27))]  # epochs 6.4 to 27.6
+    fig = batch_plots.steps_and_epochs_to_target(results, 0.95)
+    fig.canvas.draw()
+    labels = [label.get_text() for ax in fig.axes for label in ax.yaxis.get_ticklabels(minor=True)
+              + ax.yaxis.get_ticklabels()]
+    assert "20" in labels and not any("times" in label or "^" in label for label in labels), labels
+    plt.close(fig)
+
+
 def test_noise_scale_plot_shows_both_estimates():
     points = [TrackPoint(s, 1.0 / s, NoiseScale(1.0, 1.0 / s), NoiseScale(1.0, 2.0 / s)) for s in (10, 20)]
     fig = batch_plots.noise_scale_during_training(points)

@@ -43,3 +43,11 @@ def test_the_tail_of_a_ranks_stderr_is_shortened():
     text = f'noise\nTraceback (most recent call last):\n  File "{paths.ROOT}/course/hello.py", line 9\nValueError: x'
     expected = 'Traceback (most recent call last):\n  File "course/hello.py", line 9\nValueError: x'
     assert _last_traceback(text, 10) == expected
+
+
+def test_the_folder_torch_was_built_in_leaves_its_cpp_source_locations():
+    gloo = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms"
+    assert paths.shorten(gloo) == "[third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms"
+    torch_build = "at /var/lib/jenkins/workspace/torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:123 (EnforceNotMet)"
+    assert paths.shorten(torch_build) == "at torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:123 (EnforceNotMet)"
+    assert paths.shorten("wrote /tmp/c10/report.txt") == "wrote /tmp/c10/report.txt"  # not a C++ source location
