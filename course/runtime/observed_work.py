@@ -10,6 +10,7 @@ call was made.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -44,13 +45,17 @@ class HeldWork(dist.Work):
         on_done: told once, after the call completed (results landing in the learner's tensors).
         swap: ``id(tensor) -> tensor``: in the future's value, a private tensor the call wrote is replaced by the
             learner's tensor it landed in.
+
+    The handle holds the learner's tensors weakly once their result has landed: the labs keep every handle for
+    the rank's life, and a tensor the learner let go must be freed (the FSDP lab measures what stays alive).
     """
 
     def __init__(self, inner: Any, on_wait: Callable[[], None] | None = None,
                  on_done: Callable[[], None] | None = None, swap: dict[int, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.inner = inner
-        self._on_wait, self._on_done, self._swap = on_wait, on_done, swap or {}
+        self._on_wait, self._on_done = on_wait, on_done
+        self._swap = {key: weakref.ref(tensor) for key, tensor in (swap or {}).items()}
         self._waited = self._done = False
         self._future: Future | None = None
 
@@ -65,6 +70,7 @@ class HeldWork(dist.Work):
             self._done = True
             if self._on_done is not None:
                 self._on_done()
+                self._on_done = None  # it holds the learner's tensors
 
     def wait(self, *args: Any) -> bool:
         self._waiting()
@@ -91,7 +97,7 @@ class HeldWork(dist.Work):
 
     def _swapped(self, value: Any) -> Any:
         if isinstance(value, list):
-            return [self._swap.get(id(item), item) for item in value]
+            return [_alive(self._swap.get(id(item)), item) for item in value]
         return value
 
     def is_completed(self) -> bool:
@@ -112,3 +118,9 @@ class HeldWork(dist.Work):
 
     def synchronize(self) -> None:
         self.inner.synchronize()
+
+
+def _alive(ref: weakref.ref | None, otherwise: Any) -> Any:
+    """The tensor ``ref`` points at, or ``otherwise`` without one."""
+    tensor = ref() if ref is not None else None
+    return otherwise if tensor is None else tensor
