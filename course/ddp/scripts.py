@@ -3,7 +3,8 @@
 Notebook 05 (``notebooks/05_ddp.ipynb``) turns the single-device script ``notebooks/ddp_steps/step0_*.py``
 into a DDP script one numbered step at a time; :func:`step_scripts` and :func:`step_diff` show each step as a
 diff, :func:`run_torchrun` launches a script the way you would from a terminal (:func:`torchrun_command` is its
-command line, on one node or several; :func:`torchrun_environment` its environment). DDP's internals, checked
+command line, on one node or several; :func:`torchrun_environment` its environment), and
+:func:`torchrun_in_background` starts one that the notebook collects later. DDP's internals, checked
 against ``DistributedDataParallel``, are in :mod:`course.ddp.internals`.
 """
 
@@ -13,6 +14,8 @@ import difflib
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 from course import world
@@ -81,6 +84,22 @@ def run_torchrun(script: str | Path, nproc_per_node: int = 4, script_args: tuple
         raise RuntimeError(f"torchrun {Path(script).name} failed; last output:\n"
                            f"{root_cause.explain(done.returncode, done.stdout, done.stderr, stdout_chars=1000)}")
     return done
+
+
+def torchrun_in_background(script: str | Path, nproc_per_node: int = 4, script_args: tuple[str, ...] = (),
+                           timeout_s: float = 180.0) -> Future:
+    """:func:`run_torchrun` in a thread of its own: the notebook goes on meanwhile (notebook 05 trains its seeds
+    while the next run trains), and ``.result()`` returns the finished process or raises its error."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(run_torchrun(script, nproc_per_node, script_args, timeout_s))
+        except BaseException as error:  # noqa: BLE001 - handed to whoever asks for the result
+            future.set_exception(error)
+
+    threading.Thread(target=run, name=f"torchrun {Path(script).name}", daemon=True).start()
+    return future
 
 
 def torchrun_environment(nproc_per_node: int) -> dict[str, str]:

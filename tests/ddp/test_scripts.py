@@ -1,7 +1,9 @@
 """course.ddp.scripts: the step scripts and their diffs, each step's concept, and torchrun running them."""
 
 import importlib.util
+import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import psutil
@@ -149,3 +151,22 @@ def test_a_timeout_stops_every_rank_not_just_torchrun(tmp_path):
     ranks_that_ran = len(list(started.iterdir()))
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(script) in (p.info["cmdline"] or [])], \
         f"{ranks_that_ran} rank(s) started and some outlived the timeout"
+
+
+def test_a_run_in_the_background_hands_back_its_result_or_its_error(monkeypatch):
+    started = threading.Event()
+
+    def fake(script, nproc_per_node, script_args, timeout_s):
+        started.wait(5)
+        if script == "broken.py":
+            raise RuntimeError("torchrun broken.py failed")
+        return subprocess.CompletedProcess([script, nproc_per_node, *script_args, timeout_s], 0, "ok", "")
+
+    monkeypatch.setattr(ddp_scripts, "run_torchrun", fake)
+    good = ddp_scripts.torchrun_in_background("step7.py", 4, ("--epochs", "4"), timeout_s=60)
+    bad = ddp_scripts.torchrun_in_background("broken.py", 2)
+    assert not good.done()  # the caller went on before the run ended
+    started.set()
+    assert good.result(timeout=10).args == ["step7.py", 4, "--epochs", "4", 60]
+    with pytest.raises(RuntimeError, match="broken.py failed"):
+        bad.result(timeout=10)
