@@ -25,13 +25,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Event:
-    """One stage computing one micro-batch: ``kind`` is ``"F"`` (forward) or ``"B"`` (backward); seconds."""
+    """One stage computing one micro-batch: ``kind`` is ``"F"`` (forward) or ``"B"`` (backward); seconds.
+    ``chunk``: which of the stage's model chunks (interleaved 1F1B gives each stage several; 0 otherwise)."""
 
     stage: int
     kind: str
     micro_batch: int
     start: float
     end: float
+    chunk: int = 0
 
 
 def bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
@@ -82,25 +84,32 @@ def measured_bubble(events: Sequence[Event]) -> float:
 
 
 def plot_timeline(events: Sequence[Event], ax: Axes | None = None, title: str = "") -> Axes:
-    """Gantt chart: one row per stage, a bar per forward (blue) and backward (orange) of each micro-batch."""
+    """Gantt chart: one row per stage, a bar per forward (blue) and backward (orange) of each micro-batch.
+    With several model chunks per stage (interleaved 1F1B), each bar also names its chunk (``F3/1``: forward of
+    micro-batch 3 on chunk 1), and the chunks after the first are hatched."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 2.2))
     colors = {"F": "tab:blue", "B": "tab:orange"}
+    chunked = any(e.chunk for e in events)
     for e in events:
         ax.broken_barh([(1e3 * e.start, 1e3 * (e.end - e.start))], (e.stage - 0.4, 0.8), color=colors[e.kind],
-                       edgecolor="white")
+                       edgecolor="white", hatch="//" if e.chunk else None)
         narrow = e.end - e.start < 0.03 * max(x.end for x in events)  # a narrow bar gets a smaller label
-        ax.text(1e3 * (e.start + e.end) / 2, e.stage, f"{e.kind}{e.micro_batch}", ha="center", va="center",
+        label = f"{e.kind}{e.micro_batch}" + (f"/{e.chunk}" if chunked else "")
+        ax.text(1e3 * (e.start + e.end) / 2, e.stage, label, ha="center", va="center",
                 color="white", fontsize=5 if narrow else 8)
     stages = sorted({e.stage for e in events})
     ax.set_yticks(stages, [f"stage {s}" for s in stages])
     from matplotlib.patches import Patch
 
-    ax.legend(handles=[Patch(color=colors["F"], label="forward (F<micro-batch>)"),
-                       Patch(color=colors["B"], label="backward (B<micro-batch>)")],
-              fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    suffix = "/<chunk>" if chunked else ""
+    handles = [Patch(color=colors["F"], label=f"forward (F<micro-batch>{suffix})"),
+               Patch(color=colors["B"], label=f"backward (B<micro-batch>{suffix})")]
+    if chunked:
+        handles.append(Patch(facecolor="white", edgecolor="gray", hatch="//", label="a later chunk (1, 2, ...)"))
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.set_title(title or f"bubble {measured_bubble(events):.0%}")

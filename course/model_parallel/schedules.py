@@ -181,7 +181,7 @@ def simulate(schedule: Schedule, num_stages: int, num_micro_batches: int, forwar
                 continue
             start = max([free[s], *(end[need] for need in needs)])
             free[s] = end[(op.kind, here, op.micro_batch)] = start + (forward_s if op.kind == "F" else backward_s) / v
-            events.append(Event(s, op.kind, op.micro_batch, start, free[s]))
+            events.append(Event(s, op.kind, op.micro_batch, start, free[s], op.chunk))
             position[s], progressed = position[s] + 1, True
         if not progressed:
             raise Deadlock(getattr(schedule, "__name__", str(schedule)), [waits[s] for s in sorted(waits)])

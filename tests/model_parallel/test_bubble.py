@@ -58,3 +58,21 @@ def test_the_two_bubble_conventions_measure_one_idle_time(p, m):
     assert (span - busy) / span == pytest.approx(pb.bubble_fraction(p, m))
     ratio = pb.bubble_ratio(p, m)
     assert pb.bubble_fraction(p, m) == pytest.approx(ratio / (1 + ratio))
+
+
+def test_an_interleaved_timeline_names_each_bars_chunk():
+    import functools
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course.model_parallel import schedules
+
+    events = schedules.simulate(functools.partial(schedules.interleaved, chunks=2), 2, 4, 1.0, 2.0)
+    labels = [t.get_text() for t in pb.plot_timeline(events).texts]
+    assert labels == [f"{e.kind}{e.micro_batch}/{e.chunk}" for e in events] and {"F0/0", "F0/1"} <= set(labels)
+    plain = pb.plot_timeline(pb.modelled_timeline(2, 2, 1.0, 2.0))
+    assert "F0" in [t.get_text() for t in plain.texts] and "/" not in plain.get_legend().get_texts()[0].get_text()
+    plt.close("all")
