@@ -6,6 +6,17 @@ Which checks each must fail, and what the message says: ``tests/grader/labs/test
 from grader.labs.mistakes import Mistake
 
 MISTAKES: dict[str, Mistake] = {
+    "imports_course": Mistake(
+        why="the course's count exchange instead of one's own.",
+        edits=(
+            ('import torch.distributed as dist\n',
+             'import torch.distributed as dist\n\nfrom course.experts.expert_parallel import exchange_counts as course_exchange\n'),
+            (('    received = torch.empty_like(counts)\n'
+             '    dist.all_to_all_single(received, counts)\n'
+             '    return received.reshape(dist.get_world_size(), -1)\n'),
+             '    return course_exchange(counts)\n'),
+        ),
+    ),
     "ignores_capacity": Mistake(
         why='dispatch sends every assignment, over capacity or not.',
         edits=(

@@ -6,6 +6,16 @@ Which checks each must fail, and what the message says: ``tests/grader/labs/test
 from grader.labs.mistakes import Mistake
 
 MISTAKES: dict[str, Mistake] = {
+    "imports_course": Mistake(
+        why="the course's ring attention instead of one's own.",
+        edits=(
+            ('import torch.distributed as dist\n',
+             'import torch.distributed as dist\n\nfrom course.long_context.ring_attention import ring_forward\n'),
+            ('def ring_attention_forward(q, k, v, layout):\n',
+             ('def ring_attention_forward(q, k, v, layout):\n'
+              '    return ring_forward(q, k, v, layout)\n\n\ndef _unused_forward(q, k, v, layout):\n')),
+        ),
+    ),
     "mask_wrong_blocks": Mistake(
         why="each block is masked with this rank's own positions, not those of the keys it holds.",
         edits=(

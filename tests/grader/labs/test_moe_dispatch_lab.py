@@ -1,8 +1,6 @@
 """grader.labs.moe_dispatch: the stub fails every check, the reference passes every one (visible and hidden),
 and each planted mistake fails exactly the check that names it, with a message in the learner's terms."""
 
-import os
-
 import pytest
 
 from grader import render
@@ -10,7 +8,6 @@ from grader.labs.core import reference_path, run_lab, stub_path
 from grader.labs.moe_dispatch import check as moe_dispatch
 
 pytestmark = [pytest.mark.unit8b, pytest.mark.timeout(600)]
-HERE = os.path.dirname(__file__)
 EVERY = {check.name for check in moe_dispatch.CHECKS}
 
 
@@ -40,7 +37,7 @@ def test_each_planted_mistake_fails_exactly_its_check(attempt, fails, fragment, 
     assert any(fragment in r.message for r in result.checks if not r.passed), render.lab_feedback(result)
 
 
-def test_importing_the_course_exchange_is_refused_without_starting_a_rank():
-    result = run_lab(moe_dispatch.LAB, os.path.join(HERE, "attempts", "moe_dispatch_imports_course.py"))
+def test_importing_the_course_exchange_is_refused_without_starting_a_rank(planted):
+    result = run_lab(moe_dispatch.LAB, planted("moe_dispatch", "imports_course"))
     assert set(result.failed()) == EVERY and result.runs == 0
     assert "your file uses course.experts.expert_parallel.exchange_counts" in result.checks[0].message

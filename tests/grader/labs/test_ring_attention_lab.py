@@ -1,8 +1,6 @@
 """grader.labs.ring_attention: the stub fails every check, the reference passes every one (visible and hidden),
 and each planted mistake fails exactly the check that names it, with a message in the learner's terms."""
 
-import os
-
 import pytest
 
 from grader import render
@@ -10,7 +8,6 @@ from grader.labs.core import reference_path, run_lab, stub_path
 from grader.labs.ring_attention import check as ring_attention
 
 pytestmark = [pytest.mark.unit8b, pytest.mark.timeout(600)]
-HERE = os.path.dirname(__file__)
 EVERY = {check.name for check in ring_attention.CHECKS}
 
 
@@ -53,7 +50,7 @@ def test_a_half_done_file_is_told_which_part_is_missing(tmp_path):
     assert "your ring_attention_backward still raises NotImplementedError" in result.checks[3].message
 
 
-def test_importing_the_course_ring_is_refused_without_starting_a_rank():
-    result = run_lab(ring_attention.LAB, os.path.join(HERE, "attempts", "ring_attention_imports_course.py"))
+def test_importing_the_course_ring_is_refused_without_starting_a_rank(planted):
+    result = run_lab(ring_attention.LAB, planted("ring_attention", "imports_course"))
     assert set(result.failed()) == EVERY and result.runs == 0
     assert "your file uses course.long_context.ring_attention.ring_forward" in result.checks[0].message
