@@ -55,4 +55,17 @@ MISTAKES: dict[str, Mistake] = {
              '        source = (rank + step) % world_size\n')),
         ),
     ),
+    "no_return_trip": Mistake(
+        why="backward keeps the dK, dV it holds after the last step instead of sending them home.",
+        edits=(
+            (('        returning, dkv = _send_receive(dkv.contiguous(), rank, world_size)  # the partial dK, dV follow the block\n'
+              '        for request in returning:\n'
+              '            request.wait()\n'
+              '        if step < world_size - 1:\n'),
+             ('        if step < world_size - 1:\n'
+              '            returning, dkv = _send_receive(dkv.contiguous(), rank, world_size)\n'
+              '            for request in returning:\n'
+              '                request.wait()\n')),
+        ),
+    ),
 }
