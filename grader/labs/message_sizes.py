@@ -1,7 +1,7 @@
 """Catch a send and its receive of different sizes before gloo does (gloo aborts the process with no Python error).
 
 ``with matched_sizes():`` watches every message the process group sends or receives
-(:func:`course.runtime.observed.rewriting`: ``send``, ``isend`` imported by name, ``batch_isend_irecv``, a group's
+(:func:`course.runtime.observed.listening`: ``send``, ``isend`` imported by name, ``batch_isend_irecv``, a group's
 own ``send``): before the k-th message from rank a to rank b goes out, rank a writes its element count to the
 process group's store under ``a->b/k``; before rank b posts its k-th receive from a, it reads that count and raises
 :class:`SizeMismatch` if its buffer holds a different number of elements. The message is then never posted, so no
@@ -63,8 +63,8 @@ class _Sizes:
         elif (sent := int(self.store.get(key))) != numel:
             raise SizeMismatch(peer, self.rank, index, sent, numel)
 
-    def rewrite(self, record: Record, args: tuple) -> None:
-        """On the process group: every message, checked before it is posted (and left as it is)."""
+    def listen(self, record: Record) -> None:
+        """On the process group: every message, checked before it is posted."""
         if record.kind == "p2p" and record.peer is not None:
             self.check(record.op == "send", record.peer, sum(math.prod(shape) for shape in record.shapes))
 
@@ -95,7 +95,7 @@ def matched_sizes(tag: str = "") -> Iterator[None]:
     Messages are counted from 0 in each ``with``; every rank must use the same ``tag``, new for each ``with``."""
     sizes = _Sizes(tag)
     if observed.is_observed():
-        with observed.rewriting(sizes.rewrite):
+        with observed.listening(sizes.listen):
             yield
     else:
         with intercept.replacing(_SENDS + _RECEIVES, sizes.wrap):
