@@ -49,18 +49,13 @@ def declare_device(device: str | torch.device | None) -> None:
     _DECLARED[:] = [torch.device(device)] if device is not None else []
 
 
-def _rank_device() -> torch.device:
-    if _DECLARED:
-        return _DECLARED[0]
-    return world.device_for(int(os.environ.get("LOCAL_RANK", "0")))
-
-
 class Rules:
     """The rules for one observed group; :meth:`before` checks a call, :meth:`issue` runs it on the real group."""
 
     def __init__(self, group: Any, store: Any, enforce: bool) -> None:
         self.group, self.store, self.enforce = group, store, enforce
         self._lock = threading.Lock()
+        self._found_device: torch.device | None = None
         self._in_flight: list[tuple[threading.Thread, Any, Record]] = []
         self._sent: Counter[tuple[int, int]] = Counter()  # (group rank, tag) -> messages sent to it with that tag
         self._received: Counter[tuple[int, int]] = Counter()
@@ -85,8 +80,16 @@ class Rules:
         if record.kind == "collective":
             self._note_collective(record, args)
 
+    def _device(self) -> torch.device:
+        """The rank's device: a declared one, else found once, at the group's first call (every call asks)."""
+        if _DECLARED:
+            return _DECLARED[0]
+        if self._found_device is None:
+            self._found_device = world.device_for(int(os.environ.get("LOCAL_RANK", "0")))
+        return self._found_device
+
     def _check_device(self, record: Record, tensors: list[torch.Tensor]) -> None:
-        device = _rank_device()
+        device = self._device()
         for tensor in tensors:
             if tensor.device.type != device.type or (device.index is not None and tensor.device != device):
                 raise NcclRuleError(
