@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course.arguments import check_choice, check_count
-from course.perf import beyond_layers, microbench
+from course.perf import beyond_layers, gemm_shape, microbench
 from course.perf.comm import Cluster, allreduce_seconds, alpha_beta, message_seconds
 from course.perf.sharding import ALL_TERMS, Terms, data_parallel_seconds, exposed_seconds, sharding_seconds
 from course.perf.transformer import RECOMPUTE, Transformer
@@ -217,6 +217,15 @@ def _gemm_s(flops: float, depth: float, plan: Plan, cluster: Cluster) -> float:
                     * microbench.gemm_efficiency(plan.precision, gpu.generation, depth, gpu.name))
 
 
+def _weight_gemm_s(tokens: float, weights: float, depth: float, plan: Plan, cluster: Cluster, terms: Terms) -> float:
+    """One weight GEMM's forward (``tokens`` rows times ``weights`` per token, reduction depth ``depth``), priced
+    with the useful share of its forward and backward tiles (``terms.gemm_quantisation``, :mod:`gemm_shape`)."""
+    seconds = _gemm_s(2 * tokens * weights, depth, plan, cluster)
+    if not terms.gemm_quantisation:
+        return seconds
+    return seconds / gemm_shape.weight_gemm_quantisation(tokens, weights / depth, depth, cluster.gpu.name)
+
+
 def _flash_s(flops: float, plan: Plan, cluster: Cluster) -> float:
     """A fused attention kernel of ``flops`` FLOPs at its published fraction of the 16-bit peak."""
     gpu = cluster.gpu
@@ -251,7 +260,7 @@ def layer_terms(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms =
     """Every term of one layer's forward for one microbatch on one GPU (module docstring)."""
     s, h, a, b, t, c = model.seq, model.hidden, model.heads, plan.microbatch, plan.tensor, plan.context
     tokens = s / c * b  # this GPU's queries
-    gemm = sum(_gemm_s(2 * tokens * weights, depth, plan, cluster) for weights, depth in model.layer_gemms(t))
+    gemm = sum(_weight_gemm_s(tokens, weights, depth, plan, cluster, terms) for weights, depth in model.layer_gemms(t))
     scores = 2 * tokens * s * h / t  # FLOPs of Q Kᵀ, and again of the scores times V
     if plan.fused_attention and terms.flash_rate:  # one tiled kernel: no shallow GEMM, the masked half skipped
         attention = 2 * _flash_s(scores / 2, plan, cluster)
@@ -343,7 +352,7 @@ def step_time(model: Transformer, plan: Plan, cluster: Cluster, terms: Terms = A
     per_layer = layer_passes(one, plan, cost)
     layer_s = per_layer["forward"] + per_layer["backward"] + per_layer["recompute"]
     tokens = model.seq / plan.context * plan.microbatch
-    logits_s = 3 * _gemm_s(2.0 * tokens * model.hidden * model.vocab / t, model.hidden, plan, cluster)
+    logits_s = 3 * _weight_gemm_s(tokens, model.hidden * model.vocab / t, model.hidden, plan, cluster, terms)
     first_s = 0.0
     if terms.pipeline_ends:  # the loss on the last stage, the embedding on the first
         logits_s += beyond_layers.loss_seconds(model, tokens, t, cluster)

@@ -62,6 +62,10 @@ class Terms:
             link's (``src/graph/tuning.cc``: ``(nsteps - nInterSteps)·intraLat + nInterSteps·interLat``); the tree
             takes ``2((g-1)·intraLat + log2(nodes)·interLat)``. Off: the two-level formula (a ring inside each
             node, then one across), its inside and across times added, and every tree step at the slower latency.
+        gemm_quantisation: each weight GEMM (and the logits) loses the padded work of its tiles and the idle SMs
+            of its last wave, forward and backward (:mod:`course.perf.gemm_shape`: NVIDIA's matrix multiplication
+            guide, sections 3.1 and 3.2; the tiles of its section 2.3; the whitepapers' SM counts). Off: every
+            shape at the best shape's rate (the depth term aside).
     """
 
     per_microbatch_reduce: bool = True
@@ -76,6 +80,7 @@ class Terms:
     expert_all_to_all: bool = True
     fp32_grad_reduce: bool = True
     flat_ring: bool = True
+    gemm_quantisation: bool = True
 
 
 #: Every term on: the default of every function that takes ``terms``.
