@@ -19,8 +19,8 @@ operand less, which this term does not price. The SM counts are the whitepapers'
 A weight GEMM runs three times per step with three output shapes (:func:`weight_gemm_quantisation`): forward
 ``tokens x n``, the input's gradient ``tokens x k`` and the weight's gradient ``k x n`` (its depth is the tokens).
 The three take equal FLOPs, so their harmonic mean ``3 / Σ 1/q`` prices forward and backward together exactly.
-A switch of :class:`course.perf.sharding.Terms` (``gemm_quantisation``); taught in
-``notebooks/05c_performance_model.ipynb``.
+A switch of :class:`course.perf.sharding.Terms` (``gemm_quantisation``), in the model that
+``notebooks/05c_performance_model.ipynb`` scores on its test set.
 """
 
 from __future__ import annotations

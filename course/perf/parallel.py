@@ -7,7 +7,8 @@ vocabulary V, the MLP's width) on ``t x c x p x d`` GPUs. One layer, one microba
 
 * **GEMMs**: the layer's weight GEMMs (``24·(s/c)·b·h²/t`` FLOPs for a GPT), each at the microbenchmark efficiency
   of its reduction depth (:func:`course.perf.microbench.gemm_efficiency`) times the sustained fraction fitted on
-  the fitting set (:func:`course.perf.microbench.training_efficiency`).
+  the fitting set (:func:`course.perf.microbench.training_efficiency`), over the useful share of its tiles and
+  waves, forward and backward (:mod:`course.perf.gemm_shape`).
 * **attention**: ``4·(s/c)·s·b·h/t`` FLOPs. Unfused: two batched GEMMs, ``QKᵀ`` of depth ``h/a`` and the scores
   times ``V`` of depth ``s``. A **fused** (flash) kernel skips the masked half of causal attention and runs at
   FlashAttention's published fraction of the peak, with no shallow-GEMM penalty.
