@@ -20,7 +20,7 @@ BANDWIDTH = 2039e9 * microbench.constant("memory")
 
 
 SUSTAINED = microbench.training_efficiency("Ampere")  # fitted on the fitting set (course.perf.protocol)
-OLD = parallel.Terms(False, True, *(False,) * 8)  # before issue 44, memory-bound kernels kept
+OLD = parallel.Terms(False, True, *(False,) * 8, gemm_quantisation=False)  # before issue 44, memory kernels kept
 
 
 def gemm(flops: float, depth: float) -> float:
@@ -156,8 +156,10 @@ def test_uneven_stages_run_at_the_pace_of_the_slowest():
 
 def test_context_parallelism_splits_the_sequence_and_rings_the_keys_and_values():
     plan = parallel.Plan(4, 1, 1, 8, context=2)
-    terms, whole = parallel.layer_terms(GPT, plan, SELENE), parallel.layer_terms(GPT, replace(plan, context=1), SELENE)
-    assert terms.gemm_s == pytest.approx(whole.gemm_s / 2)
+    terms = parallel.layer_terms(GPT, plan, SELENE)
+    flat = replace(parallel.ALL_TERMS, gemm_quantisation=False)  # half the tokens: half the FLOPs, other tiles
+    assert parallel.layer_terms(GPT, plan, SELENE, flat).gemm_s == pytest.approx(
+        parallel.layer_terms(GPT, replace(plan, context=1), SELENE, flat).gemm_s / 2)
     s, h, t, c = 2048, 8192, 4, 2
     assert terms.context_s == pytest.approx((c - 1) * message_seconds(4.0 * s / c * h / t, alpha_beta(SELENE.intra)))
     passes = parallel.layer_passes(terms, plan)
