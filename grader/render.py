@@ -12,12 +12,13 @@ import json
 from pathlib import Path
 
 from grader.checks import CHECKS
-from grader.results import FINISHED, CheckResult, LabResult, Results
+from grader.results import BAD, FINISHED, CheckResult, LabResult, Results
 
 
 def feedback(results: Results, visible_only: bool = False) -> str:
     """The text a student reads: the assignment's status and checks (what passed, what to fix), its output, then
-    each lab's section (:func:`lab_feedback`). A submission of lab files only gets the labs' sections alone."""
+    each lab's section (:func:`lab_feedback`). A submission of lab files only gets the labs' sections alone. The
+    self-check (``visible_only``) of a script refused before it ran gets one line: why, and what to do."""
     lines = _assignment_feedback(results, visible_only) if results.assignment else [
         f"{results.submission}: {results.detail}"]
     for lab in results.labs.values():
@@ -26,6 +27,8 @@ def feedback(results: Results, visible_only: bool = False) -> str:
 
 
 def _assignment_feedback(results: Results, visible_only: bool) -> list[str]:
+    if visible_only and results.status == BAD:  # the self-check of a refused script: nothing ran, say why once
+        return [f"{results.submission}: not run, {results.score:g} / {results.max_score:g} points: {results.detail}"]
     lines = [f"{results.submission}: {results.score:g} / {results.max_score:g} points   "
              f"status: {results.grade_status}"]
     if results.not_assessed and not results.violation:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 INTEGRITY_VIOLATION = "integrity violation"  # the gradebook status of a run whose records cannot be trusted
+BAD = "bad submission"  # the status of a script refused before it ran (grader.submission says why)
 FINISHED = "all ranks finished"  # the detail of a run that ended normally (the feedback does not repeat it)
 LABS_ONLY = "labs only"  # the status of a submission that holds lab files and no assignment script
 DERIVED = ("score", "max_score", "raw_score", "grade_status")  # saved for readers of the JSON, recomputed on load

@@ -42,11 +42,10 @@ from grader.environment import python_argv, run_env
 from grader.evidence import Checkpoint, Evidence, RunRecords, collect, judge_checkpoint, replay_first_steps
 from grader.inrank import channel
 from grader.inrank.harness import KEY_FD_ENV, RECORD_FD_ENV, SEED_ENV, probe_seed
-from grader.results import FINISHED, Results
+from grader.results import BAD, FINISHED, Results
 from grader.secret import submission_seed
 from grader.submission import BadSubmission, find_script
 
-BAD = "bad submission"
 GRADER_STOPPED = "interrupted"  # the grader was stopped during the run: no verdict on the submission
 GRADER_ERROR = "grader error"  # the grader's own code failed (grader.gradebook retries these)
 MISSING_LIBRARY = "missing library"  # the script imports what the grading environment does not have

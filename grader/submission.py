@@ -69,8 +69,9 @@ def _check_script(path: Path, assignment: Assignment) -> None:
     if _unchanged(source, STARTER):
         raise BadSubmission("this is the unchanged single-device starter: submit your 4-GPU version.")
     if _unchanged(source, SKELETON):
-        raise BadSubmission(f"this is the unchanged skeleton ({SKELETON.name}): nothing was converted yet. Do its "
-                            "TODOs (notebook 06 walks you through them, notebook 05 has each piece), then submit.")
+        raise BadSubmission(f"this is the unchanged skeleton ({SKELETON.name}): nothing was converted yet. Do "
+                            "its TODOs (notebook 06 walks you through them, notebook 05 has each piece), then check "
+                            "it again.")
     if "torch" not in source and "course" not in source:
         raise BadSubmission(f"{path.name} imports neither torch nor course: this is not the assignment's "
                             "training script.")

@@ -168,7 +168,7 @@ def test_the_assignment_run_shows_the_failing_ranks_traceback_and_the_self_check
     page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_text("Run All Cells", exact=True).click()
-    page.locator(".jp-OutputArea-output", has_text="points, status").wait_for(state="attached", timeout=180_000)
+    page.locator(".jp-OutputArea-output", has_text="/ 100 points").wait_for(state="attached", timeout=180_000)
     _screenshot(page, "lab-assignment")
     # the notebook in view (the Lab may have restored other notebooks' tabs); off-screen cells too
     outputs = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea").all_text_contents()
@@ -176,5 +176,5 @@ def test_the_assignment_run_shows_the_failing_ranks_traceback_and_the_self_check
     run = next(text for text in outputs if "exit code" in text)
     assert "rank 2 failed first" in run and "has no attribute 'module'" in run, run
     assert "rank 0 joined" in run  # what the script printed, and then its traceback
-    check = next(text for text in outputs if "points, status" in text)
-    assert "status crash on rank 2" in check, check
+    check = next(text for text in outputs if "/ 100 points" in text)
+    assert "status: crash on rank 2" in check, check

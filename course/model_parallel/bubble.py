@@ -88,18 +88,22 @@ def plot_timeline(events: Sequence[Event], ax: Axes | None = None, title: str = 
     With several model chunks per stage (interleaved 1F1B), each bar also names its chunk (``F3/1``: forward of
     micro-batch 3 on chunk 1), and the chunks after the first are hatched."""
     import matplotlib.pyplot as plt
+    from matplotlib.patheffects import withStroke
 
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 2.2))
     colors = {"F": "tab:blue", "B": "tab:orange"}
     chunked = any(e.chunk for e in events)
     for e in events:
-        ax.broken_barh([(1e3 * e.start, 1e3 * (e.end - e.start))], (e.stage - 0.4, 0.8), color=colors[e.kind],
-                       edgecolor="white", hatch="//" if e.chunk else None)
-        narrow = e.end - e.start < 0.03 * max(x.end for x in events)  # a narrow bar gets a smaller label
+        bar = [(1e3 * e.start, 1e3 * (e.end - e.start))], (e.stage - 0.4, 0.8)
+        ax.broken_barh(*bar, facecolor=colors[e.kind], edgecolor="white")
+        if e.chunk:  # white stripes, on a layer of their own (a bar drawn with color= colours its hatch too)
+            ax.broken_barh(*bar, facecolor="none", edgecolor="white", linewidth=0, hatch="//")
+        narrow = e.end - e.start < 0.03 * max(x.end for x in events)  # a narrow bar's label stands upright
         label = f"{e.kind}{e.micro_batch}" + (f"/{e.chunk}" if chunked else "")
-        ax.text(1e3 * (e.start + e.end) / 2, e.stage, label, ha="center", va="center",
-                color="white", fontsize=5 if narrow else 8)
+        ax.text(1e3 * (e.start + e.end) / 2, e.stage, label, ha="center", va="center", color="white",
+                fontsize=6 if narrow or chunked else 8, rotation=90 if narrow else 0,
+                path_effects=[withStroke(linewidth=2, foreground=colors[e.kind])])  # stripes kept off the label
     stages = sorted({e.stage for e in events})
     ax.set_yticks(stages, [f"stage {s}" for s in stages])
     from matplotlib.patches import Patch

@@ -233,9 +233,9 @@ def comparison(result: dict) -> list[str]:
         lines.append(f"{'':>10}flat ring time / hierarchical time: measured {measured:.2f}x, modelled {modelled:.2f}x "
                      "(above 1: the hierarchical allreduce is faster)")
     biggest = max(times["flat ring"])
-    error = times["hierarchical"][biggest] / predicted["hierarchical"][biggest] - 1
+    error = predicted["hierarchical"][biggest] / times["hierarchical"][biggest] - 1  # a share of the measured time
     lines.append(f"at {biggest / 2**20:.0f} MB the model's hierarchical time is {abs(error):.0%} "
-                 f"{'below' if error > 0 else 'above'} the measured one")
+                 f"{'below' if error < 0 else 'above'} the measured one")
     lines.append(_speeds(result["inside"].beta_s_per_byte, result["between"].beta_s_per_byte))
     faster = (times["flat ring"][biggest] > times["hierarchical"][biggest],
               predicted["flat ring"][biggest] > predicted["hierarchical"][biggest])

@@ -83,7 +83,8 @@ class RankTimeout(TimeoutError):
         if idle_s is not None:
             what = f"rank(s) {names} made no progress for {idle_s:g} s (no processor time used)"
         else:
-            what = f"rank(s) {names} did not finish within {timeout_s:g} s{f' ({note})' if note else ''}"
+            limit = round(timeout_s, 1)  # a limit stretched by the machine's pace: 7 s, not 6.96779 s
+            what = f"rank(s) {names} did not finish within {limit:g} s{f' ({note})' if note else ''}"
         if any(where.startswith("to ") for where in self.waiting.values()):
             hint = ("A rank that waits for a message no rank sends it hangs like this"
                     + (f": {'; '.join(self.wrong_peers)}. Check the peer ranks of your sends and receives."

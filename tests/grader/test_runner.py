@@ -52,6 +52,8 @@ def test_bad_submissions_are_named_and_explained(tmp_path, make, phrase):
     assert not any(c.ran or c.passed for c in results.checks)
     text = render.feedback(results)
     assert text.count(phrase) == 1 and text.count("[NOT RUN]") == len(CHECKS)  # the reason said once
+    once = render.feedback(results, visible_only=True)  # the self-check: one line, the reason and the fix
+    assert once.count("\n") == 1 and phrase in once and "[NOT RUN]" not in once
 
 
 def test_the_syntax_error_says_where(tmp_path):

@@ -71,8 +71,12 @@ def test_an_interleaved_timeline_names_each_bars_chunk():
     from course.model_parallel import schedules
 
     events = schedules.simulate(functools.partial(schedules.interleaved, chunks=2), 2, 4, 1.0, 2.0)
-    labels = [t.get_text() for t in pb.plot_timeline(events).texts]
+    ax = pb.plot_timeline(events)
+    labels = [t.get_text() for t in ax.texts]
     assert labels == [f"{e.kind}{e.micro_batch}/{e.chunk}" for e in events] and {"F0/0", "F0/1"} <= set(labels)
+    hatched = [c for c in ax.collections if c.get_hatch()]  # the later chunks' stripes: white, not the bar's colour
+    assert len(hatched) == sum(1 for e in events if e.chunk) and all(
+        tuple(c.get_hatchcolor()[0]) == (1.0, 1.0, 1.0, 1.0) for c in hatched)
     plain = pb.plot_timeline(pb.modelled_timeline(2, 2, 1.0, 2.0))
     assert "F0" in [t.get_text() for t in plain.texts] and "/" not in plain.get_legend().get_texts()[0].get_text()
     plt.close("all")

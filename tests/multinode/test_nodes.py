@@ -61,6 +61,8 @@ def test_the_comparison_says_what_the_numbers_say(hierarchical_s, verdict):
     assert lines[-1] == f"at 2 MB {verdict}"
     assert "400x slower than shared memory" in "\n".join(lines)
     assert f"measured {0.2 / hierarchical_s:.2f}x" in "\n".join(lines)
+    error = result["predicted"]["hierarchical"][size] / hierarchical_s - 1  # the model's miss, of the measured time
+    assert f"hierarchical time is {abs(error):.0%} {'below' if error < 0 else 'above'} the measured one" in lines[-3]
 
 
 def test_a_fit_without_a_per_byte_time_is_said_not_divided_by():

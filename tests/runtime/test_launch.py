@@ -141,6 +141,10 @@ def test_ranks_all_stuck_in_collectives_are_all_named():
         "waiting for them)")
 
 
+def test_a_stretched_time_limit_is_said_to_a_tenth_of_a_second():
+    assert str(RankTimeout([1], 6.96779, {0: "all_reduce"})).startswith("rank(s) 1 did not finish within 7 s (")
+
+
 def test_a_rank_that_dies_without_reporting_is_named():
     with pytest.raises(RankFailed) as caught:
         launch(rf.vanish_on, 2, 1, timeout_s=60)
