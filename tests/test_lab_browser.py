@@ -28,7 +28,10 @@ TOKEN = "course-test"
 # As root in a container Chromium needs --no-sandbox; the rest keeps it off a network it cannot reach.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
-SPIN = "import time\nend = time.monotonic() + 8\nwhile time.monotonic() < end:\n    pass\n"
+# Two ranks, each busy half of every tenth of a second for 8 s: the monitor has load to show, at a quarter of the
+# CPU that four ranks spinning flat out would take from the tests running beside this one.
+SPIN = ("import time\nend = time.monotonic() + 8\nwhile time.monotonic() < end:\n"
+        "    busy = time.monotonic() + 0.05\n    while time.monotonic() < busy:\n        pass\n    time.sleep(0.05)\n")
 # A student's train_4gpu.py that prints, then fails on rank 2 (the typo of a DDP script run without DDP).
 BROKEN_ASSIGNMENT = """from course import models, world
 
@@ -61,7 +64,7 @@ def lab(tmp_path_factory):
         nbformat.v4.new_code_cell("import sys\nfrom course.monitor import watch as monitor"),
         nbformat.v4.new_code_cell(
             'run = monitor.run_and_watch([sys.executable, "-m", "torch.distributed.run", "--standalone",\n'
-            '                             "--nproc_per_node=4", "spin.py"], timeout_s=120)\n'
+            '                             "--nproc_per_node=2", "spin.py"], timeout_s=120)\n'
             'print("exit code", run.returncode)'),
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}})
     nbformat.write(notebook, root / "monitor_demo.ipynb")

@@ -50,24 +50,30 @@ class Catalogue:
         self.keys, self.order = keys.sort()
         self.rows = rows
 
+    def fits(self, batch: torch.Tensor) -> bool:
+        """``batch`` could hold training samples: floating point, each of a sample's size."""
+        return batch.dim() >= 2 and batch.is_floating_point() and batch[0].numel() == self.per_sample \
+            and len(self.keys) > 0
+
     def lookup(self, batch: torch.Tensor) -> list[int] | None:
         """The training-sample index of every row of ``batch``, or None when not all of them are training
         samples (activations, validation data, augmented inputs)."""
-        if batch.dim() < 2 or not batch.is_floating_point() or batch[0].numel() != self.per_sample \
-                or not len(self.keys):
+        if not self.fits(batch):
             return None
         rows = _standardized(batch)
         keys = rows @ self.direction
         low = torch.searchsorted(self.keys, keys - self.MATCH * self.per_sample ** 0.5)
         high = torch.searchsorted(self.keys, keys + self.MATCH * self.per_sample ** 0.5, right=True)
-        found = []
-        for row, start, end in zip(rows, low.tolist(), high.tolist(), strict=True):
-            candidates = self.order[start:end]
-            close = (self.rows[candidates] - row).abs().amax(dim=1) <= self.MATCH if len(candidates) else None
-            if close is None or not bool(close.any()):
-                return None
-            found.append(int(candidates[int(close.float().argmax())]))
-        return found
+        found = torch.full((len(rows),), -1, dtype=torch.long)
+        for offset in range(int((high - low).max())):  # every row's candidates at once, in key order
+            at = low + offset
+            open_ = (found < 0) & (at < high)
+            if not bool(open_.any()):
+                break
+            candidates = self.order[at[open_]]
+            close = (self.rows[candidates] - rows[open_]).abs().amax(dim=1) <= self.MATCH
+            found[open_.nonzero().squeeze(1)[close]] = candidates[close]
+        return None if bool((found < 0).any()) else found.tolist()
 
 
 def _standardized(images: torch.Tensor) -> torch.Tensor:
@@ -131,6 +137,7 @@ class TrainedBatches:
         self._sizes: list[int] = []  # elements per sample of each batch's first tensor
         self._used: set[int] = set()
         self._seen: set[int] = set()  # ids of the tensors already matched to a batch since the last step
+        self._looked: dict[int, tuple[torch.Tensor, int]] = {}  # tensors looked up since the last step
         self.precision: str | None = None
 
     def fetched(self, indices: list[int], item: Any) -> None:
@@ -168,11 +175,22 @@ class TrainedBatches:
         if self.catalogue is None:
             return
         for arg in _tensors(args):
+            if not self.catalogue.fits(arg) or self._looked_up(arg):
+                continue
             indices = self.catalogue.lookup(arg)
             if indices is not None and indices not in self._consumed:
                 self._consumed.append(indices)
                 if not self._batches:
                     self.precision = self.precision or _precision(module, arg)
+
+    def _looked_up(self, arg: torch.Tensor) -> bool:
+        """``arg`` itself, unchanged, was looked up since the last step (a wrapper's forward and its module's
+        get the same tensor); else it is noted, and held, so that its id is not reused before the step."""
+        tensor, version = self._looked.get(id(arg), (None, -1))
+        if tensor is arg and version == arg._version:
+            return True
+        self._looked[id(arg)] = (arg, arg._version)
+        return False
 
     def take(self) -> tuple[list[int], str | None]:
         """The indices of the training samples the model consumed since the last step (else the trained
@@ -182,7 +200,7 @@ class TrainedBatches:
         if self._consumed:
             indices = [i for batch in self._consumed for i in batch]
         self._batches, self._sizes, self._used, self._seen, self.precision = [], [], set(), set(), None
-        self._consumed = []
+        self._consumed, self._looked = [], {}
         return indices, precision
 
 
