@@ -23,7 +23,7 @@ from torch import nn
 
 from course.numerics.bounds import Verdict, verdict
 
-FORWARD, GRADIENT = "forward", "backward"
+FORWARD, GRADIENT, PARAMETERS = "forward", "backward", "parameters"  # PARAMETERS: after an optimizer step
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Record:
     """One named tensor of one run: what it is, in which phase, step and rank (and chunk, for chunked algorithms)."""
 
     name: str  # a module or parameter name from named_modules()/named_parameters(), or the check's own words
-    phase: str  # FORWARD (an activation) or GRADIENT
+    phase: str  # FORWARD (an activation), GRADIENT, or PARAMETERS (a parameter after an optimizer step)
     step: int
     rank: int
     tensor: torch.Tensor
@@ -43,7 +43,8 @@ class Record:
 
     def where(self) -> str:
         """``"fc2's output (forward, step 0, rank 0)"``: the record in the learner's terms."""
-        what = f"{self.name}'s output" if self.phase == FORWARD else f"{self.name}'s gradient"
+        what = {FORWARD: f"{self.name}'s output", PARAMETERS: f"{self.name} after the optimizer step"}.get(
+            self.phase, f"{self.name}'s gradient")
         chunk = "" if self.chunk is None else f", chunk {self.chunk}"
         return f"{what} ({self.phase}, step {self.step}, rank {self.rank}{chunk})"
 
