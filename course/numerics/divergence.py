@@ -10,7 +10,8 @@ its rounding bound (:mod:`course.numerics.bounds`) is where the bug is, or just 
 
 :class:`Recorder` fills the records with forward hooks on ``named_modules()`` and gradient hooks on
 ``named_parameters()``; a check may also add its own (:meth:`Recorder.add`). Used by the labs that compare with
-a one-process reference (:mod:`grader.labs`: tp_mlp, sequence_parallel, ddp) and by notebook 08.
+a one-process reference (:mod:`grader.labs`: tp_mlp, sequence_parallel, ddp; zero and fsdp name the first
+parameter beyond rounding after a step, :data:`PARAMETERS`) and by notebook 08.
 """
 
 from __future__ import annotations
