@@ -49,7 +49,8 @@ def _spread_sum(weights: torch.Tensor, errors: torch.Tensor, values: torch.Tenso
     return torch.minimum(worst, bounds.LAMBDA * torch.sqrt((weights * errors) ** 2 @ values ** 2))
 
 
-def _forward_side(q, k, v, mask, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_side(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, parts: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """One side's bound on |computed - exact| for ``out`` and ``lse``, working in ``parts`` blocks of keys."""
     s, e_s = _scores(q, k, mask)
     lse = torch.logsumexp(s, dim=-1)
@@ -85,7 +86,8 @@ def _product(a: torch.Tensor, a_err: torch.Tensor, b: torch.Tensor, parts: int) 
     return err + bounds.reduction_bound(products, parts, FLOAT)
 
 
-def _backward_side(dout, q, k, v, out, lse, mask, parts: int) -> tuple[torch.Tensor, ...]:
+def _backward_side(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, mask: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
     """One side's bounds on |computed - exact| for dq, dk, dv, working in ``parts`` blocks."""
     u, scale, d = bounds.unit_roundoff(FLOAT), 1 / math.sqrt(q.shape[-1]), q.shape[-1]
     s, e_s = _scores(q, k, mask)

@@ -150,7 +150,8 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
         return found
     mask = torch.zeros(config["seq_len"], config["seq_len"], dtype=torch.bool)
     for rank, seen in enumerate(evidence):
-        mask[layout[rank]] = seen["probe"] > 1e-4
+        # a key seen gets weight 1 / (keys seen) >= 1 / seq_len; a key not seen 0, give or take rounding
+        mask[layout[rank]] = seen["probe"] > 0.5 / config["seq_len"]
     found.append(_mask(mask, layout))
     if all(e["forward"] is not None for e in evidence):
         found.append(_forward(config, evidence, layout, mask))
