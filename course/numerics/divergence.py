@@ -10,7 +10,8 @@ its rounding bound (:mod:`course.numerics.bounds`) is where the bug is, or just 
 
 :class:`Recorder` fills the records with forward hooks on ``named_modules()`` and gradient hooks on
 ``named_parameters()``; a check may also add its own (:meth:`Recorder.add`). Used by the labs that compare with
-a one-process reference (:mod:`grader.labs`: tp_mlp, sequence_parallel, ddp) and by notebook 08.
+a one-process reference (:mod:`grader.labs`: tp_mlp, sequence_parallel, ddp; zero and fsdp name the first
+parameter beyond rounding after a step, :data:`PARAMETERS`) and by notebook 08.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 
 from course.numerics.bounds import Verdict, verdict
 
-FORWARD, GRADIENT = "forward", "backward"
+FORWARD, GRADIENT, PARAMETERS = "forward", "backward", "parameters"  # PARAMETERS: after an optimizer step
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Record:
     """One named tensor of one run: what it is, in which phase, step and rank (and chunk, for chunked algorithms)."""
 
     name: str  # a module or parameter name from named_modules()/named_parameters(), or the check's own words
-    phase: str  # FORWARD (an activation) or GRADIENT
+    phase: str  # FORWARD (an activation), GRADIENT, or PARAMETERS (a parameter after an optimizer step)
     step: int
     rank: int
     tensor: torch.Tensor
@@ -43,7 +44,8 @@ class Record:
 
     def where(self) -> str:
         """``"fc2's output (forward, step 0, rank 0)"``: the record in the learner's terms."""
-        what = f"{self.name}'s output" if self.phase == FORWARD else f"{self.name}'s gradient"
+        what = {FORWARD: f"{self.name}'s output", PARAMETERS: f"{self.name} after the optimizer step"}.get(
+            self.phase, f"{self.name}'s gradient")
         chunk = "" if self.chunk is None else f", chunk {self.chunk}"
         return f"{what} ({self.phase}, step {self.step}, rank {self.rank}{chunk})"
 

@@ -8,7 +8,9 @@ backward and reduce-scatters the gradients into the shards' ``.grad``; ``torch.o
 
 * ``matches_adam``: after each of ``steps`` steps the full parameters (the checker gathers the shards with its
   own, unrecorded collective) equal those of torch's ``DistributedDataParallel`` + ``torch.optim.Adam`` on the
-  same data within :data:`TOLERANCE`;
+  same data within rounding: the zero lab's bound (:mod:`grader.labs.zero.bounds`), derived from the gradients'
+  rounding, the reduce-scatter's order and Adam's division by ``sqrt(v) + eps``; a miss names the first step and
+  layer beyond it;
 * ``memory``: the shards are 1/world_size of the model (padded), and at every all-gather the gathered parameters
   still alive (tensors the gathers wrote into, kept by the student or by autograd) are at most one layer's: the
   measured peak of parameter bytes per rank is 1/N of the model plus one layer. A student who prefetches (any
@@ -41,12 +43,13 @@ from course.runtime.recorder import ORIGINAL, Recorder, recording
 from grader.labs.agree import spreads
 from grader.labs.core import Check, Finding, Lab, StudentError, load_entry
 from grader.labs.fsdp.gathers import Gather, MatmulClock, watching_gathers
-from grader.labs.zero.check import BETAS, EPS, LR, TOLERANCE, _batch, _loss, reference_trajectory
+from grader.labs.zero.bounds import first_beyond, unnamed
+from grader.labs.zero.check import BETAS, EPS, LR, _batch, _loss, reference_trajectory, rounding_bounds
 
 ENTRY = "MyFSDP"
 CLASSES = 12
 CHECKS = (
-    Check("matches_adam", f"parameters equal DDP + torch.optim.Adam's after every step (±{TOLERANCE:g})", 4),
+    Check("matches_adam", "parameters equal DDP + torch.optim.Adam's after every step, within rounding", 4),
     Check("memory", "each rank holds 1/world_size of the parameters plus at most one gathered layer", 3),
     Check("communication", "bytes sent per step are 1.5x DDP's allreduce (gather twice, reduce-scatter once)", 2),
     Check("prefetch", "stretch goal: the next layer's all-gather runs while this layer computes (forward and "
@@ -149,25 +152,27 @@ def _train_student(my_fsdp: type, config: dict, recorder: Recorder, me: world.Ra
 
 
 # -- verdicts (pure functions of what was measured) ---------------------------------------------------------------
-def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], spread: list[float], rank: int
-                  ) -> Finding:
-    """Finding for ``matches_adam``: full parameters before and after each step against DDP + Adam's."""
-    for step in range(len(reference)):
-        gap = (ours[step] - reference[step]).abs().max().item()
-        if gap <= TOLERANCE:
-            continue
-        if step == 0:
-            return Finding("matches_adam", False, f"rank {rank}'s shards, gathered, differ from the model's "
-                           f"parameters by {gap:.2g} before any step: cut each layer's flattened weight and bias "
-                           "(weight first, padded) into world_size pieces and keep piece rank")
-        start = f"after step {step} the parameters differ from DDP + Adam's by {gap:.2g} (tolerance {TOLERANCE:g})"
-        if spread[step] > TOLERANCE:
-            return Finding("matches_adam", False, f"{start}, and the ranks' gathered parameters disagree: every "
-                           "rank must hold the same pieces after gathering")
-        ratio = ((ours[step] - ours[step - 1]).abs().sum() / (reference[step] - reference[step - 1]).abs().sum())
-        return Finding("matches_adam", False, f"{start} (your steps are {ratio.item():.2f}x as large): check the "
-                       "gradients of weight and bias, and divide the reduce-scattered sum by world_size")
-    return Finding("matches_adam", True, f"parameters equal DDP + Adam's after each of {len(reference) - 1} steps")
+def judge_matches(ours: list[torch.Tensor], reference: list[torch.Tensor], spread: list[float], rank: int,
+                  limits: list[torch.Tensor] | None = None, model: nn.Module | None = None) -> Finding:
+    """Finding for ``matches_adam``: full parameters before and after each step against DDP + Adam's, each entry
+    within ``limits`` (rounding's bound; None: not at all), named by ``model``'s ``named_parameters()``."""
+    limits = limits or [torch.zeros_like(r, dtype=torch.float64) for r in reference]
+    step, divergence, judged = first_beyond(ours, reference, limits, model or unnamed(reference[0]), rank)
+    if step == len(reference):
+        return Finding("matches_adam", True, f"parameters equal DDP + Adam's after each of {len(reference) - 1} "
+                       f"steps, {judged}")
+    gap = (ours[step] - reference[step]).abs().max().item()
+    if step == 0:
+        return Finding("matches_adam", False, f"rank {rank}'s shards, gathered, differ from the model's "
+                       f"parameters by {gap:.2g} before any step: cut each layer's flattened weight and bias "
+                       "(weight first, padded) into world_size pieces and keep piece rank")
+    start = f"after step {step} the parameters differ from DDP + Adam's: {divergence or judged}"
+    if spread[step] > float(limits[step].max()):
+        return Finding("matches_adam", False, f"{start}, and the ranks' gathered parameters disagree: every "
+                       "rank must hold the same pieces after gathering")
+    ratio = ((ours[step] - ours[step - 1]).abs().sum() / (reference[step] - reference[step - 1]).abs().sum())
+    return Finding("matches_adam", False, f"{start}; your steps are {ratio.item():.2f}x as large: check the "
+                   "gradients of weight and bias, and divide the reduce-scattered sum by world_size")
 
 
 def judge_memory(kept: int, peak: int, model_bytes: int, layer_bytes: int, world_size: int,
@@ -240,7 +245,8 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
         trajectory, sent, kept, peak, prefetched, passes = _train_student(my_fsdp, config, recorder, me)
     padded = sorted(_piece(linear, me.world_size) * me.world_size * 4 for linear in linears)
     model_bytes = sum(p.numel() * p.element_size() for p in _model(config).parameters())
-    return [judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank),
+    limits = rounding_bounds(_model(config), reference, config, me.world_size)
+    return [judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, limits, _model(config)),
             judge_memory(kept, peak, sum(padded), padded[-1], me.world_size, prefetched, sum(padded[-2:])),
             judge_communication(sent, model_bytes, len(linears), me.world_size),
             judge_prefetch(passes)]

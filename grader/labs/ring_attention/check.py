@@ -12,12 +12,14 @@ calls the student's functions under a :class:`~course.runtime.comm_log.CommLog`:
 
 :func:`cross_check` assembles every rank's evidence outside the ranks: the mask seen, the forward against
 attention under that mask (a wrong mask fails ``causal_mask`` alone), the gradients against the closed form of
-``course.long_context.blockwise.block_backward`` under that mask, and the student's layout.
+``course.long_context.blockwise.block_backward`` under that mask, and the student's layout. Each comparison is
+within rounding when every element is within a bound derived from the arithmetic (float32's unit roundoff, the
+number of keys, the world size, the scores' and values' sizes: :mod:`grader.labs.ring_attention.bounds`); a miss
+says "beyond rounding: a bug (bound B, seen E)", with the rank, the tensor and the query or key position.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +28,11 @@ import torch.distributed as dist
 
 from course import world
 from course.long_context import balance, blockwise
+from course.numerics.bounds import Verdict, verdict
 from course.runtime.collective_names import functions
 from course.runtime.comm_log import COLLECTIVES, SENDS, CommLog
 from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
+from grader.labs.ring_attention.bounds import backward_bounds, forward_bounds
 
 RECEIVES = functions("recv")  # every receive's name, as the communication log names a call
 CHECKS = (
@@ -44,7 +48,6 @@ CHECKS = (
 FORWARD_CHECKS = ("causal_mask", "online_softmax", "ring", "messages")
 BACKWARD_CHECKS = ("q_gradient", "kv_gradients")
 SCORE_SCALE = 40.0  # q's scale in the forward run: scores near 100, past float32's exp (e^89 > 3.4e38)
-TOLERANCE = 1e-4  # relative and absolute
 
 
 def problem(config: dict, scale: float = 1.0, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
@@ -147,7 +150,8 @@ def cross_check(config: dict, evidence: list[dict]) -> list[Finding]:
         return found
     mask = torch.zeros(config["seq_len"], config["seq_len"], dtype=torch.bool)
     for rank, seen in enumerate(evidence):
-        mask[layout[rank]] = seen["probe"] > 1e-4
+        # a key seen gets weight 1 / (keys seen) >= 1 / seq_len; a key not seen 0, give or take rounding
+        mask[layout[rank]] = seen["probe"] > 0.5 / config["seq_len"]
     found.append(_mask(mask, layout))
     if all(e["forward"] is not None for e in evidence):
         found.append(_forward(config, evidence, layout, mask))
@@ -191,62 +195,78 @@ def _mask(mask: torch.Tensor, layout: list[torch.Tensor]) -> Finding:
                    "(rank - step) % world_size, not from your own")
 
 
-def _close(got: torch.Tensor, expected: torch.Tensor) -> float:
-    """Largest difference beyond the tolerance's scale (0 when within it); inf for a non-finite value."""
-    finite = torch.isfinite(expected)
-    if not torch.isfinite(got[finite]).all():
-        return math.inf
-    scale = 1 + expected[finite].abs()
-    return float(((got[finite] - expected[finite]).abs() / scale).max())
+def _finite(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether ``got`` is finite wherever ``expected`` is."""
+    return bool(torch.isfinite(got[torch.isfinite(expected)]).all())
+
+
+def _judged(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, positions: torch.Tensor) -> tuple[Verdict, str]:
+    """The verdict, and the position (in the whole sequence) of its worst element."""
+    judged = verdict(got, want, bound)
+    at = f" at position {int(positions[judged.index[2]])}" if len(judged.index) > 2 else ""
+    return judged, at
 
 
 def _forward(config: dict, evidence: list[dict], layout: list[torch.Tensor], mask: torch.Tensor) -> Finding:
     q, k, v, _ = problem(config, SCORE_SCALE)
     out, lse = blockwise.attention(q, k, v, mask)
+    out_bound, lse_bound = forward_bounds(q, k, v, mask, len(evidence))
     for rank, seen in enumerate(evidence):
         got_out, got_lse = seen["forward"]
-        for name, got, want in (("out", got_out, out[..., layout[rank], :]), ("lse", got_lse, lse[..., layout[rank]])):
+        mine = layout[rank]
+        for name, got, want, bound in (("out", got_out, out[..., mine, :], out_bound[..., mine, :]),
+                                       ("lse", got_lse, lse[..., mine], lse_bound[..., mine])):
             if got.shape != want.shape:
                 return Finding("online_softmax", False, f"rank {rank}'s {name} has shape {tuple(got.shape)}, "
                                f"expected {tuple(want.shape)}")
-            worst = _close(got, want)
-            if worst == math.inf:
+            if not _finite(got, want):
                 return Finding("online_softmax", False, f"rank {rank}'s {name} holds inf or nan where attention is "
                                "finite: with scores near 100, exp(lse) overflows float32. Subtract the running "
                                "maximum, m = max(lse_a, lse_b), before exponentiating: exp(lse_a - m)")
-            if worst > TOLERANCE:
-                return Finding("online_softmax", False, f"rank {rank}'s {name} differs from full attention's by up "
-                               f"to {worst:.3g} (relative): when a block raises a row's maximum, what was summed "
-                               "before must be rescaled by exp(old maximum - new maximum)")
-    return Finding("online_softmax", True)
+            judged, at = _judged(got, want, bound, mine)
+            if not judged.within:
+                return Finding("online_softmax", False, f"rank {rank}'s {name} differs from full attention's"
+                               f"{at}: {judged}. When a block raises a row's maximum, what was summed before "
+                               "must be rescaled by exp(old maximum - new maximum)")
+    return Finding("online_softmax", True, "out and lse within rounding of full attention's")
 
 
 def _gradients(config: dict, evidence: list[dict], layout: list[torch.Tensor], mask: torch.Tensor) -> list[Finding]:
     q, k, v, dout = problem(config)
     out, lse = blockwise.attention(q, k, v)
     want = blockwise.block_backward(dout, q, k, v, out, lse, mask)  # (dq, dk, dv) under the mask the probe saw
+    limits = backward_bounds(dout, q, k, v, out, lse, mask, len(evidence))
     found = []
     for check, names, indices in (("q_gradient", "q", (0,)), ("kv_gradients", "kv", (1, 2))):
         found.append(Finding(check, True))
         for rank, seen in enumerate(evidence):
-            bad = [(names[j], i) for j, i in enumerate(indices)
-                   if _close(seen["grads"][i], want[i][..., layout[rank], :]) > TOLERANCE]
+            mine = layout[rank]
+            if any(seen["grads"][i].shape != want[i][..., mine, :].shape for i in indices):
+                found[-1] = Finding(check, False, f"rank {rank}'s gradients have shapes "
+                                    f"{[tuple(seen['grads'][i].shape) for i in indices]}, expected "
+                                    f"{tuple(want[0][..., mine, :].shape)} each")
+                break
+            judged = [(names[j], *_judged(seen["grads"][i], want[i][..., mine, :], limits[i][..., mine, :], mine))
+                      for j, i in enumerate(indices)]
+            bad = [(name, verdict_, at) for name, verdict_, at in judged if not verdict_.within]
             if bad:
-                found[-1] = Finding(check, False, f"rank {rank}'s d{bad[0][0]} differs from full attention's"
-                                    + _return_hint(seen["grads"], want, layout, rank, check))
+                name, verdict_, at = bad[0]
+                found[-1] = Finding(check, False, f"rank {rank}'s d{name} differs from full attention's{at}: "
+                                    f"{verdict_}" + _return_hint(seen["grads"], want, limits, layout, rank, check))
                 break
     return found
 
 
-def _return_hint(got: list[torch.Tensor], want: tuple, layout: list[torch.Tensor], rank: int, check: str) -> str:
+def _return_hint(got: list[torch.Tensor], want: tuple, limits: tuple, layout: list[torch.Tensor], rank: int,
+                 check: str) -> str:
     """When dk on a rank equals the next rank's keys' dk, the last hop home is missing."""
     if check != "kv_gradients":
         return ""
     nxt = (rank + 1) % len(layout)
-    if _close(got[1], want[1][..., layout[nxt], :]) <= TOLERANCE:
-        return (f": it is the gradient of rank {nxt}'s keys, finished but never sent home. After the last step, "
+    if verdict(got[1], want[1][..., layout[nxt], :], limits[1][..., layout[nxt], :]).within:
+        return (f"; it is the gradient of rank {nxt}'s keys, finished but never sent home. After the last step, "
                 "send the partial dK, dV on once more, to rank + 1, and keep what arrives")
-    return ": sum each block's dk, dv on every rank that uses it, and pass them on with the block"
+    return "; sum each block's dk, dv on every rank that uses it, and pass them on with the block"
 
 
 def _run(world_size: int, seq_len: int, seed: int | str, label: str) -> dict:

@@ -8,7 +8,9 @@ moments exist for the shard alone), and all-gathers the updated parameters. :fun
 
 * ``matches_adam``: after each of ``steps`` steps the parameters equal those of torch's
   ``DistributedDataParallel`` + ``torch.optim.Adam`` on the same data (trained first, before the recorder) within
-  :data:`TOLERANCE`;
+  rounding: a bound derived element by element from the gradients' rounding, the ranks' reduction and Adam's
+  division by ``sqrt(v) + eps`` (:mod:`grader.labs.zero.bounds`). A miss names the first step and parameter
+  beyond it, "beyond rounding: a bug (bound B, seen E)";
 * ``state_memory``: the bytes of the tensors the optimizer object keeps (walked through its attributes; the
   model's parameters and gradients, and tensors sharing their storage, do not count; nor do the parameters of
   a torch optimizer it wraps) are 1/world_size of Adam's two moments, ``2 x 4 x Ψ / world_size`` bytes, within
@@ -35,18 +37,17 @@ from course import world
 from course.runtime.recorder import Recorder, recording
 from grader.labs.agree import spreads, total
 from grader.labs.core import Check, Finding, Lab, load_entry
+from grader.labs.zero.bounds import first_beyond, trajectory_bounds, unnamed
 
 ENTRY = "MyZeRO1Adam"
 #: eps near the gradients' size, so a sum is not mistaken for an average (Adam alone is blind to the scale), and
 #: a rounding difference in a gradient moves a parameter by at most lr/eps = 10 times as much.
 LR, BETAS, EPS = 1e-2, (0.9, 0.999), 1e-3
-#: Largest |parameter difference| from DDP + Adam accepted after each step (float32: summation order moves
-#: parameters by ~1e-8; a step moves them by up to lr = 1e-2).
-TOLERANCE = 1e-5
+ADAM = {"lr": LR, "betas": BETAS, "eps": EPS}
 BATCH_SIZE, CLASSES = 8, 12
 
 CHECKS = (
-    Check("matches_adam", f"parameters equal DDP + torch.optim.Adam's after every step (±{TOLERANCE:g})", 4),
+    Check("matches_adam", "parameters equal DDP + torch.optim.Adam's after every step, within rounding", 4),
     Check("state_memory", "each rank keeps 1/world_size of Adam's state", 3),
     Check("communication", "bytes sent per step equal DDP's allreduce (reduce-scatter + all-gather)", 2),
     Check("uneven", "lengths that are not multiples of world_size are handled", 2),
@@ -82,13 +83,26 @@ def _loss(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch
     return nn.functional.cross_entropy(out, labels)
 
 
+def global_batch(step: int, seed: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global batch ``step``: ``BATCH_SIZE`` samples per rank, rank r's in rows r * BATCH_SIZE onwards (CPU)."""
+    generator = torch.Generator().manual_seed(10_000 * seed + step)
+    images = torch.randn(world_size * BATCH_SIZE, 1, 8, 8, generator=generator)
+    return images, torch.randint(0, CLASSES, (world_size * BATCH_SIZE,), generator=generator)
+
+
 def _batch(step: int, seed: int, me: world.Rank) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's ``BATCH_SIZE`` samples of global batch ``step`` (the same for the student and the reference)."""
-    generator = torch.Generator().manual_seed(10_000 * seed + step)
-    images = torch.randn(me.world_size * BATCH_SIZE, 1, 8, 8, generator=generator)
-    labels = torch.randint(0, CLASSES, (me.world_size * BATCH_SIZE,), generator=generator)
+    images, labels = global_batch(step, seed, me.world_size)
     rows = slice(me.rank * BATCH_SIZE, (me.rank + 1) * BATCH_SIZE)
     return images[rows].to(me.device), labels[rows].to(me.device)
+
+
+def rounding_bounds(model: nn.Sequential, reference: list[torch.Tensor], config: dict, world_size: int
+                    ) -> list[torch.Tensor]:
+    """How far a correct run's flat parameters may be from ``reference`` (DDP + Adam's) before and after each step
+    (:func:`grader.labs.zero.bounds.trajectory_bounds`, on the run's global batches)."""
+    batches = [global_batch(step, config["seed"], world_size) for step in range(len(reference) - 1)]
+    return trajectory_bounds(model, reference, batches, world_size, ADAM, CLASSES)
 
 
 def _flat(model: nn.Module) -> torch.Tensor:
@@ -178,27 +192,30 @@ def _uncovered(ours: torch.Tensor, ours_start: torch.Tensor, reference: torch.Te
 
 
 def judge_matches(check: str, ours: list[torch.Tensor], reference: list[torch.Tensor], spread: list[float],
-                  rank: int, model: str = "") -> Finding:
-    """Finding for ``matches_adam`` (or ``uneven``, with ``model`` describing the model)."""
-    for step in range(len(reference)):
-        gap = (ours[step] - reference[step]).abs().max().item()
-        if gap <= TOLERANCE:
-            continue
-        if step == 0:
-            return Finding(check, False, f"{model}rank {rank}'s parameters changed by {gap:.2g} when {ENTRY} was "
-                           "built: building the optimizer must not change them")
-        start = (f"{model}after step {step} rank {rank}'s parameters differ from DDP + Adam's by {gap:.2g} "
-                 f"(tolerance {TOLERANCE:g})")
-        if spread[step] > TOLERANCE:
-            return Finding(check, False, f"{start}, and the ranks no longer agree (they differ by up to "
-                           f"{spread[step]:.2g}): each rank updated only its own shard; all-gather the updated "
-                           "shards into every rank's parameters after the step")
-        if gap_text := _uncovered(ours[step], ours[0], reference[step], reference[0]):
-            return Finding(check, False, f"{start}: {gap_text}")
-        return Finding(check, False, f"{start}: check the average (reduce-scatter the sum, then divide by "
-                       "world_size), Adam's bias corrections (1 - beta**t, t counted from 1) and eps added after "
-                       "the square root")
-    return Finding(check, True, f"{model}parameters equal DDP + Adam's after each of {len(reference) - 1} steps")
+                  rank: int, model: str = "", limits: list[torch.Tensor] | None = None,
+                  layers: nn.Module | None = None) -> Finding:
+    """Finding for ``matches_adam`` (or ``uneven``, with ``model`` describing the model): ``ours``/``reference``
+    flat parameters before and after each step, ``limits`` how far each entry may be by rounding (None: not at
+    all), ``layers`` the model whose ``named_parameters()`` name the entries."""
+    limits = limits or [torch.zeros_like(r, dtype=torch.float64) for r in reference]
+    step, divergence, judged = first_beyond(ours, reference, limits, layers or unnamed(reference[0]), rank)
+    if step == len(reference):
+        return Finding(check, True, f"{model}parameters equal DDP + Adam's after each of {len(reference) - 1} steps, "
+                       f"{judged}")
+    gap = (ours[step] - reference[step]).abs().max().item()
+    if step == 0:
+        return Finding(check, False, f"{model}rank {rank}'s parameters changed by {gap:.2g} when {ENTRY} was "
+                       "built: building the optimizer must not change them")
+    start = f"{model}after step {step} rank {rank}'s parameters differ from DDP + Adam's: {divergence or judged}"
+    if spread[step] > float(limits[step].max()):
+        return Finding(check, False, f"{start}, and the ranks no longer agree (they differ by up to "
+                       f"{spread[step]:.2g}): each rank updated only its own shard; all-gather the updated "
+                       "shards into every rank's parameters after the step")
+    if gap_text := _uncovered(ours[step], ours[0], reference[step], reference[0]):
+        return Finding(check, False, f"{start}; {gap_text}")
+    return Finding(check, False, f"{start}; check the average (reduce-scatter the sum, then divide by "
+                   "world_size), Adam's bias corrections (1 - beta**t, t counted from 1) and eps added after "
+                   "the square root")
 
 
 def judge_memory(held: int, held_by_all: float, moments: int, tensors: int, world_size: int, rank: int
@@ -268,12 +285,15 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
     described = (f"on a model of {sum(p.numel() for p in uneven.parameters())} parameters (tensors of {sizes} "
                  f"elements, world_size={me.world_size}): ")
     matches = judge_matches("matches_adam", trajectory, reference, spreads(trajectory, me.device), me.rank,
-                            f"on an MLP of {numel:,} parameters: ")
+                            f"on an MLP of {numel:,} parameters: ",
+                            rounding_bounds(model, reference, config, me.world_size), model)
     uneven_spread = spreads(uneven_trajectory, me.device)
+    uneven_limits = rounding_bounds(uneven, uneven_reference, config, me.world_size)
     return [matches,
             judge_memory(held, total(held, me.device), 2 * 4 * numel, len(params), me.world_size, me.rank),
             judge_communication(sent, numel, len(params), me.world_size),
-            judge_matches("uneven", uneven_trajectory, uneven_reference, uneven_spread, me.rank, described)
+            judge_matches("uneven", uneven_trajectory, uneven_reference, uneven_spread, me.rank, described,
+                          uneven_limits, uneven)
             if matches.passed else Finding("uneven", False, f"not judged until the parameters equal DDP + Adam's "
                                            f"(the check above); this one repeats it {described.rstrip(': ')}")]
 

@@ -50,13 +50,18 @@ def test_the_solution_passes_every_check_visible_and_hidden():
     ("floor_shards", ["uneven"], "the last 2 of the 22 parameters (flattened in order) never changed, while DDP + "
      "Adam moved them: no rank's shard covers them. The shard boundaries leave a gap"),
     ("allreduce_then_shard", ["communication"], "1.50x DDP's allreduce of the same gradients"),
-    ("sums", ["matches_adam", "uneven"], "check the average (reduce-scatter the sum, then divide by world_size)"),
+    # a rounding bound derived from the arithmetic, and the first parameter beyond it
+    ("sums", ["matches_adam", "uneven"], "after step 1 rank 0's parameters differ from DDP + Adam's: the first tensor "
+     "that diverges is 1.weight after the optimizer step (parameters, step 1, rank 0): beyond rounding: a bug "
+     "(bound "),
 ])
 def test_each_wrong_attempt_fails_exactly_its_check_and_says_why(attempt, failed, fragment, planted):
     result = run_lab(zero.LAB, planted("zero", attempt))
     assert result.failed() == failed, render.lab_feedback(result)
     first = next(r.message for r in result.checks if not r.passed)
     assert first.startswith("world_size=4, ") and fragment in first, first
+    if attempt == "sums":
+        assert "check the average (reduce-scatter the sum, then divide by world_size)" in first, first
     if attempt == "no_all_gather":
         messages = {r.name: r.message for r in result.checks}
         assert "only half of ZeRO-1's traffic: all-gather" in messages["communication"]
