@@ -8,6 +8,8 @@ VENV ?= .venv
 # `make clean` first: an existing .venv is kept as it is.
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
+# pytest's xdist workers: one more than CI's 2 cores, since many tests wait (docs/contributing.md)
+WORKERS ?= 3
 
 .PHONY: setup lab test lint bench clean gpu-check
 
@@ -32,7 +34,7 @@ lint: setup
 
 test: lint
 	$(BIN)/course info
-	$(BIN)/python -m pytest -n 3
+	$(BIN)/python -m pytest -n $(WORKERS)
 
 bench: setup
 	status=0; for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || status=1; done; exit $$status
