@@ -74,8 +74,8 @@ def run_script(path: str) -> tuple[int, str, str | None]:
             exit_code = code if isinstance(code, int) else (0 if code is None else 1)
             how = f"sys.exit({code!r})"
         if exit_code == 0:
-            observed.settle()
-    except BaseException:  # the student's exception: reported, then the rank fails as python would
+            observed.settle()  # collectives that differ after the last sampled agreement check fail here
+    except BaseException:  # the student's exception (or the rule's): reported, then the rank fails as python would
         exit_code, how, error = 1, "raised", traceback.format_exc(limit=-8)
         print(error, file=sys.stderr, flush=True)
     return exit_code, how, error
