@@ -8,7 +8,7 @@ import pytest
 from course.runtime.launch import launch
 from grader.crashes import trimmed_traceback
 
-pytestmark = pytest.mark.unit6
+pytestmark = [pytest.mark.unit6, pytest.mark.slow]  # one run of 2 ranks, shared by the module
 
 DIFFERING = [name for name, (at, _) in observed_ranks.SCRIPTS.items() if at]
 
