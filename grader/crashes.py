@@ -65,8 +65,10 @@ def first_failure(ev: RunRecords, failed: list[int]) -> Failure:
     primary = [r for r in failed if not is_secondary(ev, r)]
     if primary:
         first = min(primary, key=lambda r: exit_time(ev, r))
-        return Failure(f"crash on rank {first}", f"rank {first} failed first, with the error below; the other "
-                       f"ranks could not go on without it.\n{_indented(ev, first)}", first)
+        said = (f"rank {first} failed, with the error below; the other ranks ended without an error"
+                if failed == [first] and _others_ended_well(ev, first)  # a rule checked as the ranks end
+                else f"rank {first} failed first, with the error below; the other ranks could not go on without it")
+        return Failure(f"crash on rank {first}", f"{said}.\n{_indented(ev, first)}", first)
     first = min(failed, key=lambda r: exit_time(ev, r))
     early = [r for r, e in sorted(ev.exits.items())
              if e.returncode == 0 and not e.stopped and exit_time(ev, r) <= exit_time(ev, first)]
@@ -75,6 +77,11 @@ def first_failure(ev: RunRecords, failed: list[int]) -> Failure:
     return Failure(f"crash on rank {first}", f"rank {first} lost its connection to another rank, and no rank "
                    "reported an error of its own (a rank may have been killed from outside). Its error:\n"
                    f"{_indented(ev, first)}", first)
+
+
+def _others_ended_well(ev: RunRecords, rank: int) -> bool:
+    """Every rank but ``rank`` exited with code 0 by itself."""
+    return all(e.returncode == 0 and not e.stopped for r, e in ev.exits.items() if r != rank)
 
 
 def missing_library(text: str) -> str | None:

@@ -200,3 +200,37 @@ def shapes_that_differ(at: int, calls: int) -> None:
     rank and lets it pass; NCCL's rule on shapes does not."""
     for number in range(1, calls + 1):
         dist.all_reduce(torch.ones(2, 2) if number == at and dist.get_rank() == 1 else torch.ones(4))
+
+
+# ------------------------------------------------ collectives that differ after the last check, at a group's end
+SCRIPT = '''import torch
+import torch.distributed as dist
+
+group = dist.new_group()  # a group of the script's own: its collectives are numbered from 1
+for number in range(1, 6):  # the ranks compare at their 1st, 2nd and 4th collective, not at the 5th
+    dist.all_reduce(torch.ones(2, 2) if number == {at} and dist.get_rank() == 1 else torch.ones(4), group=group)
+{end}
+'''
+#: name -> (the collective at which rank 1's shape differs, 0 for none; how the script ends), run in this order
+SCRIPTS = {"correct": (0, ""), "correct, destroys its group": (0, "dist.destroy_process_group(group)"),
+           "returns": (5, ""), "destroys its group": (5, "dist.destroy_process_group(group)"),
+           "destroys the world": (5, "dist.destroy_process_group()")}  # the world last: it ends the run's group
+
+
+def scripts_run_by_the_grader(folder: str) -> dict[str, tuple[int, str, str | None]]:
+    """Each of :data:`SCRIPTS`, run as the grader's harness runs a submission: ``name -> (exit_code, how, error)``.
+    (Under ``launch`` the world is joined already: the scripts use it and make their own group.)"""
+    import os
+
+    from grader.inrank.harness import run_script
+    found = {}
+    for name, (at, end) in SCRIPTS.items():
+        path = os.path.join(folder, f"{name.replace(' ', '_').replace(',', '')}.py")
+        if dist.get_rank() == 0:
+            with open(path, "w") as script:
+                script.write(SCRIPT.format(at=at, end=end))
+        dist.barrier()
+        found[name] = run_script(path)
+    if dist.is_initialized():  # the rank that named the difference raised in the middle of destroying the world
+        dist.destroy_process_group()
+    return found

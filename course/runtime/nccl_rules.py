@@ -16,8 +16,9 @@ Gloo is lenient where NCCL is not. Under :mod:`course.runtime.observed`, a rank 
   then every 64th it publishes that hash, with the signatures since the last check, through the store, and compares
   with the ranks that have already published: a few store round trips per 64 calls, not one per call. Since the
   hash covers every call, a difference at any call (the 5th, between two checks) is caught at the next check, and
-  the ranks of :func:`course.runtime.launch.launch` check once more when their function returns (:func:`settle`),
-  so none goes unseen. The message names the first call that differs and what each rank issued there.
+  each group checks once more at its end (:func:`settle`): as it is destroyed (``destroy_process_group``), or as
+  the rank's function (:func:`course.runtime.launch.launch`) or script (the grader's) returns. So none goes
+  unseen. The message names the first call that differs and what each rank issued there.
 
 Taught in ``notebooks/08_tensor_pipeline.ipynb`` (the pipeline's sends and receives).
 """
@@ -194,12 +195,25 @@ class Rules:
 
 def settle(groups: list[Any]) -> None:
     """Check the agreement of each observed group in ``groups`` once more, at its last collective: a difference
-    after the last sampled check is caught too (:func:`course.runtime.launch.launch` calls it as a rank's function
-    returns). Raises :class:`NcclRuleError` as the sampled checks do."""
+    after the last sampled check is caught too. Called as a group is destroyed and as a rank's function or script
+    returns (:func:`course.runtime.observed.settle`).
+
+    It never waits: each rank compares with the ranks that reached the same collective before it, so the last to
+    arrive names the difference, and a rank that crashed or left early is not waited for. A store that can no
+    longer be reached (its host, a rank of the script's own group, has left) leaves nothing to compare with.
+
+    Raises:
+        NcclRuleError: as the sampled checks do, naming the first call that differs.
+    """
     for group in groups:
         rules = getattr(group, "rules", None)
-        if isinstance(rules, Rules):
-            rules.agree()
+        if isinstance(rules, Rules) and rules.broken is None:  # a broken rule was raised already
+            try:
+                rules.agree()
+            except NcclRuleError:
+                raise
+            except RuntimeError:  # the store is gone (torch's DistNetworkError): no peer left to compare with
+                continue
 
 
 def _done(work: Any) -> bool:

@@ -126,6 +126,18 @@ class ObservedGroup(ProcessGroup):
     def _set_sequence_number_for_group(self) -> None:
         self.inner._set_sequence_number_for_group()
 
+    def shutdown(self) -> None:
+        """Check NCCL's agreement rule at the group's last collective, then shut the real group down.
+
+        ``destroy_process_group`` calls this for each group it destroys (the world's and every subgroup), so a
+        difference after the last sampled check fails at the script's ``destroy_process_group`` line.
+
+        Raises:
+            NcclRuleError: the ranks' collectives differ (the group stays; a second destroy shuts it down).
+        """
+        nccl_rules.settle([self])
+        super().shutdown()
+
 
 def _method(name: str) -> Callable[..., Any]:
     """The :class:`ObservedGroup` method ``name``: note, check and hand on the call."""
@@ -305,7 +317,8 @@ def unobserved() -> Iterator[None]:
 
 def settle() -> None:
     """Check NCCL's agreement rule once more on every live observed group of this process, at its last collective
-    (:func:`course.runtime.nccl_rules.settle`): a rank's function calls it as it returns."""
+    (:func:`course.runtime.nccl_rules.settle`): a rank of ``launch`` or of the grader calls it as its function or
+    script returns. A group destroyed before was checked as it was (:meth:`ObservedGroup.shutdown`)."""
     nccl_rules.settle([group for group in _INNER_TO_OUTER.values() if group in c10d._world.pg_map])
 
 

@@ -142,3 +142,32 @@ IndexError: index 5000 is out of bounds for dimension 0 with size 1197
 """)
     assert "probed_data" not in text and "record_batches" not in text and "for item in original" not in text
     assert 'File "train_4gpu.py", line 40, in main' in text and text.endswith("with size 1197")
+
+
+DISAGREED = """Traceback (most recent call last):
+  File "/work/course/grader/inrank/harness.py", line 77, in run_script
+    observed.settle()  # collectives that differ after the last sampled agreement check fail here
+  File "/work/course/course/runtime/observed.py", line 322, in settle
+    nccl_rules.settle([group for group in _INNER_TO_OUTER.values() if group in c10d._world.pg_map])
+  File "/work/course/course/runtime/nccl_rules.py", line 212, in settle
+    rules.agree()
+  File "/work/course/course/runtime/nccl_rules.py", line 170, in agree
+    raise self._disagreement(rank, other)
+course.runtime.message_headers.NcclRuleError: NCCL rule 'agreement': collective number 5 on this process group \
+differs between ranks: rank 1 issued all_reduce float32[2, 2] (at /tmp/grade-x/run/train_4gpu.py:6), but rank 0 \
+issued all_reduce float32[4] (at /tmp/grade-x/run/train_4gpu.py:6). On GPUs NCCL would hang or mix up the data. \
+Fix: every rank must call the same collectives in the same order, with the same shapes, dtypes and root.
+"""
+
+
+def test_a_rule_broken_at_the_end_fails_one_rank_and_says_the_others_ended_well():
+    """What the harness recorded when a script's collective number 5 differed and the script then returned (the
+    ranks compare at their 1st, 2nd and 4th collective, and once more at the end: tests/grader/inrank/test_harness.py):
+    the rank that reached the end last names the difference; the others end with code 0."""
+    exits = [exit_record(r, 1 if r == 1 else 0, 2.0 + r / 100, r, DISAGREED if r == 1 else "") for r in range(4)]
+    ends = {r: [{"kind": "end", "how": "raised" if r == 1 else "returned", "exit_code": int(r == 1), "steps": 0,
+                 "error": DISAGREED if r == 1 else None}] for r in range(4)}
+    results = graded(evidence(exits, ends))
+    assert results.status == "crash on rank 1"
+    assert results.detail.startswith("rank 1 failed, with the error below; the other ranks ended without an error.")
+    assert "NCCL rule 'agreement': collective number 5" in results.detail and "harness" not in results.detail

@@ -5,7 +5,9 @@ import os
 
 import observed_ranks
 import pytest
+import torch.distributed as dist
 
+from course.runtime import nccl_rules
 from course.runtime.launch import RankFailed, launch
 
 HERE = observed_ranks.__file__
@@ -56,3 +58,31 @@ def test_a_difference_between_two_checks_is_caught_and_named(calls):
     assert "NCCL rule 'agreement'" in text and "collective number 5 " in text
     assert "all_reduce float32[2, 2]" in text and "all_reduce float32[4]" in text
     assert ("observed.settle()" in text) == (calls == 5)  # 12 calls: caught at the 8th, before the end
+
+
+class _RankZeroOfTwo:
+    """A group's rank and size: all :class:`nccl_rules.Rules` asks of it to compare."""
+
+    rules: nccl_rules.Rules
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 2
+
+
+class _StoreGone:
+    """A store whose host (a rank of the script's own group) has left: torch raises DistNetworkError."""
+
+    def set(self, key, value):
+        raise dist.DistNetworkError("Broken pipe")
+
+
+@pytest.mark.parametrize("store", [dist.HashStore(), _StoreGone()], ids=["peer never arrives", "store gone"])
+def test_settle_waits_for_no_peer_and_passes_when_the_store_is_gone(store):
+    group = _RankZeroOfTwo()
+    group.rules = nccl_rules.Rules(group, store, enforce=True)
+    group.rules._collectives = 5  # rank 0 ends after 5 collectives; rank 1 crashed before it published anything
+    nccl_rules.settle([group])  # returns at once: nothing to compare with, and no one is waited for
+    assert isinstance(store, _StoreGone) or store.check(["observed-agree/5/0"])
