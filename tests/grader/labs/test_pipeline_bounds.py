@@ -1,7 +1,8 @@
-"""grader.labs.pipeline_runner.bounds, in one process: the lab's model run on micro-batches whose backwards run in a
-shuffled order (their gradients accumulating as a pipeline's do) stays within the derived bound of the unsplit
-model's gradients, on every stage of 2-6; arithmetic mistakes go beyond it, and the first gradient beyond is named;
-and the bound is never more than 10x the largest error correct code shows (measured here, per kind of parameter)."""
+"""grader.labs.pipeline_runner.bounds (the pipeline_runner and one_f_one_b labs' gradients), in one process: the
+lab's model run on micro-batches whose backwards run in a shuffled order (their gradients accumulating as a
+pipeline's do) stays within the derived bound of the unsplit model's gradients, on every stage of 2-6; arithmetic
+mistakes go beyond it, and the first gradient beyond is named; and the bound is never more than 10x the largest
+error correct code shows (measured here, per kind of parameter)."""
 
 import random
 
