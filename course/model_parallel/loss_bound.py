@@ -167,10 +167,19 @@ def token_sums(model: nn.Module, seen: _Seen) -> dict[str, torch.Tensor]:
             out[f"{name}.weight"] = (g * x_hat.abs()).flatten(0, -2).sum(0)
             out[f"{name}.bias"] = g.flatten(0, -2).sum(0)
         elif isinstance(m, nn.Embedding):
-            rows = g.flatten(0, -2)
-            ids = x.long().flatten()
+            rows, ids = g.flatten(0, -2), x.long().flatten()
+            if x.dim() == 1 and "embedding" in seen.grad_out:  # positions, added to every sequence: one term each
+                tokens = seen.grad_out["embedding"].abs()  # (B, S, d): each sequence's term
+                rows, ids = tokens.flatten(0, -2), x.long().repeat(tokens.shape[0])
             out[f"{name}.weight"] = torch.zeros_like(m.weight, dtype=torch.float64).index_add_(0, ids, rows)
     return out
+
+
+def gradient_sums(model: transformer.Transformer, inputs: torch.Tensor, targets: torch.Tensor
+                  ) -> dict[str, torch.Tensor]:
+    """One forward and backward of ``model`` on the batch (its gradients left in ``.grad``, the reference a split
+    run is compared with) and :func:`token_sums` of it: parameter name -> sum over the tokens of |each term|."""
+    return token_sums(model, _step(model, inputs, targets)[1])
 
 
 def gradient_bound(sums: dict[str, torch.Tensor], tokens: int, pieces: int) -> dict[str, torch.Tensor]:

@@ -8,10 +8,13 @@ On every rank :func:`check_on_rank` loads the student's file and:
 * routes the run's seeded tokens with the course's router and capacity (``course.experts``), calls the student's
   ``dispatch``, and checks that the rows sent are exactly the kept assignments (``capacity``); then runs the
   experts and the course's combine, forward and backward, against the one-process MoE layer on every rank's
-  tokens (``outputs``: judged at the capacity the dispatch enforced, so that ignoring it fails only ``capacity``);
+  tokens (``outputs``: judged at the capacity the dispatch enforced, so that ignoring it fails only ``capacity``),
+  within a bound derived from the arithmetic (:mod:`.bounds`: the rows each expert sums, the ranks, the magnitudes
+  seen), the first tensor beyond it named (:mod:`course.numerics.divergence`);
 * calls the student's ``combine`` on two probes of the course's dispatch: rows that carry their token's id with
   unit gates (``token_order``), and rows of ones, nothing dropped, every gate 0.3
-  (``gates``: every token's sum is then the same whatever the order).
+  (``gates``: every token's sum is then the same whatever the order), each token within the rounding of adding its
+  ``k`` weighted rows.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import torch.distributed as dist
 from course import world
 from course.experts import expert_parallel, moe
 from course.experts import router as gating
+from course.numerics import bounds as numerics
+from course.numerics.divergence import FORWARD, GRADIENT, Record, first_divergence
 from grader.labs.core import Check, Finding, Lab, RankFindings, load_entry
+from grader.labs.moe_dispatch import bounds
 
 CHECKS = (
     Check("split_sizes", "exchange_counts tells each rank how many rows every rank sends to each of its experts", 2),
@@ -34,7 +40,6 @@ CHECKS = (
     Check("token_order", "combine puts each returned row back at its own token", 2),
     Check("gates", "combine weights each returned row by its gate", 2),
 )
-TOLERANCE = 1e-5
 
 
 class Plan(NamedTuple):
@@ -129,7 +134,10 @@ def _through_dispatch(dispatch: object, config: dict) -> list[Finding]:
     (y * upstream).sum().backward()
     reference = moe.build(_config(config, 1e9 if everything else None)).to(device)  # the capacity enforced
     expected = _reference(reference, config, rank, n)
-    return [capacity, _outputs(rank, y, x, mine, expected, reference, share)]
+    xs, upstreams = ([expert_parallel.tokens(layer.config, config["tokens"], first + s, config["seed"])
+                      for s in range(n)] for first in (0, n))
+    limits = bounds.comparison_bounds(reference, xs, upstreams, rank, list(range(rank * share, (rank + 1) * share)))
+    return [capacity, _outputs(rank, y, x, mine, expected, reference, share, limits)]
 
 
 def _run_experts(arrived: torch.Tensor, plan: Plan, experts: torch.nn.ModuleList) -> torch.Tensor:
@@ -159,18 +167,31 @@ def _reference(layer: moe.MoELayer, config: dict, rank: int, n: int) -> dict:
 
 
 def _outputs(rank: int, y: torch.Tensor, x: torch.Tensor, mine: torch.nn.ModuleList, expected: dict,
-             reference: moe.MoELayer, share: int) -> Finding:
-    pairs = [("output", y.detach(), expected["y"]), ("gradient of the tokens", x.grad, expected["x"])]
-    pairs += [(f"gradient of expert {rank * share + i}'s {name}", p.grad, q.grad)
-              for i, expert in enumerate(mine)
-              for (name, p), q in zip(expert.named_parameters(), reference.experts[rank * share + i].parameters(),
-                                      strict=True)]
-    for what, got, want in pairs:
-        if got is None or got.shape != want.shape or float((got - want).abs().max()) > TOLERANCE:
-            return Finding("outputs", False, f"rank {rank}'s {what} differs from the one-process layer's: send the "
-                           "kept rows sorted by expert, so that each rank's share is one contiguous run, and "
-                           "x[token] itself (not a copy without gradient)")
-    return Finding("outputs", True)
+             reference: moe.MoELayer, share: int, limits: dict[str, torch.Tensor]) -> Finding:
+    """The rank's output, then its experts' gradients as backward makes them, then its tokens' gradient, each
+    against the one-process layer's within ``limits`` (:func:`.bounds.comparison_bounds`); the first beyond named."""
+    ours, theirs, bound = [Record("the MoE layer", FORWARD, 0, rank, _cpu(y))], [], {"the MoE layer": limits["y"]}
+    theirs.append(Record("the MoE layer", FORWARD, 0, rank, _cpu(expected["y"])))
+    for i in reversed(range(len(mine))):
+        e = rank * share + i
+        params = dict(mine[i].named_parameters())
+        for name, q in reversed(list(reference.experts[e].named_parameters())):
+            label = f"experts.{e}.{name}"
+            ours.append(Record(label, GRADIENT, 0, rank, _cpu(params[name].grad)))
+            theirs.append(Record(label, GRADIENT, 0, rank, _cpu(q.grad)))
+            bound[label] = limits[f"{e}.{name}"]
+    ours.append(Record("x", GRADIENT, 0, rank, _cpu(x.grad)))
+    theirs.append(Record("x", GRADIENT, 0, rank, _cpu(expected["x"])))
+    bound["x"] = limits["x"]
+    divergence = first_divergence(ours, theirs, lambda record, _: bound[record.name])
+    if divergence is None:
+        return Finding("outputs", True)
+    return Finding("outputs", False, f"{divergence}. Send the kept rows sorted by expert, so that each rank's share "
+                   "is one contiguous run, and x[token] itself (not a copy without gradient)")
+
+
+def _cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().cpu()
 
 
 def _combine_probes(combine: object, config: dict) -> list[Finding]:
@@ -185,7 +206,7 @@ def _combine_probes(combine: object, config: dict) -> list[Finding]:
     arrived, plan = _dispatch(ids, chosen, kept, config["num_experts"])  # identity experts: rows keep their id
     got = combine(arrived, plan, torch.ones_like(gates), tokens)
     want = kept.sum(1, dtype=x.dtype)[:, None] * ids
-    found = [_probe("token_order", rank, got, want, lambda t: (
+    found = [_probe("token_order", rank, got, want, config["k"], lambda t: (
         f"token {t} on rank {rank} got back rows of token(s) "
         f"{sorted({round(float(got[t, 0]) / max(int(kept[t].sum()), 1))})}: add each returned row at "
         "plan.token, the token it was sent for, not in the order the rows came back"))]
@@ -194,19 +215,28 @@ def _combine_probes(combine: object, config: dict) -> list[Finding]:
     arrived, plan = _dispatch(torch.ones_like(x), chosen, every, config["num_experts"])
     got = combine(arrived, plan, same, tokens)
     want = same.sum(1)[:, None].expand(tokens, width)
-    found.append(_probe("gates", rank, got, want, lambda t: (
+    found.append(_probe("gates", rank, got, want, config["k"], lambda t: (
         f"token {t} on rank {rank} got {float(got[t, 0]):.3g} from experts that each returned 1 with gates "
         f"{[round(g, 3) for g in same[t].tolist()]}: multiply each returned row by its gate, "
         "gates[plan.token, plan.choice], before adding it at its token")))
     return found
 
 
-def _probe(check: str, rank: int, got: object, want: torch.Tensor, explain: object) -> Finding:
+def _probe(check: str, rank: int, got: object, want: torch.Tensor, k: int, explain: object) -> Finding:
+    """``got`` against ``want``, each token within the rounding of adding its ``k`` weighted rows
+    (:func:`.bounds.combine_bound`; the probes' rows and gates are >= 0, so ``|want|`` is ``sum |gate x row|``);
+    the first token beyond named."""
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
         return Finding(check, False, f"rank {rank}'s combine returned {shape}, expected {tuple(want.shape)}")
-    wrong = ((got.detach() - want).abs() > TOLERANCE).any(1).nonzero()
-    return Finding(check, True) if len(wrong) == 0 else Finding(check, False, explain(int(wrong[0])))
+    limit = bounds.combine_bound(want.detach().cpu().double().abs(), k)
+    error = (got.detach().cpu().double() - want.detach().cpu().double()).abs().nan_to_num(float("inf"))
+    wrong = (error > limit).any(1).nonzero()
+    if len(wrong) == 0:
+        return Finding(check, True)
+    token = int(wrong[0])
+    judged = numerics.verdict(got[token].detach().cpu(), want[token].cpu(), limit[token])
+    return Finding(check, False, f"{explain(token)} ({judged})")
 
 
 def _run(world_size: int, experts: int, factor: float, seed: int | str) -> dict:

@@ -11,8 +11,10 @@ on NCCL, whose rules the ranks keep (:mod:`course.runtime.nccl_rules`).
 A file using the course's own runner is refused (the lab's ``shortcuts``). A stage that waits for what its
 neighbour never sends hangs: the run's limit is short, and the report says which ranks waited where.
 
-Checks: the gradients equal the unsplit model's; every activation goes to rank + 1 and every gradient to rank - 1,
-with ``isend``/``irecv``, one of each per micro-batch and neighbour.
+Checks: the gradients equal the unsplit model's, within a bound derived from the arithmetic (:mod:`.bounds`: the
+tokens summed, the number of micro-batches, the magnitudes seen), and a miss names the first gradient beyond it, in
+the order backward makes them (:mod:`grader.labs.divergence`); every activation goes to rank + 1 and every
+gradient to rank - 1, with ``isend``/``irecv``, one of each per micro-batch and neighbour.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ import torch.distributed as dist
 
 from course import world
 from course.model_parallel import pipeline, schedules, transformer
+from course.numerics.divergence import Divergence
 from course.runtime import message_headers, observed
 from course.runtime.observed_record import Record
 from grader.labs.core import Check, Finding, Lab, RankFindings, StudentError, load_entry
+from grader.labs.divergence import named
+from grader.labs.pipeline_runner import bounds
 from grader.labs.pipeline_runner.precheck import precheck
 
 CHECKS = (
@@ -37,7 +42,6 @@ CHECKS = (
     Check("peers", "activations go to rank + 1 and gradients to rank - 1, with isend/irecv, once per micro-batch", 3),
     Check("waits", "every isend and irecv request is waited (an irecv before its tensor is read)", 2),
 )
-TOLERANCE = 1e-5
 
 
 class _Request(dist.Work):
@@ -122,10 +126,10 @@ def check_on_rank(path: str, config: dict) -> RankFindings:
                                "dict keyed by i) until that micro-batch's backward") from None
         unwaited = sends.unwaited()
     full = transformer.build(model_config, config["seed"]).to(me.device)
-    transformer.loss(full(inputs.to(me.device)), targets.to(me.device)).backward()
-    reference = dict(full.named_parameters())
-    return RankFindings([_gradients(stage, reference, rank), _peers(sends.calls, rank, p, m),
-                       _waits(sends.calls, unwaited, rank)])
+    limits = bounds.gradient_bounds(full, inputs.to(me.device), targets.to(me.device), m)
+    divergence = bounds.first_beyond(stage, dict(full.named_parameters()), limits, rank)
+    return RankFindings(named([_gradients(stage, divergence, rank), _peers(sends.calls, rank, p, m),
+                               _waits(sends.calls, unwaited, rank)], divergence))
 
 
 def _waits(calls: list[tuple[str, int]], unwaited: list[int], rank: int) -> Finding:
@@ -141,16 +145,16 @@ def _waits(calls: list[tuple[str, int]], unwaited: list[int], rank: int) -> Find
                    "is done only when its request's wait() returns; wait every isend before returning")
 
 
-def _gradients(stage: Any, reference: dict, rank: int) -> Finding:
+def _gradients(stage: Any, divergence: Divergence | None, rank: int) -> Finding:
+    """The verdict on the stage's gradients; ``divergence`` (the first beyond rounding) is put in front by the
+    caller (:func:`grader.labs.divergence.named`)."""
     missing = [name for name, q in stage.named_parameters() if q.grad is None]
     if missing:
         return Finding("gradients", False, f"stage {rank}'s {missing[0]} has no gradient: no backward reached it")
-    name, worst = max(((name, float((q.grad.cpu() - reference[name].grad.cpu()).abs().nan_to_num(float("inf")).max()))
-                       for name, q in stage.named_parameters()), key=lambda pair: pair[1])
-    if worst <= TOLERANCE:
+    if divergence is None:
         return Finding("gradients", True)
-    return Finding("gradients", False, f"stage {rank}'s {name}.grad differs from the unsplit model's by up to "
-                   f"{worst:.3g}: each backward must use its own micro-batch's x and out (keep them per micro-batch), "
+    return Finding("gradients", False, f"stage {rank}'s gradients differ from the unsplit model's beyond rounding: "
+                   "each backward must use its own micro-batch's x and out (keep them per micro-batch), "
                    "and read a received tensor only after its irecv's wait()")
 
 
