@@ -16,7 +16,7 @@ from course.runtime.launch import launch
 
 WORLD_SIZE = 8
 BAD_RANK = 5
-MAX_EXAMPLES = 150
+MAX_EXAMPLES = 80
 
 
 @pytest.fixture(scope="module")
