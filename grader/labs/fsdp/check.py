@@ -245,8 +245,9 @@ def check_on_rank(path: str, config: dict) -> list[Finding]:
         trajectory, sent, kept, peak, prefetched, passes = _train_student(my_fsdp, config, recorder, me)
     padded = sorted(_piece(linear, me.world_size) * me.world_size * 4 for linear in linears)
     model_bytes = sum(p.numel() * p.element_size() for p in _model(config).parameters())
-    limits = rounding_bounds(_model(config), reference, config, me.world_size)
-    return [judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, limits, _model(config)),
+    fresh = _model(config)  # the bound's model, whose parameter names name a miss
+    limits = rounding_bounds(fresh, reference, config, me.world_size)
+    return [judge_matches(trajectory, reference, spreads(trajectory, me.device), me.rank, limits, fresh),
             judge_memory(kept, peak, sum(padded), padded[-1], me.world_size, prefetched, sum(padded[-2:])),
             judge_communication(sent, model_bytes, len(linears), me.world_size),
             judge_prefetch(passes)]
