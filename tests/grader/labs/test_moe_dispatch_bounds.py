@@ -98,9 +98,11 @@ def test_the_combine_probes_bound_is_the_rounding_of_k_weighted_rows():
 
 
 def test_each_bound_is_never_more_than_10x_the_largest_error_correct_code_shows():
+    # 8 seeds: with 4, the tokens' gradient came within 10.6x of its bound, too near 10x for another CPU's rounding
+    # to be sure of the verdict; with 8 its largest error is a seventh of the bound (0.14 of it)
     closest: dict[str, float] = {}
     for n, experts, factor in [(4, 4, 0.75), (3, 6, 0.75), (2, 4, 0.75), (5, 5, 0.75), (6, 6, 0.75), (2, 6, 1.0)]:
-        for seed in range(4):
+        for seed in range(8):
             for r, (y, x, mine, expected, reference, limits) in enumerate(_runs(n, experts, factor, seed)):
                 ratios = {"y": numerics.verdict(y.detach(), expected["y"], limits["y"]).ratio,
                           "x": numerics.verdict(x.grad, expected["x"], limits["x"]).ratio}
